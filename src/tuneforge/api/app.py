@@ -1,0 +1,27 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from tuneforge import __version__
+from tuneforge.api import errors
+from tuneforge.api.routes import files, internal, jobs, models
+from tuneforge.services.context import Platform
+from tuneforge.settings import Settings
+
+
+def create_app(settings: Settings | None = None, *, platform: Platform | None = None) -> FastAPI:
+    if platform is None:
+        platform = Platform.from_settings(settings or Settings())
+    app = FastAPI(title="tuneforge", version=__version__, summary="OpenAI-compatible fine-tuning platform")
+    app.state.platform = platform
+    errors.install(app)
+    for router in (files.router, jobs.router, models.router, internal.router):
+        app.include_router(router)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict:
+        return {"status": "ok", "version": __version__}
+
+    return app

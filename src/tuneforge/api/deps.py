@@ -1,0 +1,28 @@
+"""Request dependencies: the platform, a database session, the calling tenant."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from tuneforge.db.tables import Tenant
+from tuneforge.services import tenants as tenant_service
+from tuneforge.services.context import Platform
+
+
+def platform(request: Request) -> Platform:
+    return request.app.state.platform
+
+
+def session(request: Request) -> Iterator[Session]:
+    with request.app.state.platform.db.session() as db_session:
+        yield db_session
+
+
+def tenant(
+    authorization: str | None = Header(default=None),
+    db_session: Session = Depends(session),
+) -> Tenant:
+    return tenant_service.authenticate(db_session, authorization)

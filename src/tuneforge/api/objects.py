@@ -1,0 +1,117 @@
+"""Rows -> API objects, in OpenAI's exact shapes (plus documented extensions)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent
+
+
+def file_object(row: FileRow) -> dict[str, Any]:
+    return {
+        "id": row.file_id,
+        "object": "file",
+        "bytes": row.size_bytes,
+        "created_at": row.created_at,
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": row.status,
+        "status_details": row.status_details,
+        "expires_at": None,
+    }
+
+
+def _hyperparameters(job: Job) -> dict[str, Any]:
+    """Resolved values once validation ran; before that, what was asked ('auto')."""
+    resolved = (job.resolved or {}).get("hyperparameters")
+    requested = (job.request.get("method") or {}).get("supervised", {}).get("hyperparameters") \
+        or job.request.get("hyperparameters") or {}
+    if resolved:
+        return dict(resolved)
+    keys = ("n_epochs", "batch_size", "learning_rate_multiplier")
+    return {key: requested.get(key, "auto") for key in keys} | {
+        k: v for k, v in requested.items() if k not in keys
+    }
+
+
+def job_object(job: Job) -> dict[str, Any]:
+    hp = _hyperparameters(job)
+    summary = {key: hp.get(key, "auto") for key in ("batch_size", "learning_rate_multiplier", "n_epochs")}
+    training_type = {"type": "lora", **(job.request.get("training_type") or {})}
+    if job.resolved:
+        lora = job.resolved["lora"]
+        training_type.update(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
+                             target_modules=lora["target_modules"])
+    return {
+        "id": job.job_id,
+        "object": "fine_tuning.job",
+        "created_at": job.created_at,
+        "error": job.error,
+        "fine_tuned_model": job.fine_tuned_model,
+        "finished_at": job.finished_at,
+        "hyperparameters": summary,
+        "model": job.model,
+        "organization_id": job.tenant_id,
+        "result_files": list(job.result_files or []),
+        "seed": job.seed,
+        "status": job.status,
+        "trained_tokens": job.trained_tokens,
+        "training_file": job.training_file,
+        "validation_file": job.validation_file,
+        "estimated_finish": job.estimated_finish,
+        "integrations": [],
+        "metadata": job.user_metadata,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
+        "user_provided_suffix": job.suffix,
+        # extensions
+        "training_type": training_type,
+        "attempt": job.attempt,
+        "checkpointing": (job.resolved or {}).get("checkpoint"),
+        "base_model_sha256": job.base_model_sha256,
+    }
+
+
+def event_object(event: JobEvent) -> dict[str, Any]:
+    return {
+        "id": event.event_id,
+        "object": "fine_tuning.job.event",
+        "created_at": event.created_at,
+        "level": event.level,
+        "message": event.message,
+        "data": event.data or {},
+        "type": event.event_type,
+    }
+
+
+def checkpoint_object(row: Checkpoint, job: Job) -> dict[str, Any]:
+    name = f"{job.fine_tuned_model or 'ft:' + job.model}:ckpt-step-{row.step}"
+    return {
+        "id": row.checkpoint_id,
+        "object": "fine_tuning.job.checkpoint",
+        "created_at": row.created_at,
+        "fine_tuned_model_checkpoint": name,
+        "fine_tuning_job_id": row.job_id,
+        "metrics": row.metrics,
+        "step_number": row.step,
+    }
+
+
+def base_model_object(row: BaseModelRow) -> dict[str, Any]:
+    return {"id": row.name, "object": "model", "created": row.created_at, "owned_by": "tuneforge",
+            "type": "base", "sha256": row.sha256}
+
+
+def fine_tuned_model_object(row: FineTunedModel) -> dict[str, Any]:
+    return {"id": row.model_id, "object": "model", "created": row.created_at, "owned_by": row.tenant_id,
+            "type": "fine-tuned", "base_model": row.base_model, "job_id": row.job_id}
+
+
+def list_object(items: Iterable[Any], present: Callable[[Any], dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    data = [present(item) for item in items]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }

@@ -1,0 +1,85 @@
+"""/v1/files — OpenAI's Files API."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Form, Query, UploadFile
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
+
+from tuneforge.api import deps
+from tuneforge.api.objects import file_object, list_object
+from tuneforge.db.tables import Tenant
+from tuneforge.domain.errors import invalid
+from tuneforge.services import files as file_service
+from tuneforge.services.context import Platform
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+@router.post("")
+def create_file(
+    file: UploadFile | None = None,
+    purpose: str | None = Form(default=None),
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    if file is None:
+        raise invalid("Missing required parameter: 'file'", param="file", code="missing_required_parameter")
+    if not purpose:
+        raise invalid("Missing required parameter: 'purpose'", param="purpose", code="missing_required_parameter")
+    row = file_service.upload(
+        session, platform.store, tenant.tenant_id, filename=file.filename or "", purpose=purpose,
+        stream=file.file, max_bytes=platform.settings.max_upload_bytes,
+    )
+    return file_object(row)
+
+
+@router.get("")
+def list_files(
+    purpose: str | None = None,
+    after: str | None = None,
+    limit: int = Query(default=100, ge=1, le=10000),
+    order: str = "desc",
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+) -> dict:
+    page = file_service.list_files(session, tenant.tenant_id, purpose=purpose, after=after, limit=limit, order=order)
+    return list_object(page.rows, file_object, page.has_more)
+
+
+@router.get("/{file_id}")
+def retrieve_file(file_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+    return file_object(file_service.get(session, tenant.tenant_id, file_id))
+
+
+@router.delete("/{file_id}")
+def delete_file(
+    file_id: str,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    row = file_service.delete(session, platform.store, tenant.tenant_id, file_id)
+    return {"id": row.file_id, "object": "file", "deleted": True}
+
+
+@router.get("/{file_id}/content")
+def file_content(
+    file_id: str,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> StreamingResponse:
+    row = file_service.get(session, tenant.tenant_id, file_id)
+    handle = platform.store.open_read(row.key)
+
+    def chunks():
+        with handle:
+            while chunk := handle.read(1 << 20):
+                yield chunk
+
+    return StreamingResponse(
+        chunks(), media_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{row.filename}"', "Content-Length": str(row.size_bytes)},
+    )

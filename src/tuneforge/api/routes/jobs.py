@@ -1,0 +1,138 @@
+"""/v1/fine_tuning/jobs — OpenAI's fine-tuning API plus downloads."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Iterator
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from sqlalchemy.orm import Session
+
+from tuneforge.api import deps
+from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
+from tuneforge.db.repos import checkpoints as checkpoint_repo
+from tuneforge.db.repos import events as event_repo
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.tables import Tenant
+from tuneforge.domain.errors import invalid
+from tuneforge.domain.job_config import JobCreate
+from tuneforge.domain.status import JobStatus, TERMINAL
+from tuneforge.services import artifacts
+from tuneforge.services import jobs as job_service
+from tuneforge.services.context import Platform
+
+router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
+_METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
+STREAM_POLL_S = 0.5
+
+
+@router.post("")
+def create_job(
+    body: JobCreate,
+    idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
+        raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
+    job, _created = job_service.create_job(session, platform.settings, tenant, body, idempotency_key)
+    return job_object(job)
+
+
+@router.get("")
+def list_jobs(
+    request: Request,
+    after: str | None = None,
+    limit: int = Query(default=20, ge=1, le=100),
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+) -> dict:
+    metadata = {}
+    for key, value in request.query_params.multi_items():
+        match = _METADATA_PARAM.match(key)
+        if match:
+            metadata[match.group(1)] = value
+    page = job_service.list_jobs(session, tenant.tenant_id, metadata=metadata, after=after, limit=limit)
+    return list_object(page.rows, job_object, page.has_more)
+
+
+@router.get("/{job_id}")
+def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+    return job_object(job_service.get_job(session, tenant.tenant_id, job_id))
+
+
+@router.post("/{job_id}/cancel")
+def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+    return job_object(job_service.cancel_job(session, tenant.tenant_id, job_id))
+
+
+@router.get("/{job_id}/events", response_model=None)
+def list_events(
+    job_id: str,
+    after: str | None = None,
+    limit: int = Query(default=20, ge=1, le=100),
+    stream: bool = False,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> dict | StreamingResponse:
+    job = job_service.get_job(session, tenant.tenant_id, job_id)
+    if stream:
+        return StreamingResponse(_event_stream(platform, job.job_id), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    page = event_repo.page(session, job.job_id, after=after, limit=limit)
+    return list_object(page.rows, event_object, page.has_more)
+
+
+def _event_stream(platform: Platform, job_id: str) -> Iterator[bytes]:
+    """Server-Sent Events: every event oldest first, then new ones as they come,
+    then `data: [DONE]` once the job has finished."""
+    last_pk = 0
+    while True:
+        with platform.db.session() as session:
+            batch = event_repo.since(session, job_id, last_pk)
+            job = job_repo.get_for_update(session, job_id) if not batch else None
+            finished = job is not None and JobStatus(job.status) in TERMINAL
+        for event in batch:
+            last_pk = event.pk
+            yield f"data: {json.dumps(event_object(event))}\n\n".encode()
+        if finished:
+            yield b"data: [DONE]\n\n"
+            return
+        if not batch:
+            yield b": keep-alive\n\n"
+            time.sleep(STREAM_POLL_S)
+
+
+@router.get("/{job_id}/checkpoints")
+def list_checkpoints(
+    job_id: str,
+    after: str | None = None,
+    limit: int = Query(default=10, ge=1, le=100),
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+) -> dict:
+    job = job_service.get_job(session, tenant.tenant_id, job_id)
+    page = checkpoint_repo.page(session, job.job_id, after=after, limit=limit)
+    return list_object(page.rows, lambda row: checkpoint_object(row, job), page.has_more)
+
+
+@router.get("/{job_id}/download")
+def download(
+    job_id: str,
+    artifact: str = "adapter",
+    step: int | None = Query(default=None, ge=0),
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> Response:
+    job = job_service.get_job(session, tenant.tenant_id, job_id)
+    name, archive = artifacts.adapter_archive(session, platform.store, job, artifact=artifact, step=step)
+    return StreamingResponse(
+        artifacts.iter_file(archive), media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )

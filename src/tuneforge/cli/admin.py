@@ -1,0 +1,101 @@
+"""Admin commands that act on the metadata store directly: tenants, base models, migrate."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuneforge.db.migrate import upgrade
+from tuneforge.db.repos import base_models as base_model_repo
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.domain.errors import ApiError
+from tuneforge.services import base_models as base_model_service
+from tuneforge.services import tenants as tenant_service
+from tuneforge.services.context import Platform
+from tuneforge.settings import get_settings
+
+console = Console(stderr=True)
+tenants_app = typer.Typer(help="Create and manage tenants (admin).", no_args_is_help=True)
+base_models_app = typer.Typer(help="Register base models (admin).", no_args_is_help=True)
+
+
+def platform() -> Platform:
+    settings = get_settings()
+    upgrade(settings.resolved_database_url)
+    return Platform.from_settings(settings)
+
+
+def fail(exc: ApiError) -> None:
+    console.print(f"[red]error:[/red] {exc.message}")
+    raise typer.Exit(code=2)
+
+
+def migrate() -> None:
+    """Create or upgrade the metadata store's schema."""
+    settings = get_settings()
+    upgrade(settings.resolved_database_url)
+    console.print(f"database at head: {settings.resolved_database_url}")
+
+
+@tenants_app.command("create")
+def tenants_create(
+    name: str,
+    tier: str = typer.Option("standard", help="free, standard or premium"),
+) -> None:
+    """Create a tenant; its new API key is printed alone on the last line."""
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            tenant, api_key = tenant_service.create_tenant(session, name, tier)
+            tenant_id = tenant.tenant_id
+    except ApiError as exc:
+        fail(exc)
+    console.print(f"created tenant {name} ({tenant_id}, tier {tier}); the API key is shown once:")
+    typer.echo(api_key)
+
+
+@tenants_app.command("list")
+def tenants_list() -> None:
+    ctx = platform()
+    table = Table("tenant_id", "name", "tier")
+    with ctx.db.session() as session:
+        for tenant in tenant_repo.list_all(session):
+            table.add_row(tenant.tenant_id, tenant.name, tenant.tier)
+    Console().print(table)
+
+
+@tenants_app.command("set-tier")
+def tenants_set_tier(name: str, tier: str) -> None:
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            tenant_service.set_tier(session, name, tier)
+    except ApiError as exc:
+        fail(exc)
+    console.print(f"{name}: tier {tier}")
+
+
+@base_models_app.command("add")
+def base_models_add(name: str, source: str) -> None:
+    """Register SOURCE (a local model folder or a hub id) as base model NAME."""
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            row = base_model_service.add_base_model(
+                session, ctx.store, name, source, ctx.settings.home / "cache" / "hub")
+            sha, size = row.sha256, row.size_bytes
+    except ApiError as exc:
+        fail(exc)
+    console.print(f"registered base model {name}: sha256 {sha}, {size / 1e6:.1f} MB")
+    typer.echo(name)
+
+
+@base_models_app.command("list")
+def base_models_list() -> None:
+    ctx = platform()
+    table = Table("name", "sha256", "size_mb", "source")
+    with ctx.db.session() as session:
+        for row in base_model_repo.list_all(session):
+            table.add_row(row.name, row.sha256[:16], f"{row.size_bytes / 1e6:.1f}", row.source)
+    Console().print(table)

@@ -1,0 +1,119 @@
+"""Tenant commands, spoken over the API with the official openai SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import openai
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from tuneforge.settings import get_settings
+
+console = Console()
+files_app = typer.Typer(help="Upload and list files.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Create and follow fine-tuning jobs.", no_args_is_help=True)
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def client() -> openai.OpenAI:
+    api_key = os.environ.get("TUNEFORGE_API_KEY")
+    if not api_key:
+        console.print("[red]set TUNEFORGE_API_KEY to a tenant's API key[/red]")
+        raise typer.Exit(code=2)
+    base_url = os.environ.get("TUNEFORGE_BASE_URL") or get_settings().resolved_public_url
+    return openai.OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key, max_retries=2)
+
+
+def _show(obj) -> None:  # noqa: ANN001
+    console.print_json(json.dumps(obj.model_dump(), default=str))
+
+
+@files_app.command("upload")
+def files_upload(path: Path, purpose: str = typer.Option("fine-tune")) -> None:
+    with open(path, "rb") as handle:
+        created = client().files.create(file=handle, purpose=purpose)
+    _show(created)
+
+
+@files_app.command("list")
+def files_list() -> None:
+    for item in client().files.list():
+        console.print(f"{item.id}  {item.filename}  {item.bytes} B  {item.status}")
+
+
+@jobs_app.command("create")
+def jobs_create(
+    model: str = typer.Option(..., help="Base model name"),
+    training_file: str = typer.Option(..., help="File id"),
+    validation_file: str = typer.Option(None),
+    suffix: str = typer.Option(None),
+    n_epochs: int = typer.Option(None),
+    batch_size: int = typer.Option(None),
+    learning_rate: float = typer.Option(None),
+    lora_rank: int = typer.Option(None),
+    seed: int = typer.Option(None),
+    idempotency_key: str = typer.Option(None),
+) -> None:
+    hp = {k: v for k, v in {"n_epochs": n_epochs, "batch_size": batch_size,
+                            "learning_rate": learning_rate}.items() if v is not None}
+    extra_body = {"training_type": {"type": "lora", "rank": lora_rank}} if lora_rank else None
+    job = client().fine_tuning.jobs.create(
+        model=model, training_file=training_file, validation_file=validation_file or openai.NOT_GIVEN,
+        suffix=suffix or openai.NOT_GIVEN, seed=seed if seed is not None else openai.NOT_GIVEN,
+        method={"type": "supervised", "supervised": {"hyperparameters": hp}},
+        extra_body=extra_body,
+        extra_headers={"Idempotency-Key": idempotency_key} if idempotency_key else None,
+    )
+    _show(job)
+
+
+@jobs_app.command("get")
+def jobs_get(job_id: str) -> None:
+    _show(client().fine_tuning.jobs.retrieve(job_id))
+
+
+@jobs_app.command("list")
+def jobs_list(limit: int = 20) -> None:
+    for job in client().fine_tuning.jobs.list(limit=limit):
+        console.print(f"{job.id}  {job.status:<16} {job.model}  {job.fine_tuned_model or ''}")
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str) -> None:
+    _show(client().fine_tuning.jobs.cancel(job_id))
+
+
+def _latest_metrics(api: openai.OpenAI, job_id: str) -> dict | None:
+    for event in api.fine_tuning.jobs.list_events(job_id, limit=20).data:
+        if event.type == "metrics" and event.data:
+            return dict(event.data)
+    return None
+
+
+@jobs_app.command("watch")
+def jobs_watch(job_id: str, interval_s: float = 1.0) -> None:
+    """Live progress: step/total, loss, tokens/s, ETA; returns when the job ends."""
+    api = client()
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[stats]}"), TimeRemainingColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("queued", total=None, stats="")
+        while True:
+            job = api.fine_tuning.jobs.retrieve(job_id)
+            metrics = _latest_metrics(api, job_id)
+            if metrics:
+                stats = f"loss {metrics.get('train_loss', float('nan')):.4f}  {metrics.get('tokens_per_second', 0):.0f} tok/s"
+                progress.update(task, total=metrics.get("total_steps"), completed=metrics.get("step", 0), stats=stats)
+            progress.update(task, description=job.status)
+            if job.status in TERMINAL:
+                break
+            time.sleep(interval_s)
+    console.print(f"{job.id}: {job.status}" + (f" -> {job.fine_tuned_model}" if job.fine_tuned_model else ""))
+    if job.error and job.error.message:
+        console.print(f"[red]{job.error.code}: {job.error.message}[/red]")
+        raise typer.Exit(code=1)

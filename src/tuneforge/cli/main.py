@@ -1,0 +1,57 @@
+"""`tuneforge` entry point."""
+
+from __future__ import annotations
+
+import typer
+
+from tuneforge.cli import admin, client
+
+app = typer.Typer(help="tuneforge: self-hosted, OpenAI-compatible fine-tuning.", no_args_is_help=True)
+app.add_typer(admin.tenants_app, name="tenants")
+app.add_typer(admin.base_models_app, name="base-models")
+app.add_typer(client.files_app, name="files")
+app.add_typer(client.jobs_app, name="jobs")
+app.command("migrate")(admin.migrate)
+
+
+def _serve(host: str | None, port: int | None, scheduler: bool) -> None:
+    from tuneforge.server import ControlPlane, configure_logging
+    from tuneforge.settings import Settings
+
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = Settings(**overrides)
+    configure_logging()
+    plane = ControlPlane(settings, run_scheduler=scheduler)
+    typer.echo(f"tuneforge listening on {plane.url} (database {settings.resolved_database_url}, "
+               f"objects {settings.resolved_storage_url}, executor {settings.executor})", err=True)
+    plane.serve_forever()
+
+
+@app.command()
+def up(host: str = typer.Option(None), port: int = typer.Option(None)) -> None:
+    """API + scheduler + local executor in one process, on embedded defaults."""
+    _serve(host, port, scheduler=True)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None),
+    port: int = typer.Option(None),
+    scheduler: bool = typer.Option(True, help="Run the scheduler loop in this process."),
+) -> None:
+    """The control plane as configured by TUNEFORGE_* settings."""
+    _serve(host, port, scheduler=scheduler)
+
+
+@app.command()
+def demo(
+    home: str = typer.Option(None, help="Folder for the demo's data (default: TUNEFORGE_HOME/demo)."),
+) -> None:
+    """Build a tiny model, fine-tune it through the API, show answers before and after."""
+    from tuneforge.demo.run import run_demo
+
+    raise typer.Exit(code=run_demo(home))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""Metadata store: SQLAlchemy 2 tables, engine, repositories and Alembic migrations."""

@@ -1,0 +1,1 @@
+"""Repositories: one module per entity; the only code that queries tables."""

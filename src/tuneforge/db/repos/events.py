@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tuneforge.db.pagination import Page, newest_first
+from tuneforge.db.tables import JobEvent
+from tuneforge.domain.ids import new_id
+
+
+def add(
+    session: Session,
+    job_id: str,
+    message: str,
+    *,
+    level: str = "info",
+    event_type: str = "message",
+    data: dict[str, Any] | None = None,
+    attempt: int = 0,
+    seq: int | None = None,
+    created_at: int | None = None,
+) -> JobEvent:
+    event = JobEvent(
+        event_id=new_id("ftevent"),
+        job_id=job_id,
+        attempt=attempt,
+        seq=seq,
+        level=level,
+        event_type=event_type,
+        message=message,
+        data=data,
+        created_at=int(created_at if created_at is not None else time.time()),
+    )
+    session.add(event)
+    return event
+
+
+def page(session: Session, job_id: str, *, after: str | None, limit: int) -> Page:
+    stmt = select(JobEvent).where(JobEvent.job_id == job_id)
+    return newest_first(session, stmt, JobEvent, JobEvent.event_id, after, limit)
+
+
+def since(session: Session, job_id: str, after_pk: int, limit: int = 500) -> list[JobEvent]:
+    """Events in chronological order after `after_pk` (for streaming)."""
+    return list(
+        session.scalars(
+            select(JobEvent)
+            .where(JobEvent.job_id == job_id, JobEvent.pk > after_pk)
+            .order_by(JobEvent.pk)
+            .limit(limit)
+        )
+    )
+
+
+def reported_seqs(session: Session, job_id: str, attempt: int, seqs: list[int]) -> set[int]:
+    if not seqs:
+        return set()
+    rows = session.scalars(
+        select(JobEvent.seq).where(
+            JobEvent.job_id == job_id, JobEvent.attempt == attempt, JobEvent.seq.in_(seqs)
+        )
+    )
+    return set(rows)
+
+
+def metrics_rows(session: Session, job_id: str) -> list[JobEvent]:
+    return list(
+        session.scalars(
+            select(JobEvent)
+            .where(JobEvent.job_id == job_id, JobEvent.event_type == "metrics")
+            .order_by(JobEvent.pk)
+        )
+    )

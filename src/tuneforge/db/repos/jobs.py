@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tuneforge.db.pagination import Page, newest_first
+from tuneforge.db.tables import Job
+from tuneforge.db.tenancy import owned
+
+
+def get(session: Session, tenant_id: str, job_id: str) -> Job | None:
+    return session.scalar(owned(Job, tenant_id).where(Job.job_id == job_id))
+
+
+def get_for_update(session: Session, job_id: str) -> Job | None:
+    """Platform-side lookup (scheduler, trainer reports), row-locked on PostgreSQL."""
+    return session.scalar(select(Job).where(Job.job_id == job_id).with_for_update())
+
+
+def by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:
+    return session.scalar(owned(Job, tenant_id).where(Job.idempotency_key == key))
+
+
+def page(
+    session: Session,
+    tenant_id: str,
+    *,
+    metadata: dict[str, str],
+    after: str | None,
+    limit: int,
+) -> Page:
+    stmt = owned(Job, tenant_id)
+    if metadata:
+        # Metadata filters are rare and per tenant; filtering in Python keeps the
+        # JSON semantics identical on SQLite and PostgreSQL.
+        rows = [
+            job
+            for job in session.scalars(stmt.order_by(Job.pk.desc()))
+            if all((job.user_metadata or {}).get(k) == v for k, v in metadata.items())
+        ]
+        if after:
+            ids = [job.job_id for job in rows]
+            rows = rows[ids.index(after) + 1:] if after in ids else []
+        limit = max(1, min(limit, 100))
+        return Page(rows=rows[:limit], has_more=len(rows) > limit)
+    return newest_first(session, stmt, Job, Job.job_id, after, limit)
+
+
+def with_status(session: Session, statuses: list[str]) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.status.in_(statuses)).order_by(Job.pk)))
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+    return {status: count for status, count in rows}

@@ -1,0 +1,180 @@
+"""Tables of the metadata store (SQLAlchemy 2 declarative).
+
+Every row has an integer `pk` (insertion order: list ordering and cursors) and,
+where the API shows it, a public string id. Timestamps the API shows are unix
+seconds (OpenAI's convention); lease timestamps are float seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    tier: Mapped[str] = mapped_column(String(16), default="standard")
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class BaseModelRow(Base):
+    __tablename__ = "base_models"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(512))
+    source: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    max_position_embeddings: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class FileRow(Base):
+    __tablename__ = "files"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    file_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    key: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    status_details: Mapped[str | None] = mapped_column(Text, nullable=True)
+    num_examples: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    data_format: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_files_tenant_pk", "tenant_id", "pk"),)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    model: Mapped[str] = mapped_column(String(128))
+    base_model_sha256: Mapped[str] = mapped_column(String(64))
+    training_file: Mapped[str] = mapped_column(String(64))
+    validation_file: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    user_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # the create body as given
+    resolved: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    trained_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    result_files: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    estimated_finish: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (
+        Index("ix_jobs_tenant_pk", "tenant_id", "pk"),
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_idempotency"),
+    )
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    gpus: Mapped[int] = mapped_column(Integer, default=1)
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_seq: Mapped[int] = mapped_column(Integer, default=0)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    failure: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(64), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    level: Mapped[str] = mapped_column(String(8))
+    event_type: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index("ix_job_events_job_pk", "job_id", "pk"),
+        UniqueConstraint("job_id", "attempt", "seq", name="uq_job_events_report"),
+    )
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    checkpoint_id: Mapped[str] = mapped_column(String(64), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    prefix: Mapped[str] = mapped_column(String(1024))
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
+
+
+class FineTunedModel(Base):
+    __tablename__ = "fine_tuned_models"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(String(256), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"))
+    base_model: Mapped[str] = mapped_column(String(128))
+    base_model_sha256: Mapped[str] = mapped_column(String(64))
+    artifact_prefix: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,1 @@
+"""Pure domain types: no I/O, imports nothing else of tuneforge."""

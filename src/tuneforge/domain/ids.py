@@ -1,0 +1,16 @@
+"""Public ids in OpenAI's style: `file-…`, `ftjob-…`, `ftevent-…`, `ftckpt-…`."""
+
+from __future__ import annotations
+
+import secrets
+import string
+
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_id(prefix: str, length: int = 24) -> str:
+    return f"{prefix}-" + "".join(secrets.choice(_ALPHABET) for _ in range(length))
+
+
+def short_id(length: int = 8) -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(length))

@@ -1,0 +1,92 @@
+"""The fine-tuning job create body: OpenAI's fields plus tuneforge's extensions.
+
+Every model forbids unknown keys, so a typo answers 400 naming the key instead
+of being silently ignored. Field descriptions are the documentation.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Auto = Literal["auto"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SupervisedHyperparameters(_Strict):
+    n_epochs: Union[int, Auto] = Field("auto", description="Passes over the training data (1-50).")
+    batch_size: Union[int, Auto] = Field("auto", description="Examples per optimizer step (1-256).")
+    learning_rate_multiplier: Union[float, Auto] = Field(
+        "auto", description="Scales the method's default learning rate."
+    )
+    learning_rate: Union[float, Auto, None] = Field(
+        None, description="Absolute learning rate; overrides the multiplier."
+    )
+    warmup_ratio: Union[float, Auto] = Field("auto", description="Fraction of steps of linear warmup (0-0.5).")
+    lr_scheduler_type: Union[Literal["linear", "cosine", "constant"], Auto] = Field(
+        "auto", description="Learning-rate decay after warmup."
+    )
+    weight_decay: Union[float, Auto] = Field("auto", description="AdamW weight decay.")
+    max_grad_norm: Union[float, Auto] = Field("auto", description="Gradient clipping norm (0 disables).")
+    max_seq_length: Union[int, Auto] = Field(
+        "auto", description="Tokens per example; longer examples are truncated from the end."
+    )
+    train_on_inputs: Union[bool, Auto] = Field(
+        "auto", description="Also compute the loss on system/user/prompt tokens."
+    )
+    gradient_accumulation_steps: Union[int, Auto] = Field(
+        "auto", description="Micro-batches per optimizer step; micro-batch = batch_size / this."
+    )
+
+
+class SupervisedMethod(_Strict):
+    hyperparameters: SupervisedHyperparameters = Field(default_factory=SupervisedHyperparameters)
+
+
+class Method(_Strict):
+    type: Literal["supervised", "dpo", "reinforcement", "orpo", "cpt"] = "supervised"
+    supervised: SupervisedMethod | None = None
+    dpo: dict | None = None
+    reinforcement: dict | None = None
+    orpo: dict | None = None
+    cpt: dict | None = None
+
+
+class TrainingType(_Strict):
+    type: Literal["lora", "qlora", "full"] = Field("lora", description="Adapter or full fine-tune.")
+    rank: Union[int, Auto] = Field("auto", description="LoRA rank r.")
+    alpha: Union[float, Auto] = Field("auto", description="LoRA alpha; default 2 x rank.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: Union[list[str], Literal["all-linear"]] = Field(
+        "all-linear", description="Module names to adapt; default every linear layer but the head."
+    )
+
+
+class Checkpointing(_Strict):
+    every_steps: int | None = Field(None, ge=1, description="Checkpoint every N optimizer steps.")
+    keep_last: int | None = Field(None, ge=1, le=100, description="Checkpoints kept.")
+
+
+class Integration(_Strict):
+    type: str
+    wandb: dict | None = None
+
+
+class JobCreate(_Strict):
+    model: str = Field(description="Base model name (see GET /v1/models).")
+    training_file: str = Field(description="Id of an uploaded file with purpose fine-tune.")
+    validation_file: str | None = None
+    suffix: str | None = Field(None, max_length=64)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+    metadata: dict[str, str] | None = None
+    hyperparameters: SupervisedHyperparameters | None = Field(
+        None, description="Deprecated by OpenAI in favour of method; still accepted."
+    )
+    method: Method | None = None
+    integrations: list[Integration] | None = None
+    training_type: TrainingType | None = None
+    checkpointing: Checkpointing | None = None

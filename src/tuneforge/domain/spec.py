@@ -1,0 +1,105 @@
+"""JobSpec: everything one trainer attempt needs, serialised as JSON.
+
+The control plane writes it; `python -m tuneforge.train SPEC` reads it. The
+trainer never touches the database: data and models come from the object
+store, reports go to `callback_url` with `job_token`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BaseModelRef:
+    name: str
+    sha256: str
+    prefix: str  # object-store prefix holding config, weights and tokenizer
+
+
+@dataclass(frozen=True)
+class DataFileRef:
+    file_id: str
+    key: str  # object-store key of the uploaded file
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """Resolved values (no 'auto' left)."""
+
+    n_epochs: int = 3
+    batch_size: int = 8  # effective batch: micro_batch_size * gradient_accumulation_steps
+    micro_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 2e-4
+    learning_rate_multiplier: float = 1.0
+    warmup_ratio: float = 0.0
+    lr_scheduler_type: str = "linear"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_seq_length: int = 2048
+    train_on_inputs: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    every_steps: int = 50
+    keep_last: int = 3
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: str
+    tenant_id: str
+    attempt: int
+    seed: int
+    base_model: BaseModelRef
+    training_file: DataFileRef
+    validation_file: DataFileRef | None
+    method: str  # "supervised"
+    training_type: str  # "lora"
+    lora: LoraConfig
+    hyperparameters: Hyperparameters
+    checkpoint: CheckpointPolicy
+    storage_url: str
+    callback_url: str
+    job_token: str
+    gpus: int = 0
+    heartbeat_interval_s: float = 5.0
+    cache_dir: str = ""  # local folder for base-model copies, keyed by SHA
+    fine_tuned_model: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # test hooks, future options
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def write(self, path: Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "JobSpec":
+        raw = dict(raw)
+        raw["base_model"] = BaseModelRef(**raw["base_model"])
+        raw["training_file"] = DataFileRef(**raw["training_file"])
+        if raw.get("validation_file"):
+            raw["validation_file"] = DataFileRef(**raw["validation_file"])
+        raw["lora"] = LoraConfig(**raw["lora"])
+        raw["hyperparameters"] = Hyperparameters(**raw["hyperparameters"])
+        raw["checkpoint"] = CheckpointPolicy(**raw["checkpoint"])
+        return cls(**raw)
+
+    @classmethod
+    def read(cls, path: Path) -> "JobSpec":
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,13 @@
+"""Executors carry out the scheduler's decisions: `local` (subprocesses)."""
+
+from tuneforge.executors.protocol import Capacity, Executor, NodeCapacity, Placement, PollResult
+
+__all__ = ["Capacity", "Executor", "NodeCapacity", "Placement", "PollResult", "make_executor"]
+
+
+def make_executor(settings):  # noqa: ANN001, ANN201
+    if settings.executor == "local":
+        from tuneforge.executors.local import LocalExecutor
+
+        return LocalExecutor(settings)
+    raise ValueError(f"unknown executor {settings.executor!r}; available: local")

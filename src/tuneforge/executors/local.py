@@ -1,0 +1,104 @@
+"""Local executor: each attempt is a subprocess on this host.
+
+GPUs are handed out with CUDA_VISIBLE_DEVICES; on a CPU-only host
+`TUNEFORGE_LOCAL_GPUS` sets how many logical slots exist. A process launched by
+an earlier control-plane process is still found through /proc by its pid and
+spec path, so a restart does not orphan running attempts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as signals
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from tuneforge.domain.spec import JobSpec
+from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
+from tuneforge.settings import Settings
+
+NODE_NAME = "local"
+
+
+def _storage_env(settings: Settings) -> dict[str, str]:
+    env = {}
+    for name in ("s3_endpoint_url", "s3_region", "s3_access_key_id", "s3_secret_access_key"):
+        value = getattr(settings, name)
+        if value:
+            env[f"TUNEFORGE_{name.upper()}"] = str(value)
+    return env
+
+
+class LocalExecutor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.total_gpus = max(0, int(settings.local_gpus))
+        self.workdir = (settings.home / "attempts").resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._children: dict[int, subprocess.Popen] = {}
+
+    def capacity(self) -> Capacity:
+        busy = sum(1 for proc in self._children.values() if proc.poll() is None)  # poll() also reaps
+        return Capacity(nodes=[NodeCapacity(NODE_NAME, self.total_gpus, max(0, self.total_gpus - busy))])
+
+    def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
+        stem = f"{spec.job_id}-attempt-{spec.attempt}"
+        spec_path = self.workdir / f"{stem}.json"
+        log_path = self.workdir / f"{stem}.log"
+        # the spec holds the job token: readable by this user only
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(spec.to_json())
+        env = dict(os.environ)
+        env.update(_storage_env(self.settings))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_ids)
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tuneforge.train", str(spec_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=str(self.workdir), start_new_session=True,
+            )
+        self._children[proc.pid] = proc
+        return {"pid": proc.pid, "spec_path": str(spec_path), "log_path": str(log_path), "node": NODE_NAME}
+
+    def poll(self, handle: dict[str, Any]) -> PollResult:
+        pid = int(handle["pid"])
+        proc = self._children.get(pid)
+        if proc is not None:
+            code = proc.poll()
+            if code is None:
+                return PollResult("running")
+            self._children.pop(pid, None)
+            return PollResult("exited", code)
+        if _is_our_process(pid, handle.get("spec_path", "")):
+            return PollResult("running", detail="adopted from an earlier control plane")
+        return PollResult("unknown", None, "process not found (exit code unknown)")
+
+    def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None:
+        pid = int(handle["pid"])
+        if pid not in self._children and not _is_our_process(pid, handle.get("spec_path", "")):
+            return
+        sig = signals.SIGTERM if action == "preempt" else signals.SIGKILL
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str:
+        path = Path(handle.get("log_path", ""))
+        if not path.is_file():
+            return ""
+        with open(path, "rb") as log:
+            log.seek(max(0, path.stat().st_size - max_bytes))
+            return log.read().decode("utf-8", "replace")
+
+
+def _is_our_process(pid: int, spec_path: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return False
+    return bool(spec_path) and spec_path in cmdline and "tuneforge.train" in cmdline

@@ -1,0 +1,53 @@
+"""The executor protocol: capacity / launch / poll / signal.
+
+The scheduler decides what runs where; an executor only carries it out and
+reports what happened. Handles are JSON-able dicts stored with the attempt, so
+a restarted control plane can still poll and signal what it launched before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from tuneforge.domain.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    name: str
+    total_gpus: int
+    free_gpus: int
+
+
+@dataclass(frozen=True)
+class Capacity:
+    nodes: list[NodeCapacity]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(node.total_gpus for node in self.nodes)
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str
+    gpu_ids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "gpu_ids": list(self.gpu_ids)}
+
+
+@dataclass(frozen=True)
+class PollResult:
+    state: Literal["running", "exited", "unknown"]
+    exit_code: int | None = None
+    detail: str = ""
+
+
+class Executor(Protocol):
+    def capacity(self) -> Capacity: ...
+    def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]: ...
+    def poll(self, handle: dict[str, Any]) -> PollResult: ...
+    def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None: ...
+    def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str: ...

@@ -1,0 +1,1 @@
+"""Scheduler: validation of new jobs, attempt reconciliation, admission."""

@@ -1,0 +1,53 @@
+"""Builds the JobSpec of one attempt from the job's rows."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import base_models as base_model_repo
+from tuneforge.db.repos import files as file_repo
+from tuneforge.db.tables import Job
+from tuneforge.domain.spec import (
+    BaseModelRef,
+    CheckpointPolicy,
+    DataFileRef,
+    Hyperparameters,
+    JobSpec,
+    LoraConfig,
+)
+from tuneforge.settings import Settings
+
+
+def build_spec(session: Session, settings: Settings, job: Job, number: int, token: str) -> JobSpec:
+    base = base_model_repo.by_name(session, job.model)
+    training = file_repo.get(session, job.tenant_id, job.training_file)
+    if base is None or training is None:
+        raise LookupError(f"{job.job_id}: base model or training file is gone")
+    validation = None
+    if job.validation_file:
+        row = file_repo.get(session, job.tenant_id, job.validation_file)
+        if row is None:
+            raise LookupError(f"{job.job_id}: validation file is gone")
+        validation = DataFileRef(file_id=row.file_id, key=row.key, sha256=row.sha256)
+    resolved = job.resolved or {}
+    return JobSpec(
+        job_id=job.job_id,
+        tenant_id=job.tenant_id,
+        attempt=number,
+        seed=job.seed,
+        base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix),
+        training_file=DataFileRef(file_id=training.file_id, key=training.key, sha256=training.sha256),
+        validation_file=validation,
+        method="supervised",
+        training_type="lora",
+        lora=LoraConfig(**resolved["lora"]),
+        hyperparameters=Hyperparameters(**resolved["hyperparameters"]),
+        checkpoint=CheckpointPolicy(**resolved["checkpoint"]),
+        storage_url=settings.resolved_storage_url,
+        callback_url=settings.resolved_public_url,
+        job_token=token,
+        gpus=int(resolved.get("gpus", 1)),
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        cache_dir=str((settings.home / "cache" / "base-models").resolve()),
+        extra=dict(resolved.get("extra") or {}),
+    )

@@ -1,0 +1,1 @@
+"""Use cases called by the API routes, the CLI and the scheduler."""

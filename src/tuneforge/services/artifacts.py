@@ -1,0 +1,79 @@
+"""Downloadable artifacts: a job's final adapter or one checkpoint's adapter,
+packed as a tar.gz of a folder that `PeftModel.from_pretrained` loads."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import checkpoints as checkpoint_repo
+from tuneforge.db.tables import Job
+from tuneforge.domain.errors import ApiError, invalid, not_found
+from tuneforge.domain.status import JobStatus
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
+
+_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md")
+
+
+def _archive(store: ObjectStore, prefix: str, folder: str, only_adapter: bool) -> IO[bytes]:
+    keys = store.list(prefix)
+    if only_adapter:
+        keys = [k for k in keys if k.rsplit("/", 1)[-1] in _ADAPTER_FILES]
+    if not keys:
+        raise not_found("the artifact has no files", param="artifact", code="artifact_not_found")
+    spool = tempfile.TemporaryFile()
+    strip = len(prefix.rstrip("/")) + 1
+    with tarfile.open(fileobj=spool, mode="w:gz") as tar:
+        for key in keys:
+            size = store.size_bytes(key)
+            info = tarfile.TarInfo(name=f"{folder}/{key[strip:]}")
+            info.size = size
+            info.mode = 0o644
+            with store.open_read(key) as handle:
+                tar.addfile(info, handle)
+    spool.seek(0)
+    return spool
+
+
+def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact: str,
+                    step: int | None) -> tuple[str, IO[bytes]]:
+    if artifact != "adapter":
+        raise invalid("artifact must be 'adapter'", param="artifact")
+    if step is not None:
+        row = checkpoint_repo.at_step(session, job.job_id, step)
+        if row is None:
+            raise not_found(f"{job.job_id} has no checkpoint at step {step}", param="step",
+                            code="checkpoint_not_found")
+        folder = f"{job.job_id}-step-{step}"
+        return f"{folder}.tar.gz", _archive(store, row.prefix, folder, only_adapter=True)
+    if job.status != JobStatus.SUCCEEDED.value:
+        raise ApiError(409, f"{job.job_id} is {job.status}; the final adapter exists once it has succeeded "
+                            "(pass step=N for a checkpoint)", param="artifact", code="artifact_not_ready")
+    prefix = layout.artifact_prefix(job.tenant_id, job.job_id, "adapter")
+    folder = f"{job.job_id}-adapter"
+    return f"{folder}.tar.gz", _archive(store, prefix, folder, only_adapter=False)
+
+
+def iter_file(handle: IO[bytes], chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    with handle:
+        while chunk := handle.read(chunk_bytes):
+            yield chunk
+
+
+def extract(archive: Path, into: Path) -> Path:
+    """Unpack a downloaded archive safely (no absolute paths, no '..')."""
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            target = os.path.normpath(into / member.name)
+            if not target.startswith(str(into.resolve())) and not target.startswith(str(into)):
+                raise ValueError(f"unsafe path in archive: {member.name}")
+        tar.extractall(into, filter="data")
+        roots = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+    return into / sorted(roots)[0]

@@ -1,0 +1,105 @@
+"""Base models: registered once by an admin, copied into the object store and
+pinned by a SHA-256 over their weight, config and tokenizer files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import base_models as base_model_repo
+from tuneforge.db.tables import BaseModelRow
+from tuneforge.domain.errors import conflict, invalid
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
+
+# Files that define a model's behaviour; everything else (READMEs, images) is
+# copied but does not change the pin.
+_PINNED_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".tiktoken", ".jinja")
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_sha256(model_dir: Path) -> str:
+    """SHA-256 over (relative path, file SHA-256) of every pinned file, sorted."""
+    lines = []
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        rel = path.relative_to(model_dir).as_posix()
+        if rel.startswith(".") or not rel.endswith(_PINNED_SUFFIXES):
+            continue
+        lines.append(f"{rel}\t{_file_sha256(path)}")
+    if not lines:
+        raise invalid(f"{model_dir} holds no model files (config, weights, tokenizer)", param="source")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def resolve_source(source: str, cache_dir: Path) -> Path:
+    """A local directory as is, or a hub id downloaded where the network allows."""
+    local = Path(source).expanduser()
+    if local.is_dir():
+        return local.resolve()
+    if local.exists():
+        raise invalid(f"{source} is a file; give a model directory or a hub id", param="source")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - transformers depends on it
+        raise invalid(f"{source} is not a directory and huggingface_hub is missing") from exc
+    try:
+        return Path(snapshot_download(repo_id=source, cache_dir=str(cache_dir)))
+    except Exception as exc:  # noqa: BLE001 - any hub failure is the user's to fix
+        raise invalid(
+            f"{source} is not a local directory and could not be fetched from the hub: {exc}",
+            param="source",
+        ) from exc
+
+
+def _check_model_dir(model_dir: Path) -> int | None:
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise invalid(f"{model_dir} has no config.json", param="source")
+    has_weights = any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
+    if not has_weights:
+        raise invalid(f"{model_dir} has no weight files (*.safetensors or *.bin)", param="source")
+    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
+        raise invalid(f"{model_dir} has no tokenizer files", param="source")
+    config = json.loads(config_path.read_text())
+    return config.get("max_position_embeddings")
+
+
+def add_base_model(
+    session: Session, store: ObjectStore, name: str, source: str, cache_dir: Path
+) -> BaseModelRow:
+    if not name or not set(name) <= _NAME_CHARS or name.startswith("ft:"):
+        raise invalid("base model name may use letters, digits, '.', '_' and '-'", param="name")
+    if base_model_repo.by_name(session, name) is not None:
+        raise conflict(f"base model {name!r} is already registered", param="name")
+    model_dir = resolve_source(source, cache_dir)
+    max_positions = _check_model_dir(model_dir)
+    sha256 = model_sha256(model_dir)
+    prefix = layout.base_model_prefix(name, sha256)
+    keys = store.upload_dir(model_dir, prefix)
+    size_bytes = sum(p.stat().st_size for p in model_dir.rglob("*") if p.is_file())
+    row = BaseModelRow(
+        name=name,
+        sha256=sha256,
+        prefix=prefix,
+        source=source,
+        size_bytes=size_bytes,
+        max_position_embeddings=max_positions,
+        created_at=int(time.time()),
+    )
+    session.add(row)
+    session.flush()
+    if not keys:
+        raise invalid(f"nothing was copied from {source}", param="source")
+    return row

@@ -1,0 +1,139 @@
+"""Resolve "auto" hyperparameters into concrete values a trainer can run.
+
+Rules (shown on the job once resolved):
+- n_epochs: 3, raised for tiny datasets so the run sees >= 100 examples
+  (at most 25 epochs), lowered for large ones to ~25,000 examples seen.
+- batch_size: about 0.2% of the examples, a power of two within [1, 32].
+- learning_rate: 2e-4 for LoRA, 2e-5 for a full fine-tune, times the multiplier.
+- micro-batch: at most 8 examples; gradient accumulation makes up the rest.
+- LoRA rank 8 (alpha = 2 x rank); max_seq_length = min(model limit, 2048).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tuneforge.domain.errors import invalid
+from tuneforge.domain.job_config import JobCreate, SupervisedHyperparameters, TrainingType
+from tuneforge.domain.spec import Hyperparameters, LoraConfig
+
+BASE_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5}
+MAX_MICRO_BATCH = 8
+DEFAULT_MAX_SEQ_LENGTH = 2048
+PARAM_PREFIX = "method.supervised.hyperparameters"
+
+
+def requested_hyperparameters(request: JobCreate) -> SupervisedHyperparameters:
+    if request.method is not None and request.method.supervised is not None:
+        return request.method.supervised.hyperparameters
+    if request.hyperparameters is not None:
+        return request.hyperparameters
+    return SupervisedHyperparameters()
+
+
+def _auto(value, default):  # noqa: ANN001
+    return default if value in ("auto", None) else value
+
+
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    if not (low <= value <= high):
+        raise invalid(f"{PARAM_PREFIX}.{name} must be between {low} and {high}; got {value}", param=f"{PARAM_PREFIX}.{name}")
+
+
+def _auto_epochs(num_examples: int) -> int:
+    if num_examples * 3 < 100:
+        return min(25, math.ceil(100 / num_examples))
+    if num_examples * 3 > 25_000:
+        return max(1, 25_000 // num_examples)
+    return 3
+
+
+def _auto_batch_size(num_examples: int) -> int:
+    target = max(1.0, num_examples * 0.002)
+    return int(min(32, 2 ** round(math.log2(target))))
+
+
+_RANGES = {
+    "n_epochs": (1, 50),
+    "batch_size": (1, 256),
+    "learning_rate_multiplier": (1e-3, 100.0),
+    "learning_rate": (1e-8, 1.0),
+    "warmup_ratio": (0.0, 0.5),
+    "weight_decay": (0.0, 1.0),
+    "max_grad_norm": (0.0, 1e4),
+    "max_seq_length": (16, 1 << 20),
+    "gradient_accumulation_steps": (1, 256),
+}
+
+
+def check_static(hp: SupervisedHyperparameters) -> None:
+    """Range checks that need no dataset, run at job creation."""
+    for name, (low, high) in _RANGES.items():
+        value = getattr(hp, name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            _check_range(name, value, low, high)
+    if isinstance(hp.batch_size, int) and isinstance(hp.gradient_accumulation_steps, int):
+        if hp.batch_size % hp.gradient_accumulation_steps:
+            raise invalid(
+                f"{PARAM_PREFIX}.batch_size ({hp.batch_size}) must be a multiple of "
+                f"gradient_accumulation_steps ({hp.gradient_accumulation_steps})",
+                param=f"{PARAM_PREFIX}.gradient_accumulation_steps",
+            )
+
+
+def resolve(
+    hp: SupervisedHyperparameters,
+    training_type: TrainingType,
+    *,
+    num_examples: int,
+    model_max_positions: int | None,
+) -> Hyperparameters:
+    n_epochs = int(_auto(hp.n_epochs, _auto_epochs(num_examples)))
+    batch_size = int(_auto(hp.batch_size, _auto_batch_size(num_examples)))
+    batch_size = max(1, min(batch_size, num_examples))
+    base_lr = BASE_LEARNING_RATE[training_type.type]
+    multiplier = float(_auto(hp.learning_rate_multiplier, 1.0))
+    if hp.learning_rate not in ("auto", None):
+        learning_rate = float(hp.learning_rate)
+        multiplier = learning_rate / base_lr
+    else:
+        learning_rate = base_lr * multiplier
+    if hp.gradient_accumulation_steps not in ("auto", None):
+        accumulation = int(hp.gradient_accumulation_steps)
+        micro = max(1, batch_size // accumulation)
+    else:
+        micro = min(batch_size, MAX_MICRO_BATCH)
+        accumulation = math.ceil(batch_size / micro)
+        micro = batch_size // accumulation if batch_size % accumulation == 0 else micro
+    limit = model_max_positions or DEFAULT_MAX_SEQ_LENGTH
+    max_seq_length = int(_auto(hp.max_seq_length, min(limit, DEFAULT_MAX_SEQ_LENGTH)))
+    if max_seq_length > limit:
+        raise invalid(
+            f"{PARAM_PREFIX}.max_seq_length {max_seq_length} exceeds the model's limit of {limit} tokens",
+            param=f"{PARAM_PREFIX}.max_seq_length",
+        )
+    return Hyperparameters(
+        n_epochs=n_epochs,
+        batch_size=micro * accumulation,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=learning_rate,
+        learning_rate_multiplier=round(multiplier, 6),
+        warmup_ratio=float(_auto(hp.warmup_ratio, 0.03)),
+        lr_scheduler_type=str(_auto(hp.lr_scheduler_type, "linear")),
+        weight_decay=float(_auto(hp.weight_decay, 0.0)),
+        max_grad_norm=float(_auto(hp.max_grad_norm, 1.0)),
+        max_seq_length=max_seq_length,
+        train_on_inputs=bool(_auto(hp.train_on_inputs, False)),
+    )
+
+
+def resolve_lora(training_type: TrainingType) -> LoraConfig:
+    rank = int(_auto(training_type.rank, 8))
+    if not 1 <= rank <= 1024:
+        raise invalid("training_type.rank must be between 1 and 1024", param="training_type.rank")
+    alpha = float(_auto(training_type.alpha, 2 * rank))
+    return LoraConfig(
+        rank=rank, alpha=int(alpha) if alpha == int(alpha) else alpha,
+        dropout=training_type.dropout, target_modules=training_type.target_modules,
+    )

@@ -1,0 +1,166 @@
+"""Fine-tuning jobs: create (with idempotency), read, list, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import time
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tuneforge.db.pagination import Page
+from tuneforge.db.repos import base_models as base_model_repo
+from tuneforge.db.repos import events
+from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.tables import FileRow, Job, Tenant
+from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
+from tuneforge.domain.ids import new_id
+from tuneforge.domain.job_config import JobCreate
+from tuneforge.domain.status import JobStatus
+from tuneforge.services import hyperparams
+from tuneforge.services.transitions import is_terminal, transition
+from tuneforge.settings import Settings
+
+SUPPORTED_METHODS = ("supervised",)
+SUPPORTED_TRAINING_TYPES = ("lora",)
+_SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def request_hash(request: JobCreate) -> str:
+    canonical = json.dumps(request.model_dump(mode="json", exclude_unset=True), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _check_file(session: Session, tenant_id: str, file_id: str, param: str, settings: Settings,
+                min_examples: int) -> FileRow:
+    row = file_repo.get(session, tenant_id, file_id)
+    if row is None:
+        raise invalid(f"invalid {param}: no such file {file_id}", param=param, code="file_not_found")
+    if row.purpose != "fine-tune":
+        raise invalid(
+            f"invalid {param}: file {file_id} has purpose {row.purpose!r}, expected 'fine-tune'",
+            param=param, code="invalid_file_purpose",
+        )
+    if row.status == "error":
+        raise invalid(f"invalid {param} {file_id}: {row.status_details}", param=param, code="invalid_file")
+    if row.status != "processed":
+        raise invalid(f"{param} {file_id} is still being processed", param=param, code="file_not_ready")
+    if (row.num_examples or 0) < min_examples:
+        raise invalid(
+            f"{param} {file_id} has {row.num_examples} example(s); at least {min_examples} are required",
+            param=param, code="too_few_examples",
+        )
+    return row
+
+
+def _check_request(request: JobCreate) -> None:
+    method = request.method.type if request.method else "supervised"
+    if method not in SUPPORTED_METHODS:
+        raise invalid(f"method.type {method!r} is not supported yet; use 'supervised'", param="method.type")
+    training_type = request.training_type.type if request.training_type else "lora"
+    if training_type not in SUPPORTED_TRAINING_TYPES:
+        raise invalid(
+            f"training_type.type {training_type!r} is not supported yet; use 'lora'", param="training_type.type"
+        )
+    if request.integrations:
+        raise invalid("integrations are not supported", param="integrations")
+    if request.suffix is not None and not _SUFFIX.match(request.suffix):
+        raise invalid("suffix may use up to 64 letters, digits, '-', '_' and '.'", param="suffix")
+    if request.metadata is not None and len(request.metadata) > 16:
+        raise invalid("metadata may hold at most 16 keys", param="metadata")
+    hyperparams.check_static(hyperparams.requested_hyperparameters(request))
+    if request.training_type is not None:
+        hyperparams.resolve_lora(request.training_type)
+
+
+def create_job(
+    session: Session,
+    settings: Settings,
+    tenant: Tenant,
+    request: JobCreate,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Returns (job, created). A repeated Idempotency-Key returns the first job."""
+    body_hash = request_hash(request)
+    if idempotency_key:
+        existing = job_repo.by_idempotency_key(session, tenant.tenant_id, idempotency_key)
+        if existing is not None:
+            return _replay(existing, body_hash), False
+    _check_request(request)
+    base = base_model_repo.by_name(session, request.model)
+    if base is None:
+        raise invalid(
+            f"Model {request.model!r} is not available for fine-tuning or does not exist",
+            param="model", code="model_not_available",
+        )
+    _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
+                settings.min_training_examples)
+    if request.validation_file:
+        _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1)
+    job = Job(
+        job_id=new_id("ftjob"),
+        tenant_id=tenant.tenant_id,
+        model=base.name,
+        base_model_sha256=base.sha256,
+        training_file=request.training_file,
+        validation_file=request.validation_file,
+        status=JobStatus.VALIDATING_FILES.value,
+        attempt=0,
+        seed=request.seed if request.seed is not None else random.randint(0, 2**31 - 1),
+        suffix=request.suffix,
+        user_metadata=request.metadata,
+        request=request.model_dump(mode="json", exclude_unset=True),
+        result_files=[],
+        idempotency_key=idempotency_key,
+        request_hash=body_hash,
+        created_at=int(time.time()),
+    )
+    try:
+        with session.begin_nested():
+            session.add(job)
+            session.flush()
+    except IntegrityError:
+        # another request with the same Idempotency-Key won the race
+        existing = job_repo.by_idempotency_key(session, tenant.tenant_id, idempotency_key or "")
+        if existing is None:
+            raise
+        return _replay(existing, body_hash), False
+    events.add(session, job.job_id, f"Created fine-tuning job: {job.job_id}", data={"status": job.status})
+    return job, True
+
+
+def _replay(job: Job, body_hash: str) -> Job:
+    if job.request_hash != body_hash:
+        raise conflict(
+            "Idempotency-Key was already used with a different request body",
+            param="Idempotency-Key", code="idempotency_key_reused",
+        )
+    return job
+
+
+def get_job(session: Session, tenant_id: str, job_id: str) -> Job:
+    job = job_repo.get(session, tenant_id, job_id)
+    if job is None:
+        raise not_found(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id")
+    return job
+
+
+def list_jobs(session: Session, tenant_id: str, *, metadata: dict[str, str], after: str | None,
+              limit: int) -> Page:
+    return job_repo.page(session, tenant_id, metadata=metadata, after=after, limit=limit)
+
+
+def cancel_job(session: Session, tenant_id: str, job_id: str) -> Job:
+    job = get_job(session, tenant_id, job_id)
+    if is_terminal(job):
+        raise ApiError(
+            400, f"Job {job_id} has already {job.status}; it cannot be cancelled",
+            param="fine_tuning_job_id", code="job_not_cancellable",
+        )
+    job.cancel_requested = True
+    transition(session, job, JobStatus.CANCELLED, "Fine-tuning job cancelled")
+    return job

@@ -1,0 +1,160 @@
+"""Reports from trainer attempts: heartbeats, events, checkpoints, results.
+
+Fencing: a report is applied only if it comes from the job's current attempt
+with that attempt's token; anything else answers 409 `stale_attempt`, so a
+zombie trainer can never overwrite state. Reports carry an increasing `seq`
+per attempt and are delivered in order, so `seq <= attempts.last_seq` means
+"already applied" and a retried report is acknowledged without effect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.repos import checkpoints as checkpoint_repo
+from tuneforge.db.repos import events
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.db.tables import Attempt, Checkpoint, FineTunedModel, Job
+from tuneforge.domain.errors import ApiError, unauthorized
+from tuneforge.domain.ids import new_id, short_id
+from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
+from tuneforge.services import files as file_service
+from tuneforge.services.transitions import transition
+from tuneforge.storage.store import ObjectStore
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _stale(message: str) -> ApiError:
+    return ApiError(409, message, "invalid_request_error", "attempt", "stale_attempt")
+
+
+def authorize(session: Session, job_id: str, number: int, authorization: str | None) -> tuple[Job, Attempt]:
+    token = (authorization or "").partition(" ")[2].strip()
+    job = job_repo.get_for_update(session, job_id)
+    attempt = attempt_repo.current(session, job_id, number) if job else None
+    if job is None or attempt is None or attempt.token_hash != token_hash(token):
+        raise unauthorized("invalid job token", code="invalid_job_token")
+    return job, attempt
+
+
+def _require_current(job: Job, attempt: Attempt) -> None:
+    if attempt.number != job.attempt or AttemptStatus(attempt.status) not in ATTEMPT_ACTIVE:
+        raise _stale(f"attempt {attempt.number} of {job.job_id} is no longer current")
+    if job.status != JobStatus.RUNNING.value:
+        raise _stale(f"{job.job_id} is {job.status}")
+
+
+def _already_applied(attempt: Attempt, seq: int) -> bool:
+    return seq <= attempt.last_seq
+
+
+def heartbeat(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> dict[str, str]:
+    if job.cancel_requested or job.status == JobStatus.CANCELLED.value:
+        return {"action": "stop"}
+    _require_current(job, attempt)
+    now = time.time()
+    attempt.heartbeat_at = now
+    if attempt.status == AttemptStatus.STARTING.value:
+        attempt.status = AttemptStatus.RUNNING.value
+    step, total = int(body.get("step") or 0), body.get("total_steps")
+    attempt.step = step
+    if total:
+        attempt.total_steps = int(total)
+        done = step - int(body.get("start_step") or 0)
+        if done > 0:
+            seconds_per_step = (now - attempt.started_at) / done
+            job.estimated_finish = int(now + seconds_per_step * (int(total) - step))
+    return {"action": "continue"}
+
+
+def add_events(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> int:
+    _require_current(job, attempt)
+    applied = 0
+    for item in sorted(body.get("events") or [], key=lambda e: int(e["seq"])):
+        seq = int(item["seq"])
+        if _already_applied(attempt, seq):
+            continue
+        events.add(
+            session, job.job_id, str(item.get("message", "")),
+            level=str(item.get("level", "info")), event_type=str(item.get("type", "message")),
+            data=item.get("data"), attempt=attempt.number, seq=seq,
+            created_at=int(item.get("created_at") or time.time()),
+        )
+        attempt.last_seq = seq
+        attempt.heartbeat_at = time.time()
+        if item.get("type") == "metrics" and isinstance(item.get("data"), dict):
+            attempt.step = int(item["data"].get("step", attempt.step))
+        applied += 1
+    return applied
+
+
+def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+    _require_current(job, attempt)
+    seq = int(body["seq"])
+    if _already_applied(attempt, seq):
+        return
+    step = int(body["step"])
+    metrics = {"step": float(step), **(body.get("metrics") or {})}
+    row = checkpoint_repo.at_step(session, job.job_id, step)
+    if row is None:
+        row = Checkpoint(
+            checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number,
+            prefix=str(body["prefix"]), metrics=metrics, created_at=int(time.time()),
+        )
+        session.add(row)
+    else:  # an exact resume may write the same step again
+        row.prefix, row.metrics, row.attempt = str(body["prefix"]), metrics, attempt.number
+    events.add(session, job.job_id, f"Checkpoint created at step {step}",
+               data={"step": step, "checkpoint": row.checkpoint_id}, attempt=attempt.number, seq=seq)
+    attempt.last_seq = seq
+
+
+def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+    """The trainer wrote its final artifacts: register the model, finish the job."""
+    seq = int(body["seq"])
+    if _already_applied(attempt, seq):
+        return
+    _require_current(job, attempt)
+    attempt.result, attempt.last_seq = dict(body), seq
+    attempt.status, attempt.ended_at = AttemptStatus.SUCCEEDED.value, time.time()
+    tenant = tenant_repo.by_id(session, job.tenant_id)
+    results_key = body.get("results_key")
+    if results_key and store.exists(results_key):
+        results = file_service.add_generated(
+            session, store, job.tenant_id, filename="step_metrics.csv",
+            purpose="fine-tune-results", data=store.get_bytes(results_key),
+        )
+        job.result_files = [results.file_id]
+    model_id = f"ft:{job.model}:{tenant.name if tenant else job.tenant_id}:{job.suffix or ''}:{short_id()}"
+    session.add(FineTunedModel(
+        model_id=model_id, tenant_id=job.tenant_id, job_id=job.job_id, base_model=job.model,
+        base_model_sha256=job.base_model_sha256, artifact_prefix=str(body["adapter_prefix"]),
+        created_at=int(time.time()),
+    ))
+    job.fine_tuned_model = model_id
+    job.trained_tokens = int(body.get("trained_tokens") or 0)
+    transition(session, job, JobStatus.SUCCEEDED, "The job has successfully completed",
+               data={"fine_tuned_model": model_id, "trained_tokens": job.trained_tokens})
+
+
+def fail(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+    """The trainer found a problem retrying cannot fix (bad data, divergence)."""
+    seq = int(body["seq"])
+    if _already_applied(attempt, seq):
+        return
+    _require_current(job, attempt)
+    attempt.failure, attempt.last_seq = dict(body), seq
+    attempt.status, attempt.ended_at = AttemptStatus.FAILED.value, time.time()
+    error = {"code": str(body.get("code") or "training_failed"), "message": str(body.get("message") or ""),
+             "param": body.get("param")}
+    transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",
+               level="error", error=error)

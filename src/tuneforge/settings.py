@@ -1,0 +1,111 @@
+"""Typed settings, read from `TUNEFORGE_*` environment variables.
+
+Nothing is built at import: call `get_settings()` (cached) or build a
+`Settings(...)` explicitly, as tests do.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNEFORGE_", extra="ignore")
+
+    home: Path = Field(
+        default=Path("./.tuneforge"),
+        description="Folder for the embedded defaults: SQLite database, object store, logs, caches.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the metadata store; default SQLite at HOME/tuneforge.db. "
+        "PostgreSQL: postgresql+psycopg://user:pass@host:5432/db",
+    )
+    storage_url: str | None = Field(
+        default=None,
+        description="Object store root: a local folder (default HOME/objects) or s3://bucket/prefix.",
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3 endpoint for S3-compatible stores (MinIO, moto, Ceph)."
+    )
+    s3_region: str | None = Field(default=None, description="S3 region name.")
+    s3_access_key_id: str | None = Field(
+        default=None, description="S3 access key; default: the usual AWS credential chain."
+    )
+    s3_secret_access_key: str | None = Field(default=None, description="S3 secret key.")
+
+    host: str = Field(default="127.0.0.1", description="Address the API binds to.")
+    port: int = Field(default=8000, description="Port the API binds to.")
+    public_url: str | None = Field(
+        default=None,
+        description="URL trainers use to reach the control plane; default http://HOST:PORT.",
+    )
+
+    executor: str = Field(default="local", description="Executor: 'local' (subprocesses).")
+    local_gpus: int = Field(
+        default=1,
+        description="Slots of the local executor: GPUs on this host, or logical slots on a CPU-only host.",
+    )
+    scheduler_tick_s: float = Field(default=0.5, description="Seconds between scheduler ticks.")
+    lease_timeout_s: float = Field(
+        default=60.0, description="An attempt whose last heartbeat is older than this is lost."
+    )
+    heartbeat_interval_s: float = Field(default=5.0, description="Trainer heartbeat period.")
+    max_upload_bytes: int = Field(
+        default=512 * 1024 * 1024, description="Largest accepted file upload in bytes."
+    )
+    min_training_examples: int = Field(
+        default=10, description="A training file with fewer examples is rejected."
+    )
+    default_checkpoint_every_steps: int = Field(
+        default=50, description="Checkpoint period in optimizer steps when a job sets none."
+    )
+    default_checkpoint_keep_last: int = Field(
+        default=3, description="Checkpoints kept per job when a job sets none."
+    )
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.home / 'tuneforge.db').resolve()}"
+
+    @property
+    def resolved_storage_url(self) -> str:
+        if self.storage_url:
+            return self.storage_url
+        return str((self.home / "objects").resolve())
+
+    @property
+    def resolved_public_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    def storage_options(self) -> dict[str, object]:
+        """fsspec options for the object store (S3 endpoint and credentials)."""
+        if not self.resolved_storage_url.startswith("s3://"):
+            return {}
+        options: dict[str, object] = {}
+        client_kwargs: dict[str, str] = {}
+        if self.s3_endpoint_url:
+            client_kwargs["endpoint_url"] = self.s3_endpoint_url
+        if self.s3_region:
+            client_kwargs["region_name"] = self.s3_region
+        if client_kwargs:
+            options["client_kwargs"] = client_kwargs
+        if self.s3_access_key_id:
+            options["key"] = self.s3_access_key_id
+        if self.s3_secret_access_key:
+            options["secret"] = self.s3_secret_access_key
+        return options
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,74 @@
+"""Every object-store key tuneforge uses is built here and nowhere else.
+
+tenants/{tenant}/files/{file_id}/{filename}
+tenants/{tenant}/datasets/{dataset_id}/...
+tenants/{tenant}/jobs/{job_id}/checkpoints/step-{n}/...
+tenants/{tenant}/jobs/{job_id}/artifacts/{adapter|merged}/...
+tenants/{tenant}/jobs/{job_id}/results.csv
+base-models/{name}/{sha}/...
+"""
+
+from __future__ import annotations
+
+import re
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# A whole last segment "step-N": "laststep-3" or "step-3.tmp" are not checkpoints.
+CHECKPOINT_DIR = re.compile(r"(?:^|/)step-(\d+)$")
+MANIFEST_NAME = "manifest.json"
+
+
+def _part(value: str) -> str:
+    """One path segment: no slashes, no dot-dot, never empty."""
+    cleaned = _SAFE.sub("_", value).strip(".")
+    if not cleaned:
+        raise ValueError(f"cannot use {value!r} in an object key")
+    return cleaned
+
+
+def tenant_prefix(tenant_id: str) -> str:
+    return f"tenants/{_part(tenant_id)}"
+
+
+def file_key(tenant_id: str, file_id: str, filename: str) -> str:
+    return f"{tenant_prefix(tenant_id)}/files/{_part(file_id)}/{_part(filename)}"
+
+
+def file_prefix(tenant_id: str, file_id: str) -> str:
+    return f"{tenant_prefix(tenant_id)}/files/{_part(file_id)}"
+
+
+def dataset_prefix(tenant_id: str, dataset_id: str) -> str:
+    return f"{tenant_prefix(tenant_id)}/datasets/{_part(dataset_id)}"
+
+
+def job_prefix(tenant_id: str, job_id: str) -> str:
+    return f"{tenant_prefix(tenant_id)}/jobs/{_part(job_id)}"
+
+
+def checkpoints_prefix(tenant_id: str, job_id: str) -> str:
+    return f"{job_prefix(tenant_id, job_id)}/checkpoints"
+
+
+def checkpoint_prefix(tenant_id: str, job_id: str, step: int) -> str:
+    return f"{checkpoints_prefix(tenant_id, job_id)}/step-{int(step)}"
+
+
+def checkpoint_step(prefix: str) -> int | None:
+    """The step of a checkpoint folder key, or None if it is not one."""
+    match = CHECKPOINT_DIR.search(prefix.rstrip("/"))
+    return int(match.group(1)) if match else None
+
+
+def artifact_prefix(tenant_id: str, job_id: str, kind: str) -> str:
+    if kind not in ("adapter", "merged"):
+        raise ValueError(f"unknown artifact kind {kind!r}")
+    return f"{job_prefix(tenant_id, job_id)}/artifacts/{kind}"
+
+
+def results_key(tenant_id: str, job_id: str) -> str:
+    return f"{job_prefix(tenant_id, job_id)}/results.csv"
+
+
+def base_model_prefix(name: str, sha256: str) -> str:
+    return f"base-models/{_part(name)}/{_part(sha256)}"

@@ -1,0 +1,51 @@
+"""A migrated platform for tests, tenants with keys, and a registered base model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tuneforge.db.migrate import upgrade
+from tuneforge.services import base_models as base_model_service
+from tuneforge.services import tenants as tenant_service
+from tuneforge.services.context import Platform
+from tuneforge.settings import Settings
+
+
+def make_platform(tmp_path: Path, database_url: str, **overrides) -> Platform:
+    settings = Settings(home=tmp_path / "home", database_url=database_url, **overrides)
+    upgrade(settings.resolved_database_url)
+    return Platform.from_settings(settings)
+
+
+def add_tenant(platform: Platform, name: str, tier: str = "standard") -> str:
+    with platform.db.session() as session:
+        _tenant, api_key = tenant_service.create_tenant(session, name, tier)
+    return api_key
+
+
+def fake_model_dir(path: Path, max_positions: int = 512) -> Path:
+    """Files shaped like a model folder: enough to register, not to load."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": max_positions}))
+    (path / "model.safetensors").write_bytes(b"\0" * 64)
+    (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def add_base_model(platform: Platform, name: str, source: Path) -> str:
+    with platform.db.session() as session:
+        row = base_model_service.add_base_model(session, platform.store, name, str(source),
+                                                platform.settings.home / "cache")
+        return row.sha256
+
+
+def chat_lines(count: int, prefix: str = "q") -> bytes:
+    lines = []
+    for i in range(count):
+        lines.append(json.dumps({"messages": [
+            {"role": "system", "content": "You answer with a code."},
+            {"role": "user", "content": f"{prefix} {i}?"},
+            {"role": "assistant", "content": f"code-{i}"},
+        ]}))
+    return ("\n".join(lines) + "\n").encode()

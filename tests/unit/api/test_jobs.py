@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import io
+
+import openai
+import pytest
+from sqlalchemy import func, select
+
+from tests.helpers.platform import chat_lines
+from tuneforge.db.tables import Job
+
+
+def _upload(sdk, lines: bytes, name: str = "train.jsonl") -> str:
+    return sdk.files.create(file=(name, io.BytesIO(lines)), purpose="fine-tune").id
+
+
+def _job_count(world) -> int:
+    with world.platform.db.session() as session:
+        return session.scalar(select(func.count()).select_from(Job))
+
+
+def test_create_job_with_extensions_and_read_it_back(world):
+    sdk = world.sdk(world.key_a)
+    training = _upload(sdk, chat_lines(20))
+    job = sdk.fine_tuning.jobs.create(
+        model=world.base_model, training_file=training, suffix="codes", seed=7,
+        metadata={"team": "search"},
+        method={"type": "supervised", "supervised": {"hyperparameters": {
+            "n_epochs": 2, "learning_rate": 1e-3, "warmup_ratio": 0.1, "max_seq_length": 256}}},
+        extra_body={"training_type": {"type": "lora", "rank": 4, "alpha": 8}},
+    )
+    assert job.id.startswith("ftjob-")
+    assert job.status == "validating_files"
+    assert job.model == "tiny-base" and job.seed == 7 and job.metadata == {"team": "search"}
+    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == "auto"
+    again = sdk.fine_tuning.jobs.retrieve(job.id)
+    assert again.id == job.id and again.training_file == training
+    events = sdk.fine_tuning.jobs.list_events(job.id).data
+    assert events[0].message.startswith("Created fine-tuning job")
+
+
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"model": "no-such-model"}, "model"),
+        ({"training_file": "file-doesnotexist"}, "training_file"),
+        ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "warp": 9}}}},
+         "method.supervised.hyperparameters.warp"),
+        ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}}},
+         "method.supervised.hyperparameters.n_epochs"),
+        ({"frobnicate": True}, "frobnicate"),
+        ({"training_type": {"type": "lora", "rnak": 4}}, "training_type.rnak"),
+    ],
+)
+def test_bad_create_answers_400_naming_the_param_and_creates_nothing(world, change, param):
+    training = _upload(world.sdk(world.key_a), chat_lines(20))
+    body = {"model": world.base_model, "training_file": training, **change}
+    response = world.http.post("/v1/fine_tuning/jobs", json=body, headers=world.headers(world.key_a))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert _job_count(world) == 0
+
+
+def test_invalid_training_file_names_the_line(world):
+    sdk = world.sdk(world.key_a)
+    bad = _upload(sdk, chat_lines(12) + b'{"messages": "oops"}\n')
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.fine_tuning.jobs.create(model=world.base_model, training_file=bad)
+    assert info.value.body["param"] == "training_file"
+    assert "line 13" in info.value.body["message"]
+    assert _job_count(world) == 0
+
+
+def test_too_few_examples_and_foreign_file_are_rejected(world):
+    few = _upload(world.sdk(world.key_a), chat_lines(3))
+    with pytest.raises(openai.BadRequestError) as info:
+        world.sdk(world.key_a).fine_tuning.jobs.create(model=world.base_model, training_file=few)
+    assert info.value.body["code"] == "too_few_examples"
+    foreign = _upload(world.sdk(world.key_b), chat_lines(20))
+    with pytest.raises(openai.BadRequestError) as info:
+        world.sdk(world.key_a).fine_tuning.jobs.create(model=world.base_model, training_file=foreign)
+    assert info.value.body["param"] == "training_file"
+    assert _job_count(world) == 0
+
+
+def test_malformed_json_body_is_400(world):
+    response = world.http.post("/v1/fine_tuning/jobs", content=b'{"model": "x",',
+                               headers={**world.headers(world.key_a), "Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_idempotency_key_returns_same_job_and_409_on_different_body(world):
+    sdk = world.sdk(world.key_a)
+    training = _upload(sdk, chat_lines(20))
+    headers = {"Idempotency-Key": "abc-123"}
+    first = sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training, extra_headers=headers)
+    second = sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training, extra_headers=headers)
+    assert first.id == second.id
+    with pytest.raises(openai.ConflictError):
+        sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training, suffix="other",
+                                    extra_headers=headers)
+    assert _job_count(world) == 1
+
+
+def test_list_filters_by_metadata_and_pages(world):
+    sdk = world.sdk(world.key_a)
+    training = _upload(sdk, chat_lines(20))
+    ids = [sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training,
+                                       metadata={"team": "a" if i % 2 else "b"}).id for i in range(5)]
+    assert [j.id for j in sdk.fine_tuning.jobs.list(limit=2)] == ids[::-1]
+    page = sdk.fine_tuning.jobs.list(limit=2)
+    assert len(page.data) == 2 and page.has_more
+    team_a = [j.id for j in sdk.fine_tuning.jobs.list(metadata={"team": "a"})]
+    assert team_a == [ids[3], ids[1]]
+
+
+def test_cancel_and_cancel_again(world):
+    sdk = world.sdk(world.key_a)
+    job = sdk.fine_tuning.jobs.create(model=world.base_model, training_file=_upload(sdk, chat_lines(20)))
+    assert sdk.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError):
+        sdk.fine_tuning.jobs.cancel(job.id)
+
+
+def test_another_tenants_job_answers_404_everywhere(world):
+    sdk = world.sdk(world.key_a)
+    job = sdk.fine_tuning.jobs.create(model=world.base_model, training_file=_upload(sdk, chat_lines(20)))
+    other = world.sdk(world.key_b)
+    for call in (
+        lambda: other.fine_tuning.jobs.retrieve(job.id),
+        lambda: other.fine_tuning.jobs.cancel(job.id),
+        lambda: other.fine_tuning.jobs.list_events(job.id),
+        lambda: other.fine_tuning.jobs.checkpoints.list(job.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert other.fine_tuning.jobs.list().data == []
+    response = world.http.get(f"/v1/fine_tuning/jobs/{job.id}/download", headers=world.headers(world.key_b))
+    assert response.status_code == 404
+    response = world.http.get(f"/v1/fine_tuning/jobs/{job.id}/events?stream=true", headers=world.headers(world.key_b))
+    assert response.status_code == 404
+    assert sdk.fine_tuning.jobs.retrieve(job.id).status == "validating_files"
+
+
+def test_models_lists_base_models_in_openai_shape(world):
+    models = world.sdk(world.key_a).models.list()
+    assert [m.id for m in models.data] == ["tiny-base"]
+    assert models.data[0].object == "model"
+    with pytest.raises(openai.NotFoundError):
+        world.sdk(world.key_a).models.retrieve("ft:nope")
