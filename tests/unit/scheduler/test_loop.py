@@ -1,0 +1,170 @@
+"""The scheduler loop with a stand-in executor and a stand-in trainer that
+reports over the real internal HTTP API."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.helpers.platform import add_base_model, add_tenant, chat_lines, fake_model_dir, make_platform
+from tuneforge.api.app import create_app
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.executors.protocol import Capacity, NodeCapacity, PollResult
+from tuneforge.scheduler.loop import Scheduler
+
+
+class FakeExecutor:
+    def __init__(self, gpus: int = 1) -> None:
+        self.gpus = gpus
+        self.launched = []  # specs
+        self.states: dict[int, PollResult] = {}
+        self.signals: list[tuple[int, str]] = []
+
+    def capacity(self) -> Capacity:
+        return Capacity([NodeCapacity("fake", self.gpus, self.gpus)])
+
+    def launch(self, spec, placement):
+        self.launched.append(spec)
+        pid = len(self.launched)
+        self.states[pid] = PollResult("running")
+        return {"pid": pid}
+
+    def poll(self, handle):
+        return self.states[handle["pid"]]
+
+    def signal(self, handle, action):
+        self.signals.append((handle["pid"], action))
+
+    def log_tail(self, handle, max_bytes=4000):
+        return "fake log"
+
+
+@pytest.fixture
+def setup(tmp_path, database_url):
+    platform = make_platform(tmp_path, database_url, lease_timeout_s=5.0)
+    add_base_model(platform, "tiny-base", fake_model_dir(tmp_path / "model"))
+    key = add_tenant(platform, "alpha")
+    http = TestClient(create_app(platform=platform))
+    auth = {"Authorization": f"Bearer {key}"}
+    file_id = http.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(chat_lines(20)))},
+                        data={"purpose": "fine-tune"}, headers=auth).json()["id"]
+    executor = FakeExecutor(gpus=1)
+    scheduler = Scheduler(platform, executor)
+
+    def create_job(**extra):
+        body = {"model": "tiny-base", "training_file": file_id, **extra}
+        response = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+        assert response.status_code == 200, response.text
+        return response.json()["id"]
+
+    def job(job_id):
+        return http.get(f"/v1/fine_tuning/jobs/{job_id}", headers=auth).json()
+
+    yield platform, http, scheduler, executor, create_job, job, auth
+    http.close()
+    platform.db.dispose()
+
+
+def _report(http, spec, kind, body):
+    return http.post(f"/internal/v1/jobs/{spec.job_id}/{kind}", json={"attempt": spec.attempt, **body},
+                     headers={"Authorization": f"Bearer {spec.job_token}"})
+
+
+def test_jobs_validate_then_start_in_order_within_capacity(setup):
+    _platform, _http, scheduler, executor, create_job, job, _auth = setup
+    first, second = create_job(), create_job()
+    scheduler.tick()
+    assert job(first)["status"] == "running" and job(second)["status"] == "queued"
+    resolved = job(first)["method"]["supervised"]["hyperparameters"]
+    assert resolved["n_epochs"] == 5  # 20 examples: auto epochs reach >= 100 examples seen
+    assert resolved["learning_rate"] == pytest.approx(2e-4)
+    assert job(first)["attempt"] == 1
+    assert [s.job_id for s in executor.launched] == [first]
+    spec = executor.launched[0]
+    assert spec.hyperparameters.batch_size == spec.hyperparameters.micro_batch_size * spec.hyperparameters.gradient_accumulation_steps
+
+
+def test_reports_drive_the_job_to_success(setup):
+    platform, http, scheduler, executor, create_job, job, auth = setup
+    job_id = create_job(suffix="demo")
+    scheduler.tick()
+    spec = executor.launched[0]
+    assert _report(http, spec, "heartbeat", {"step": 1, "total_steps": 10}).json() == {"action": "continue"}
+    metrics = {"seq": 1, "type": "metrics", "level": "info", "message": "step 1",
+               "data": {"step": 1, "train_loss": 2.5, "total_steps": 10}}
+    assert _report(http, spec, "events", {"events": [metrics]}).json() == {"applied": 1}
+    assert _report(http, spec, "events", {"events": [metrics]}).json() == {"applied": 0}  # retried: applied once
+    prefix = f"tenants/{spec.tenant_id}/jobs/{job_id}/checkpoints/step-5"
+    assert _report(http, spec, "checkpoints", {"seq": 2, "step": 5, "prefix": prefix,
+                                               "metrics": {"train_loss": 1.5}}).status_code == 200
+    adapter = f"tenants/{spec.tenant_id}/jobs/{job_id}/artifacts/adapter"
+    platform.store.put_bytes(f"tenants/{spec.tenant_id}/jobs/{job_id}/results.csv", b"step,train_loss\n1,2.5\n")
+    assert _report(http, spec, "result", {"seq": 3, "trained_tokens": 1234, "adapter_prefix": adapter,
+                                          "results_key": f"tenants/{spec.tenant_id}/jobs/{job_id}/results.csv"}).status_code == 200
+    done = job(job_id)
+    assert done["status"] == "succeeded"
+    assert done["trained_tokens"] == 1234
+    assert done["fine_tuned_model"].startswith("ft:tiny-base:alpha:demo:")
+    results = http.get(f"/v1/files/{done['result_files'][0]}/content", headers=auth)
+    assert results.content == b"step,train_loss\n1,2.5\n"
+    checkpoints = http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=auth).json()["data"]
+    assert checkpoints[0]["step_number"] == 5 and checkpoints[0]["metrics"]["train_loss"] == 1.5
+    events = http.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=auth).json()["data"]
+    assert any(e["type"] == "metrics" and e["data"]["train_loss"] == 2.5 for e in events)
+    models = [m["id"] for m in http.get("/v1/models", headers=auth).json()["data"]]
+    assert done["fine_tuned_model"] in models
+    # a retried result after success is acknowledged without effect
+    assert _report(http, spec, "result", {"seq": 3, "trained_tokens": 1, "adapter_prefix": adapter}).status_code == 200
+    assert job(job_id)["trained_tokens"] == 1234
+
+
+def test_preempted_attempt_requeues_and_stale_attempt_is_fenced(setup):
+    _platform, http, scheduler, executor, create_job, job, auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    old = executor.launched[0]
+    executor.states[1] = PollResult("exited", int(TrainerExit.PREEMPTED))
+    scheduler.tick()  # reconcile: requeue; admit: attempt 2
+    assert job(job_id)["attempt"] == 2 and job(job_id)["status"] == "running"
+    events = http.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=auth).json()["data"]
+    assert any(e["data"].get("code") == "job_restarted" for e in events)
+    stale = _report(http, old, "heartbeat", {"step": 3})
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_attempt"
+    new = executor.launched[1]
+    assert _report(http, new, "heartbeat", {"step": 3}).status_code == 200
+    forged = http.post(f"/internal/v1/jobs/{job_id}/heartbeat", json={"attempt": 2},
+                       headers={"Authorization": f"Bearer {old.job_token}"})
+    assert forged.status_code == 401
+
+
+def test_lost_lease_requeues_and_repeated_crashes_fail_the_job(setup):
+    platform, _http, scheduler, executor, create_job, job, _auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    with platform.db.session() as session:
+        attempt_repo.current(session, job_id, 1).heartbeat_at = time.time() - 60
+    scheduler.tick()
+    assert (1, "cancel") in executor.signals
+    assert job(job_id)["attempt"] == 2 and job(job_id)["status"] == "running"
+    for pid in (2, 3):
+        executor.states[pid] = PollResult("exited", 1)
+        scheduler.tick()
+    failed = job(job_id)
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "platform_error"
+
+
+def test_cancel_signals_the_running_attempt(setup):
+    _platform, http, scheduler, executor, create_job, job, auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    http.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", headers=auth)
+    spec = executor.launched[0]
+    assert _report(http, spec, "heartbeat", {"step": 2}).json() == {"action": "stop"}
+    scheduler.tick()
+    assert executor.signals == [(1, "cancel")]
+    assert job(job_id)["status"] == "cancelled"
