@@ -95,8 +95,8 @@ def _event_stream(platform: Platform, job_id: str) -> Iterator[bytes]:
     while True:
         with platform.db.session() as session:
             batch = event_repo.since(session, job_id, last_pk)
-            job = job_repo.get_for_update(session, job_id) if not batch else None
-            finished = job is not None and JobStatus(job.status) in TERMINAL
+            status = job_repo.status_of(session, job_id) if not batch else None
+            finished = status is not None and JobStatus(status) in TERMINAL
         for event in batch:
             last_pk = event.pk
             yield f"data: {json.dumps(event_object(event))}\n\n".encode()

@@ -17,6 +17,11 @@ def get_for_update(session: Session, job_id: str) -> Job | None:
     return session.scalar(select(Job).where(Job.job_id == job_id).with_for_update())
 
 
+def status_of(session: Session, job_id: str) -> str | None:
+    """Platform-side status read (no lock), for streaming."""
+    return session.scalar(select(Job.status).where(Job.job_id == job_id))
+
+
 def by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:
     return session.scalar(owned(Job, tenant_id).where(Job.idempotency_key == key))
 
