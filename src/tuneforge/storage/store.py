@@ -7,8 +7,9 @@ the same code. Keys are relative, '/'-separated and built by `layout`.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator, Protocol
+from typing import IO, Protocol
 
 import fsspec
 

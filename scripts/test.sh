@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The project's test command.
+#
+#   scripts/test.sh [PYTEST ARGS...]     e.g. scripts/test.sh tests/unit -x
+#
+# Installs the package with its dev extras, then runs pytest once per backend:
+# first on SQLite (the embedded default), then on a throwaway PostgreSQL
+# started by scripts/pg.sh (TUNEFORGE_TEST_POSTGRES_URL set), which is stopped
+# again on exit. Exits non-zero if any run failed.
+#
+# Each invocation starts its own server on a free port, so that runs side by
+# side on one machine do not stop each other's server; set TUNEFORGE_PG_PORT
+# to use a fixed port instead (a server already running there is reused and
+# left running).
+#
+# Environment:
+#   TUNEFORGE_TEST_BACKENDS       runs to do, in order (default "sqlite postgres")
+#   TUNEFORGE_TEST_SKIP_INSTALL=1 skip the pip installs (quick local loops)
+#   TUNEFORGE_PG_PORT             port of the test PostgreSQL (default: a free one)
+#   PYTHON                        interpreter to use (default "python")
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python}"
+BACKENDS="${TUNEFORGE_TEST_BACKENDS:-sqlite postgres}"
+
+header() {
+    printf '\n==============================================================\n'
+    printf '  %s\n' "$*"
+    printf '==============================================================\n'
+}
+
+for backend in $BACKENDS; do
+    case "$backend" in
+        sqlite | postgres) ;;
+        *)
+            echo "scripts/test.sh: unknown backend '$backend' in TUNEFORGE_TEST_BACKENDS (use sqlite, postgres)" >&2
+            exit 2
+            ;;
+    esac
+done
+
+if [[ "${TUNEFORGE_TEST_SKIP_INSTALL:-0}" != 1 ]]; then
+    header "installing tuneforge[dev]"
+    pip_install=("$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore)
+    # torch first, pinned: left to resolve on its own it would pull a CUDA build.
+    "${pip_install[@]}" "torch==2.13.0"
+    "${pip_install[@]}" -e '.[dev]'
+fi
+
+pg_started=0
+pg_port=""
+stop_pg() {
+    if [[ "$pg_started" == 1 ]]; then
+        bash scripts/pg.sh stop "$pg_port" || true
+    fi
+}
+trap stop_pg EXIT
+# Ctrl-C stops the whole script (and so the server), not just the current pytest.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+free_port() {
+    "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+if [[ " $BACKENDS " == *" postgres "* ]]; then
+    header "starting PostgreSQL for the postgres run"
+    pg_port="${TUNEFORGE_PG_PORT:-$(free_port)}"
+    if bash scripts/pg.sh status "$pg_port"; then
+        echo "scripts/test.sh: reusing the PostgreSQL already running on port $pg_port"
+    else
+        pg_started=1
+        bash scripts/pg.sh start "$pg_port"
+    fi
+    pg_url="$(bash scripts/pg.sh url "$pg_port")"
+fi
+
+summary=()
+failed=0
+ran_tests=0
+for backend in $BACKENDS; do
+    if [[ "$backend" == sqlite ]]; then
+        header "pytest on SQLite"
+        set +e
+        env -u TUNEFORGE_TEST_POSTGRES_URL "$PYTHON" -m pytest "$@"
+        rc=$?
+        set -e
+    else
+        header "pytest on PostgreSQL ($pg_url)"
+        set +e
+        TUNEFORGE_TEST_POSTGRES_URL="$pg_url" "$PYTHON" -m pytest "$@"
+        rc=$?
+        set -e
+    fi
+    case "$rc" in
+        0) summary+=("$backend=ok"); ran_tests=1 ;;
+        5) summary+=("$backend=no-tests-collected") ;;
+        *) summary+=("$backend=FAILED(exit $rc)"); failed=1 ;;
+    esac
+done
+
+header "results: ${summary[*]}"
+if [[ "$failed" == 1 ]]; then
+    exit 1
+fi
+if [[ "$ran_tests" == 0 ]]; then
+    echo "scripts/test.sh: no run collected any test" >&2
+    exit 5
+fi
+exit 0

@@ -1,0 +1,78 @@
+"""Fixtures shared by every test: a database per test, an S3 server per session.
+
+Database: `database_url` is a fresh SQLite file, or, when
+TUNEFORGE_TEST_POSTGRES_URL names a PostgreSQL admin URL (scripts/test.sh sets
+it for its second run), a freshly created PostgreSQL database dropped again
+after the test.
+
+S3: `s3_endpoint` is a moto server started once per session; `s3_storage` is a
+new bucket on it for one test.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Plain asserts in shared helpers (e.g. store_contract) get pytest's detailed messages.
+pytest.register_assert_rewrite("tests.helpers")
+
+from tests.helpers import postgres, s3
+from tests.helpers.s3 import S3Storage
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that needs the S3 server is marked so that `-m "not s3"` skips it.
+    for item in items:
+        if "s3_endpoint" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.s3)
+
+
+@pytest.fixture
+def db_backend() -> str:
+    """The backend this run targets: "postgresql" or "sqlite"."""
+    return "postgresql" if os.environ.get(postgres.POSTGRES_URL_ENV) else "sqlite"
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> Iterator[str]:
+    """SQLAlchemy URL of an empty database that belongs to this test alone."""
+    admin_url = os.environ.get(postgres.POSTGRES_URL_ENV)
+    if not admin_url:
+        yield f"sqlite:///{tmp_path}/tuneforge.db"
+        return
+    name, url = postgres.create_database(admin_url)
+    try:
+        yield url
+    finally:
+        # Finalise connections the test dropped without closing while their
+        # database still exists: collected after the forced drop, their pool
+        # reset fails, and on CPython 3.11 such a failure arriving in the middle
+        # of an import can crash pytest itself ("AST constructor recursion
+        # depth mismatch").
+        gc.collect()
+        postgres.drop_database(admin_url, name)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a moto S3 server on 127.0.0.1, with dummy AWS credentials set."""
+    server = s3.start_moto_server(tmp_path_factory.mktemp("moto"))
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in s3.AWS_ENV.items():
+            patch.setenv(name, value)
+        patch.delenv("AWS_PROFILE", raising=False)  # a developer's profile must not leak in
+        try:
+            yield server.endpoint_url
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3_storage(s3_endpoint: str) -> S3Storage:
+    """A new bucket: `.url` (s3://bucket/prefix), `.options` (fsspec), `.env` (TUNEFORGE_*)."""
+    return s3.create_bucket(s3_endpoint)

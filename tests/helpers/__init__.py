@@ -1,0 +1,2 @@
+"""Helpers shared by the test suite; import the module you need, e.g.
+`from tests.helpers.net import free_port`."""

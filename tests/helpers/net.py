@@ -1,0 +1,45 @@
+"""Ports and readiness checks for servers the tests start on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_http(url: str, timeout_s: float = 30.0, alive=lambda: True) -> None:
+    """Block until `url` answers any HTTP status; raise TimeoutError otherwise.
+
+    `alive` is polled too, so a server process that died fails at once rather
+    than after the whole timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"server for {url} exited before answering")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0):
+                return
+        except urllib.error.HTTPError:
+            return  # any status means the server is up
+        except (urllib.error.URLError, OSError) as exc:
+            last_error = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s: {last_error}")

@@ -1,0 +1,73 @@
+"""FsspecStore against S3 (a moto server): the same behaviour as a local folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.s3 import S3Storage
+from tests.helpers.store_contract import PAYLOAD, StoreContract
+from tuneforge.settings import Settings
+from tuneforge.storage import FsspecStore, open_store
+
+pytestmark = pytest.mark.s3
+
+
+@pytest.fixture
+def store(s3_storage: S3Storage) -> FsspecStore:
+    return open_store(s3_storage.url, s3_storage.options)
+
+
+class TestS3Store(StoreContract):
+    pass
+
+
+def test_objects_land_under_the_bucket_prefix(s3_storage: S3Storage, store: FsspecStore) -> None:
+    store.put_bytes("tenants/t1/files/f/train.jsonl", PAYLOAD)
+    listed = s3_storage.client().list_objects_v2(Bucket=s3_storage.bucket)
+    assert [obj["Key"] for obj in listed["Contents"]] == [
+        f"{s3_storage.prefix}/tenants/t1/files/f/train.jsonl"
+    ]
+    assert listed["Contents"][0]["Size"] == len(PAYLOAD)
+
+
+def test_settings_from_env_open_the_same_bucket(
+    s3_storage: S3Storage, store: FsspecStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in s3_storage.env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.resolved_storage_url == s3_storage.url
+    assert settings.storage_options() == s3_storage.options
+
+    from_settings = open_store(settings.resolved_storage_url, settings.storage_options())
+    from_settings.put_bytes("k", b"via settings")
+    assert store.get_bytes("k") == b"via settings"
+
+
+def test_objects_written_by_another_process_are_seen(s3_storage: S3Storage, store: FsspecStore) -> None:
+    """A trainer writes checkpoints with its own client; the control plane must see
+    them even after it has listed (and so could have cached) the same prefix."""
+    prefix = "tenants/t1/jobs/j/checkpoints"
+    store.put_bytes(f"{prefix}/step-1/manifest.json", b"{}")
+    assert store.list(prefix) == [f"{prefix}/step-1/manifest.json"]
+    assert not store.exists(f"{prefix}/step-2/manifest.json")
+
+    other = s3_storage.client()
+    other.put_object(Bucket=s3_storage.bucket, Key=f"{s3_storage.prefix}/{prefix}/step-2/manifest.json", Body=b"{}")
+    other.put_object(Bucket=s3_storage.bucket, Key=f"{s3_storage.prefix}/{prefix}/step-1/extra", Body=b"123")
+
+    assert store.exists(f"{prefix}/step-2/manifest.json")
+    assert store.list(prefix) == [
+        f"{prefix}/step-1/extra",
+        f"{prefix}/step-1/manifest.json",
+        f"{prefix}/step-2/manifest.json",
+    ]
+    assert store.size_bytes(f"{prefix}/step-1/extra") == 3
+
+    other.delete_object(Bucket=s3_storage.bucket, Key=f"{s3_storage.prefix}/{prefix}/step-1/extra")
+    assert not store.exists(f"{prefix}/step-1/extra")
+
+
+def test_buckets_are_fresh_per_test(s3_storage: S3Storage, store: FsspecStore) -> None:
+    assert store.list("tenants") == []
+    assert s3_storage.client().list_objects_v2(Bucket=s3_storage.bucket)["KeyCount"] == 0
