@@ -60,8 +60,20 @@ def _follow(api: openai.OpenAI, job_id: str, timeout_s: float) -> openai.types.f
         time.sleep(1.0)
 
 
+def _quiet_libraries() -> None:
+    """The demo prints its own story; library progress bars would drown it."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def run_demo(home: str | None = None, *, timeout_s: float = 600.0) -> int:
     started = time.monotonic()
+    _quiet_libraries()
     root = Path(home) if home else Settings().home / "demo"
     shutil.rmtree(root, ignore_errors=True)
     settings = Settings(home=root, port=_free_port(), database_url=None, storage_url=None)

@@ -116,6 +116,20 @@ def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: dict[str,
     events.add(session, job.job_id, f"Checkpoint created at step {step}",
                data={"step": step, "checkpoint": row.checkpoint_id}, attempt=attempt.number, seq=seq)
     attempt.last_seq = seq
+    _forget_pruned(session, job, step)
+
+
+def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:
+    """The trainer keeps the newest `keep_last` checkpoints and deletes older
+    ones from the store; the listing follows the same policy so every listed
+    checkpoint can be downloaded."""
+    keep_last = int(((job.resolved or {}).get("checkpoint") or {}).get("keep_last") or 0)
+    if keep_last <= 0:
+        return
+    session.flush()
+    rows = [r for r in checkpoint_repo.for_job(session, job.job_id) if r.step <= newest_step]
+    for row in rows[:-keep_last]:
+        session.delete(row)
 
 
 def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:

@@ -1,0 +1,1 @@
+"""Training data: JSONL reading, upload validation, tokenization with loss masks."""

@@ -1,0 +1,86 @@
+"""`python -m tuneforge.train SPEC.json`: run one attempt of one job, then exit.
+
+The exit code (`tuneforge.domain.exit_codes.TrainerExit`) tells the executor
+how the attempt ended; the reports tell the control plane what happened.
+SIGTERM asks for a clean stop: the current optimizer step finishes, a
+checkpoint is written, the reports are flushed and the process exits 12.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.domain.spec import JobSpec
+
+log = logging.getLogger("tuneforge.train")
+
+# A success is only a success once the control plane has the result; failures
+# and preemptions are told by the exit code as well, so they wait less.
+RESULT_FLUSH_TIMEOUT_S = 120.0
+OTHER_FLUSH_TIMEOUT_S = 15.0
+
+
+def _configure_process() -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # Base models come from the object store; the trainer never talks to a model hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuneforge.train", description=__doc__)
+    parser.add_argument("spec", help="path of the JobSpec JSON file")
+    args = parser.parse_args(argv)
+    _configure_process()
+    try:
+        spec = JobSpec.read(args.spec)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("cannot read the job spec %s: %s", args.spec, exc)
+        return TrainerExit.PLATFORM_ERROR
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+
+    from tuneforge.settings import Settings
+    from tuneforge.storage.store import open_store
+    from tuneforge.train.reporter import HttpReporter
+    from tuneforge.train.runner import run_attempt
+
+    reporter = HttpReporter(
+        spec.callback_url, spec.job_id, spec.attempt, spec.job_token,
+        heartbeat_interval_s=spec.heartbeat_interval_s,
+    ).start()
+    code = TrainerExit.PLATFORM_ERROR
+    try:
+        store = open_store(spec.storage_url, Settings(storage_url=spec.storage_url).storage_options())
+        code = run_attempt(spec, store, reporter, stop)
+    except Exception:  # the store itself could not be opened
+        log.exception("cannot open the object store %s", spec.storage_url)
+    finally:
+        timeout_s = RESULT_FLUSH_TIMEOUT_S if code == TrainerExit.SUCCESS else OTHER_FLUSH_TIMEOUT_S
+        delivered = reporter.flush(timeout_s)
+        reporter.close()
+    if reporter.fenced:
+        return TrainerExit.FENCED
+    if code == TrainerExit.SUCCESS and not delivered:
+        log.error("the result was not delivered within %.0f s", RESULT_FLUSH_TIMEOUT_S)
+        return TrainerExit.PLATFORM_ERROR
+    log.info("exit %d (%s)", int(code), TrainerExit(code).name.lower())
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Training data inside the trainer: load, order, pad, and score token predictions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tuneforge.data.errors import BadDataError
+from tuneforge.data.reader import iter_jsonl
+from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_example
+from tuneforge.domain.spec import DataFileRef, Hyperparameters
+from tuneforge.storage.store import ObjectStore
+
+
+def load_tokenized(
+    store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str
+) -> list[TokenizedExample]:
+    """Every example of a JSONL file in the store, tokenized; `BadDataError`s name the line."""
+    examples: list[TokenizedExample] = []
+    line_number = 0
+    try:
+        with store.open_read(ref.key) as stream:
+            for line_number, record in iter_jsonl(stream):
+                examples.append(
+                    tokenize_example(
+                        record, tokenizer, max_seq_length=hp.max_seq_length,
+                        train_on_inputs=hp.train_on_inputs,
+                    )
+                )
+    except BadDataError as exc:
+        raise BadDataError(
+            exc.code, f"{label} file: {exc.detail}",
+            line_number=exc.line_number or line_number, param=exc.param,
+        ) from None
+    if not examples:
+        raise BadDataError("empty_file", f"the {label} file has no examples")
+    return examples
+
+
+def target_token_count(example: TokenizedExample) -> int:
+    """Tokens that are predicted with loss: the model never predicts position 0."""
+    return sum(label != IGNORE_INDEX for label in example.labels[1:])
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled example order of one epoch, a pure function of (seed, epoch).
+
+    Resuming at (epoch, index) recomputes this order and slices it, so no
+    example is read again to find the place.
+    """
+    return np.random.default_rng([seed, epoch]).permutation(num_examples).tolist()
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    num_tokens: int  # real (non-pad) tokens
+
+
+def collate(examples: list[TokenizedExample], pad_token_id: int, device: torch.device) -> MicroBatch:
+    """Right-pad to the longest example of this micro-batch only (dynamic padding)."""
+    length = max(len(example.input_ids) for example in examples)
+    input_ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    for row, example in enumerate(examples):
+        size = len(example.input_ids)
+        input_ids[row, :size] = torch.tensor(example.input_ids)
+        labels[row, :size] = torch.tensor(example.labels)
+        attention_mask[row, :size] = 1
+    return MicroBatch(
+        input_ids.to(device), attention_mask.to(device), labels.to(device),
+        num_tokens=sum(len(example.input_ids) for example in examples),
+    )
+
+
+def micro_batches(examples: list[TokenizedExample], micro_batch_size: int) -> list[list[TokenizedExample]]:
+    size = max(1, micro_batch_size)
+    return [examples[start:start + size] for start in range(0, len(examples), size)]
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    loss_sum: torch.Tensor  # summed cross-entropy over target tokens (keeps the graph)
+    correct: int
+    count: int
+
+
+def score_tokens(model: Any, batch: MicroBatch) -> TokenScores:
+    """Next-token cross-entropy summed over target tokens, and argmax hits.
+
+    Summing (not averaging) per micro-batch lets the caller divide by the
+    target tokens of the whole optimizer step, so gradient accumulation weighs
+    every token equally however the step is split.
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = logits[:, :-1].float()
+    targets = batch.labels[:, 1:]
+    loss_sum = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+        ignore_index=IGNORE_INDEX, reduction="sum",
+    )
+    mask = targets != IGNORE_INDEX
+    with torch.no_grad():
+        correct = int(((logits.argmax(dim=-1) == targets) & mask).sum())
+    return TokenScores(loss_sum=loss_sum, correct=correct, count=int(mask.sum()))

@@ -1,0 +1,227 @@
+"""Atomic checkpoints in the object store.
+
+A checkpoint is a folder `.../checkpoints/step-{n}/` of files plus
+`manifest.json`, which lists every file's SHA-256 and size and is written
+LAST. Object stores have no rename, so the manifest is the commit record: a
+folder without a manifest, or whose files do not match it, is not a checkpoint
+and is skipped when resuming.
+
+`pack_training_state` / `restore_training_state` decide what goes in: adapter
+weights (safetensors) and config, optimizer, LR scheduler, RNG states and the
+trainer state (step, epoch, data position, history), everything exact resume
+needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FORMAT = 1
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+OPTIMIZER = "optimizer.pt"
+SCHEDULER = "scheduler.pt"
+RNG_STATE = "rng_state.pt"
+TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    prefix: str
+    files: dict[str, bytes]
+    manifest: dict[str, Any]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _manifest_key(prefix: str) -> str:
+    return f"{prefix.rstrip('/')}/{layout.MANIFEST_NAME}"
+
+
+def write_checkpoint(store: ObjectStore, prefix: str, files: Mapping[str, bytes], *, step: int) -> dict[str, Any]:
+    """Write `files` under `prefix`, then the manifest; returns the manifest."""
+    if layout.MANIFEST_NAME in files:
+        raise ValueError(f"{layout.MANIFEST_NAME} is reserved for the checkpoint manifest")
+    # A leftover from an earlier attempt at this step must not vouch for new files.
+    store.delete(_manifest_key(prefix))
+    store.delete_prefix(prefix)
+    entries = {}
+    for name in sorted(files):
+        data = files[name]
+        store.put_bytes(f"{prefix}/{name}", data)
+        entries[name] = {"sha256": _sha256(data), "size_bytes": len(data)}
+    manifest = {"format": MANIFEST_FORMAT, "step": int(step), "created_at": time.time(), "files": entries}
+    store.put_bytes(_manifest_key(prefix), json.dumps(manifest, indent=2, sort_keys=True).encode())
+    return manifest
+
+
+def read_checkpoint(store: ObjectStore, prefix: str) -> Checkpoint | None:
+    """The checkpoint at `prefix` if its manifest is present and every file matches it."""
+    try:
+        manifest = json.loads(store.get_bytes(_manifest_key(prefix)))
+        entries = manifest["files"]
+        step = int(manifest["step"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    files = {}
+    for name, entry in entries.items():
+        try:
+            data = store.get_bytes(f"{prefix}/{name}")
+        except FileNotFoundError:
+            log.warning("checkpoint %s: %s is missing", prefix, name)
+            return None
+        if len(data) != entry.get("size_bytes") or _sha256(data) != entry.get("sha256"):
+            log.warning("checkpoint %s: %s does not match its manifest", prefix, name)
+            return None
+        files[name] = data
+    return Checkpoint(step=step, prefix=prefix, files=files, manifest=manifest)
+
+
+def checkpoint_dirs(store: ObjectStore, checkpoints_prefix: str) -> list[tuple[int, str]]:
+    """`(step, prefix)` of every step folder under `checkpoints_prefix`, newest first."""
+    found: dict[int, str] = {}
+    base = checkpoints_prefix.rstrip("/") + "/"
+    for key in store.list(checkpoints_prefix):
+        child = key[len(base):].split("/", 1)[0] if key.startswith(base) else ""
+        step = layout.checkpoint_step(child) if child else None
+        if step is not None:
+            found[step] = base + child
+    return sorted(found.items(), reverse=True)
+
+
+def latest_valid_checkpoint(store: ObjectStore, checkpoints_prefix: str) -> Checkpoint | None:
+    """The newest checkpoint whose manifest and files verify; corrupt ones are skipped."""
+    for step, prefix in checkpoint_dirs(store, checkpoints_prefix):
+        checkpoint = read_checkpoint(store, prefix)
+        if checkpoint is not None:
+            return checkpoint
+        log.warning("skipping checkpoint at step %d: incomplete or corrupt", step)
+    return None
+
+
+def delete_checkpoint(store: ObjectStore, prefix: str) -> None:
+    # Manifest first: a half-deleted folder then reads as incomplete, never as valid.
+    store.delete(_manifest_key(prefix))
+    store.delete_prefix(prefix)
+
+
+def prune_checkpoints(store: ObjectStore, checkpoints_prefix: str, keep_last: int) -> list[str]:
+    """Delete every step folder older than the `keep_last` newest complete ones."""
+    dirs = checkpoint_dirs(store, checkpoints_prefix)
+    complete = [(step, prefix) for step, prefix in dirs if store.exists(_manifest_key(prefix))]
+    if keep_last <= 0 or len(complete) <= keep_last:
+        return []
+    oldest_kept_step = complete[keep_last - 1][0]
+    doomed = [prefix for step, prefix in dirs if step < oldest_kept_step]
+    for prefix in doomed:
+        delete_checkpoint(store, prefix)
+    return doomed
+
+
+def delete_checkpoints_after(store: ObjectStore, checkpoints_prefix: str, step: int) -> list[str]:
+    """Remove folders newer than the checkpoint a run resumes from (they failed to verify)."""
+    doomed = [prefix for dir_step, prefix in checkpoint_dirs(store, checkpoints_prefix) if dir_step > step]
+    for prefix in doomed:
+        delete_checkpoint(store, prefix)
+    return doomed
+
+
+# -- what a training checkpoint holds ------------------------------------------
+
+
+def torch_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def torch_from_bytes(data: bytes) -> Any:
+    # weights_only: a checkpoint file must never be able to run code when loaded.
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch and (when present) CUDA generator states."""
+    numpy_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        # Plain lists so the file loads with weights_only=True.
+        "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if hasattr(value, "value"):  # enums in PEFT configs
+        return value.value
+    raise TypeError(f"cannot store {type(value).__name__} in a checkpoint config")
+
+
+def pack_training_state(
+    model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, trainer_state: dict[str, Any]
+) -> dict[str, bytes]:
+    """The checkpoint files of a PEFT model in training."""
+    from peft import get_peft_model_state_dict
+
+    adapter = {name: tensor.detach().cpu().contiguous() for name, tensor in get_peft_model_state_dict(model).items()}
+    adapter_config = model.peft_config["default"].to_dict()
+    return {
+        ADAPTER_WEIGHTS: safetensors.torch.save(adapter),
+        ADAPTER_CONFIG: json.dumps(adapter_config, default=_jsonable, sort_keys=True).encode(),
+        OPTIMIZER: torch_bytes(optimizer.state_dict()),
+        SCHEDULER: torch_bytes(scheduler.state_dict()),
+        RNG_STATE: torch_bytes(capture_rng_state()),
+        TRAINER_STATE: json.dumps(trainer_state, sort_keys=True).encode(),
+    }
+
+
+def restore_training_state(
+    files: Mapping[str, bytes], model: Any, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> dict[str, Any]:
+    """Load a checkpoint's files into the live objects; returns the trainer state."""
+    from peft import set_peft_model_state_dict
+
+    adapter = safetensors.torch.load(files[ADAPTER_WEIGHTS])
+    result = set_peft_model_state_dict(model, adapter)
+    unexpected = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
+    if unexpected:
+        raise ValueError(f"checkpoint adapter does not fit the model: {unexpected[:3]}")
+    optimizer.load_state_dict(torch_from_bytes(files[OPTIMIZER]))
+    scheduler.load_state_dict(torch_from_bytes(files[SCHEDULER]))
+    restore_rng_state(torch_from_bytes(files[RNG_STATE]))
+    return json.loads(files[TRAINER_STATE])

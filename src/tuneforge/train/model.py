@@ -1,0 +1,107 @@
+"""Base model fetch, load, and the LoRA wrapper around it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuneforge.domain.spec import BaseModelRef, LoraConfig
+from tuneforge.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+_COMPLETE_MARKER = ".complete"
+# Output projections are never adapted: they map to the vocabulary, not a hidden state.
+_OUTPUT_LAYER_NAMES = ("lm_head",)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneforge" / "base-models"
+
+
+def fetch_base_model(store: ObjectStore, ref: BaseModelRef, cache_dir: Path | None = None) -> Path:
+    """A local folder with the base model's files, downloaded once per SHA.
+
+    The copy is assembled in a private folder and renamed into place, so
+    trainers sharing the cache never see a half-written model.
+    """
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_dir / ref.sha256
+    if (target / _COMPLETE_MARKER).exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = cache_dir / f".{ref.sha256}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    written = store.download_prefix(ref.prefix, staging)
+    if not written:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise FileNotFoundError(f"no base model files under {ref.prefix!r}")
+    (staging / _COMPLETE_MARKER).write_text(ref.sha256)
+    if target.exists() and not (target / _COMPLETE_MARKER).exists():
+        shutil.rmtree(target, ignore_errors=True)  # a copy that an earlier crash left unfinished
+    try:
+        staging.rename(target)
+    except OSError:
+        # Another trainer finished first; its copy is as good as ours.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / _COMPLETE_MARKER).exists():
+            raise
+    log.info("base model %s cached at %s (%d files)", ref.name, target, len(written))
+    return target
+
+
+def load_base_model(local_dir: Path, device: torch.device) -> tuple[Any, Any]:
+    """Model (float32 on CPU, bfloat16 on a GPU that supports it) and tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(local_dir)
+    if tokenizer.pad_token_id is None:
+        # Padding positions never carry loss or attention, so any id will do.
+        tokenizer.pad_token = tokenizer.eos_token
+    use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    dtype = torch.bfloat16 if use_bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
+    model.to(device)
+    return model, tokenizer
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """Leaf names of every `nn.Linear` except the output layer: what 'all-linear' means."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = set()
+    for qualified_name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is output:
+            continue
+        leaf = qualified_name.rsplit(".", 1)[-1]
+        if leaf not in _OUTPUT_LAYER_NAMES:
+            names.add(leaf)
+    return sorted(names)
+
+
+def build_lora_model(model: Any, lora: LoraConfig, *, seed: int) -> Any:
+    """Freeze the base and wrap it with LoRA; the adapter's initial weights follow `seed`."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    if lora.target_modules == "all-linear":
+        targets: list[str] | str = linear_module_names(model)
+    else:
+        targets = list(lora.target_modules) if isinstance(lora.target_modules, list) else lora.target_modules
+    config = PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
+    torch.manual_seed(seed)
+    return get_peft_model(model, config)
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [param for param in model.parameters() if param.requires_grad]

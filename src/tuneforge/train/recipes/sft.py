@@ -1,0 +1,422 @@
+"""Supervised fine-tuning with LoRA: one attempt, read top to bottom.
+
+    setup  → seeds, device
+    load   → base model (and CPU threads for its size), tokenized data, LoRA,
+             optimizer, LR schedule, resume from the newest valid checkpoint
+    loop   → one optimizer step per effective batch; metrics every step;
+             validation + checkpoint every `checkpoint.every_steps`
+    save   → final validation, PEFT adapter, results.csv, `result` report
+
+Determinism: everything random derives from `spec.seed`. The example order of
+an epoch is a pure function of (seed, epoch), so the data position saved in a
+checkpoint — (epoch, index in epoch) — resumes without reading the examples
+already trained on; RNG, optimizer and scheduler states come back from the
+checkpoint. On CPU a resumed run reproduces an uninterrupted one bit for bit.
+
+`hyperparameters.learning_rate` is used as is: the control plane resolved the
+multiplier into it. Each optimizer step takes `batch_size` examples in
+micro-batches of `micro_batch_size`; the loss is the mean over the target
+tokens of the whole step.
+
+Options in `spec.extra`:
+  cpu_threads: int — CPU intra-op threads, overriding the size-based choice.
+  stop_after_step: int — (tests) after that optimizer step, stop as on
+                   SIGTERM (checkpoint, exit `PREEMPTED`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+import random
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tuneforge.data.tokenize import TokenizedExample
+from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.domain.spec import Hyperparameters, JobSpec
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
+from tuneforge.train import checkpoint as ckpt
+from tuneforge.train.batches import (
+    collate,
+    epoch_order,
+    load_tokenized,
+    micro_batches,
+    score_tokens,
+    target_token_count,
+)
+from tuneforge.train.errors import AttemptFenced, TrainingDiverged
+from tuneforge.train.model import (
+    build_lora_model,
+    fetch_base_model,
+    load_base_model,
+    trainable_parameters,
+)
+from tuneforge.train.reporter import Reporter, message_event, metrics_event
+
+log = logging.getLogger(__name__)
+
+LR_SCHEDULES = ("linear", "cosine", "constant")
+RESULTS_COLUMNS = ["step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy"]
+
+
+@dataclass
+class TrainerState:
+    """What `trainer_state.json` in a checkpoint holds."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # epoch the next batch comes from
+    index_in_epoch: int = 0  # examples of that epoch's order already trained on
+    trained_tokens: int = 0  # real tokens fed to the model, every epoch counted
+    num_examples: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)  # one row per step
+
+
+@dataclass
+class Run:
+    spec: JobSpec
+    store: ObjectStore
+    reporter: Reporter
+    stop: threading.Event
+    model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    params: list[torch.nn.Parameter]
+    train_set: list[TokenizedExample]
+    valid_set: list[TokenizedExample]
+    device: torch.device
+    total_steps: int
+    state: TrainerState = field(default_factory=TrainerState)
+    last_checkpoint_step: int = -1
+    epoch_cache: tuple[int, list[int]] = (-1, [])
+
+
+@dataclass(frozen=True)
+class StepStats:
+    train_loss: float
+    train_accuracy: float
+    grad_norm: float
+    learning_rate: float
+    num_tokens: int
+    elapsed_s: float
+
+
+def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event) -> TrainerExit:
+    hp = spec.hyperparameters
+    # ------------------------------------------------------------------ setup
+    if hp.lr_scheduler_type not in LR_SCHEDULES:
+        raise ValueError(f"unknown lr_scheduler_type {hp.lr_scheduler_type!r}")
+    seed_everything(spec.seed)
+    device = pick_device(spec.gpus)
+
+    # ------------------------------------------------------------------ load
+    base_dir = fetch_base_model(store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
+    model, tokenizer = load_base_model(base_dir, device)
+    threads = configure_threads(device, model.num_parameters(), spec.extra.get("cpu_threads"))
+    reporter.report("events", message_event(
+        f"attempt {spec.attempt} started on {device.type}",
+        data={"device": device.type, "threads": threads, "base_model_parameters": model.num_parameters()},
+    ))
+    train_set = load_tokenized(store, spec.training_file, tokenizer, hp, label="training")
+    valid_set = (
+        load_tokenized(store, spec.validation_file, tokenizer, hp, label="validation")
+        if spec.validation_file else []
+    )
+    model = build_lora_model(model, spec.lora, seed=spec.seed)
+    params = trainable_parameters(model)
+    optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
+    total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(hp, total_steps))
+    run = Run(spec, store, reporter, stop, model, tokenizer, optimizer, scheduler, params,
+              train_set, valid_set, device, total_steps)
+    run.state = resume_or_start(run)
+
+    # ------------------------------------------------------------------ train loop
+    model.train()
+    while run.state.step < total_steps:
+        if reason := stop_reason(run):
+            return stop_early(run, reason)
+        ensure_current(run)
+        stats = train_step(run, next_batch(run))
+        finish_step(run, stats)
+
+    # ------------------------------------------------------------------ save
+    return save_final(run)
+
+
+# -- setup ---------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pick_device(gpus: int) -> torch.device:
+    return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+
+# Below this size an op is too small to split across threads: one thread runs
+# faster, and on a shared host it cannot be slowed down by spinning siblings.
+MULTITHREAD_MIN_PARAMS = 20_000_000
+
+
+def configure_threads(device: torch.device, num_params: int, requested: int | None = None) -> int:
+    """CPU intra-op threads: `requested` (spec.extra["cpu_threads"]) or a size-based choice.
+
+    A model large enough to profit gets one thread per core of the affinity set
+    (the executor confines an attempt with CPU affinity, so that set, not the
+    machine, is what the attempt owns). The choice depends only on the model
+    and the affinity, so every attempt of a job makes the same one, which exact
+    resume on CPU needs.
+    """
+    if device.type != "cpu":
+        return torch.get_num_threads()
+    if requested:
+        threads = int(requested)
+    elif num_params < MULTITHREAD_MIN_PARAMS:
+        threads = 1
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = cores or 1
+    torch.set_num_threads(max(1, threads))
+    return torch.get_num_threads()
+
+
+def lr_schedule(hp: Hyperparameters, total_steps: int):
+    """Factor of the peak learning rate at each 0-based step: warmup, then the decay."""
+    warmup_steps = math.ceil(hp.warmup_ratio * total_steps)
+    decay_steps = max(1, total_steps - warmup_steps)
+    kind = hp.lr_scheduler_type
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps  # the first step already learns
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return factor
+
+
+# -- load ----------------------------------------------------------------------
+
+
+def resume_or_start(run: Run) -> TrainerState:
+    root = layout.checkpoints_prefix(run.spec.tenant_id, run.spec.job_id)
+    found = ckpt.latest_valid_checkpoint(run.store, root)
+    if found is None:
+        return TrainerState(num_examples=len(run.train_set))
+    state = TrainerState(**ckpt.restore_training_state(found.files, run.model, run.optimizer, run.scheduler))
+    if state.num_examples != len(run.train_set):
+        raise RuntimeError(
+            f"checkpoint {found.prefix} was trained on {state.num_examples} examples, "
+            f"the training file now has {len(run.train_set)}"
+        )
+    # Newer folders failed to verify; a fresh checkpoint at their step must not meet their leftovers.
+    ckpt.delete_checkpoints_after(run.store, root, found.step)
+    run.last_checkpoint_step = found.step
+    run.reporter.report("events", message_event(
+        f"resumed from the checkpoint at step {found.step}",
+        data={"step": found.step, "prefix": found.prefix},
+    ))
+    log.info("resumed from %s", found.prefix)
+    return state
+
+
+# -- train loop ----------------------------------------------------------------
+
+
+def ensure_current(run: Run) -> None:
+    if run.reporter.fenced:
+        raise AttemptFenced(f"attempt {run.spec.attempt} was fenced at step {run.state.step}")
+
+
+def stop_reason(run: Run) -> str | None:
+    if run.stop.is_set():
+        return "preempted"
+    if run.reporter.stop_requested:
+        return "cancelled"
+    hook = run.spec.extra.get("stop_after_step")
+    if hook is not None and run.state.step >= int(hook):
+        return "stop_after_step"
+    return None
+
+
+def next_batch(run: Run) -> list[int]:
+    """Example indices of the next optimizer step; advances the data position."""
+    state, count = run.state, len(run.train_set)
+    if run.epoch_cache[0] != state.epoch:
+        run.epoch_cache = (state.epoch, epoch_order(count, run.spec.seed, state.epoch))
+    order = run.epoch_cache[1]
+    indices = order[state.index_in_epoch:state.index_in_epoch + run.spec.hyperparameters.batch_size]
+    state.index_in_epoch += len(indices)
+    if state.index_in_epoch >= count:
+        state.epoch, state.index_in_epoch = state.epoch + 1, 0
+    return indices
+
+
+def train_step(run: Run, indices: list[int]) -> StepStats:
+    hp = run.spec.hyperparameters
+    started = time.perf_counter()
+    examples = [run.train_set[index] for index in indices]
+    step_targets = max(1, sum(target_token_count(example) for example in examples))
+    loss_sum, correct, counted, num_tokens = 0.0, 0, 0, 0
+    for chunk in micro_batches(examples, hp.micro_batch_size):
+        batch = collate(chunk, run.tokenizer.pad_token_id, run.device)
+        scores = score_tokens(run.model, batch)
+        if not torch.isfinite(scores.loss_sum):
+            raise TrainingDiverged(run.state.step + 1, "the loss")
+        (scores.loss_sum / step_targets).backward()
+        loss_sum += float(scores.loss_sum.detach())
+        correct, counted = correct + scores.correct, counted + scores.count
+        num_tokens += batch.num_tokens
+        ensure_current(run)
+    max_norm = hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
+    if not math.isfinite(grad_norm):
+        raise TrainingDiverged(run.state.step + 1, "the gradient norm")
+    learning_rate = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return StepStats(
+        train_loss=loss_sum / max(1, counted), train_accuracy=correct / max(1, counted),
+        grad_norm=grad_norm, learning_rate=learning_rate, num_tokens=num_tokens,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def finish_step(run: Run, stats: StepStats) -> None:
+    """Book the step: history, metrics event, and validation + checkpoint when due."""
+    state = run.state
+    state.step += 1
+    state.trained_tokens += stats.num_tokens
+    row: dict[str, Any] = {
+        "step": state.step, "train_loss": stats.train_loss, "train_accuracy": stats.train_accuracy,
+        "valid_loss": None, "valid_mean_token_accuracy": None,
+    }
+    every_steps = run.spec.checkpoint.every_steps
+    checkpoint_due = every_steps > 0 and state.step % every_steps == 0
+    if checkpoint_due and run.valid_set:
+        row["valid_loss"], row["valid_mean_token_accuracy"] = validate(run)
+    state.history.append(row)
+    run.reporter.progress(state.step, run.total_steps)
+    data = {
+        "step": state.step, "total_steps": run.total_steps, "train_loss": stats.train_loss,
+        "train_mean_token_accuracy": stats.train_accuracy, "learning_rate": stats.learning_rate,
+        "grad_norm": stats.grad_norm, "tokens_per_second": stats.num_tokens / max(stats.elapsed_s, 1e-9),
+    }
+    if row["valid_loss"] is not None:
+        data["valid_loss"] = row["valid_loss"]
+        data["valid_mean_token_accuracy"] = row["valid_mean_token_accuracy"]
+    run.reporter.report("events", metrics_event(data))
+    log.info("step %d/%d loss %.4f acc %.3f lr %.2e", state.step, run.total_steps,
+             stats.train_loss, stats.train_accuracy, stats.learning_rate)
+    if checkpoint_due:
+        save_checkpoint(run)
+
+
+@torch.no_grad()
+def validate(run: Run) -> tuple[float, float]:
+    """Mean loss and token accuracy on the validation set (dropout off)."""
+    run.model.eval()
+    loss_sum, correct, counted = 0.0, 0, 0
+    try:
+        for chunk in micro_batches(run.valid_set, run.spec.hyperparameters.micro_batch_size):
+            scores = score_tokens(run.model, collate(chunk, run.tokenizer.pad_token_id, run.device))
+            loss_sum += float(scores.loss_sum)
+            correct, counted = correct + scores.correct, counted + scores.count
+    finally:
+        run.model.train()
+    return loss_sum / max(1, counted), correct / max(1, counted)
+
+
+def save_checkpoint(run: Run) -> str:
+    ensure_current(run)  # a fenced attempt must not overwrite the current attempt's checkpoints
+    spec, state = run.spec, run.state
+    prefix = layout.checkpoint_prefix(spec.tenant_id, spec.job_id, state.step)
+    files = ckpt.pack_training_state(run.model, run.optimizer, run.scheduler, asdict(state))
+    ckpt.write_checkpoint(run.store, prefix, files, step=state.step)
+    ckpt.prune_checkpoints(
+        run.store, layout.checkpoints_prefix(spec.tenant_id, spec.job_id), spec.checkpoint.keep_last
+    )
+    run.last_checkpoint_step = state.step
+    run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "metrics": _row_metrics(state.history[-1])})
+    return prefix
+
+
+def stop_early(run: Run, reason: str) -> TrainerExit:
+    """SIGTERM, cancel or the test hook: keep the work done, then exit `PREEMPTED`."""
+    ensure_current(run)
+    if run.state.step > 0 and run.last_checkpoint_step != run.state.step:
+        save_checkpoint(run)
+    run.reporter.report("events", message_event(
+        f"stopped after step {run.state.step} ({reason}); checkpoint kept", level="warn",
+        data={"step": run.state.step, "reason": reason},
+    ))
+    return TrainerExit.PREEMPTED
+
+
+# -- save ----------------------------------------------------------------------
+
+
+def save_final(run: Run) -> TrainerExit:
+    ensure_current(run)
+    spec, state = run.spec, run.state
+    last = state.history[-1]
+    if run.valid_set and last["valid_loss"] is None:
+        last["valid_loss"], last["valid_mean_token_accuracy"] = validate(run)
+    adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
+    upload_adapter(run, adapter_prefix)
+    results_key = layout.results_key(spec.tenant_id, spec.job_id)
+    run.store.put_bytes(results_key, results_csv(state.history))
+    metrics = {**_row_metrics(last), "steps": state.step}
+    run.reporter.report("result", {
+        "trained_tokens": state.trained_tokens, "adapter_prefix": adapter_prefix,
+        "results_key": results_key, "metrics": metrics,
+    })
+    log.info("finished: %d steps, %d trained tokens, adapter at %s", state.step, state.trained_tokens, adapter_prefix)
+    return TrainerExit.SUCCESS
+
+
+def upload_adapter(run: Run, adapter_prefix: str) -> list[str]:
+    """The adapter in PEFT format (`PeftModel.from_pretrained` loads the folder)."""
+    # The local cache path means nothing to whoever loads the adapter; the model name does.
+    run.model.peft_config["default"].base_model_name_or_path = run.spec.base_model.name
+    with tempfile.TemporaryDirectory(prefix="tuneforge-adapter-") as tmp:
+        run.model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
+        run.store.delete_prefix(adapter_prefix)
+        return run.store.upload_dir(Path(tmp), adapter_prefix)
+
+
+def results_csv(history: list[dict[str, Any]]) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=RESULTS_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in history:
+        writer.writerow({key: "" if row.get(key) is None else row[key] for key in RESULTS_COLUMNS})
+    return buffer.getvalue().encode()
+
+
+def _row_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "train_loss": row["train_loss"], "train_mean_token_accuracy": row["train_accuracy"],
+        "valid_loss": row["valid_loss"], "valid_mean_token_accuracy": row["valid_mean_token_accuracy"],
+    }
