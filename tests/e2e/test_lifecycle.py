@@ -127,3 +127,25 @@ def test_cancel_stops_a_running_trainer(running, tmp_path):
         states = [a.status for a in attempts.for_job(session, job.id)]
     assert states == ["cancelled"]
     assert sdk.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
+
+
+def test_lifecycle_with_the_s3_object_store(tmp_path, database_url, tiny_model_dir, s3_storage):
+    """Control plane and trainer share nothing but S3 (moto on 127.0.0.1)."""
+    from tests.e2e.conftest import start_plane
+
+    endpoint = s3_storage.options["client_kwargs"]["endpoint_url"]
+    world = start_plane(tmp_path, database_url, tiny_model_dir, storage_url=s3_storage.url,
+                        s3_endpoint_url=endpoint, s3_region="us-east-1",
+                        s3_access_key_id="testing", s3_secret_access_key="testing")
+    try:
+        sdk = world.sdk(world.key_a)
+        job, _files = create_demo_job(sdk, tmp_path)
+        done = wait_for(sdk, job.id)
+        assert done.status == "succeeded", done.error
+        keys = world.plane.platform.store.list(f"tenants/{done.organization_id}/jobs/{job.id}")
+        assert any(k.endswith("artifacts/adapter/adapter_model.safetensors") for k in keys)
+        assert any("/checkpoints/step-" in k and k.endswith("manifest.json") for k in keys)
+        adapter = download(world.url, world.key_a, job.id, tmp_path)
+        assert (adapter / "adapter_model.safetensors").stat().st_size > 0
+    finally:
+        world.plane.close()
