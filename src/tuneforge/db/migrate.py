@@ -19,6 +19,10 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
+    if database_url.startswith("sqlite") and "///" in database_url:
+        path = database_url.split("///", 1)[1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)  # a fresh TUNEFORGE_HOME
     command.upgrade(alembic_config(database_url), revision)
 
 
