@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from sqlalchemy import text
+
+from tests.helpers.platform import fake_model_dir
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.services.context import Platform
+from tuneforge.settings import Settings
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuneforge.cli.main", *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_tenant_key_is_alone_on_the_last_line_and_authenticates(tmp_path, database_url):
+    env = {"TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url}
+    created = _cli(env, "tenants", "create", "acme", "--tier", "premium")
+    assert created.returncode == 0, created.stderr
+    api_key = created.stdout.strip().splitlines()[-1]
+    assert api_key.startswith("tf-") and " " not in api_key
+    platform = Platform.from_settings(Settings(home=tmp_path / "home", database_url=database_url))
+    try:
+        with platform.db.session() as session:
+            tenant = tenant_repo.by_api_key(session, api_key)
+            assert tenant is not None and tenant.name == "acme" and tenant.tier == "premium"
+            stored = list(session.execute(text("select key_hash from api_keys")).scalars())
+            assert api_key not in stored and len(stored[0]) == 64  # only the hash is stored
+    finally:
+        platform.db.dispose()
+    again = _cli(env, "tenants", "create", "acme")
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_base_model_add_pins_sha_and_rejects_a_folder_without_weights(tmp_path, database_url):
+    env = {"TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url}
+    model = fake_model_dir(tmp_path / "model")
+    added = _cli(env, "base-models", "add", "tiny", str(model))
+    assert added.returncode == 0, added.stderr
+    assert "sha256" in added.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    refused = _cli(env, "base-models", "add", "broken", str(tmp_path / "empty"))
+    assert refused.returncode == 2 and "no weight files" in refused.stderr
