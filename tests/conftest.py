@@ -76,3 +76,11 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def s3_storage(s3_endpoint: str) -> S3Storage:
     """A new bucket: `.url` (s3://bucket/prefix), `.options` (fsspec), `.env` (TUNEFORGE_*)."""
     return s3.create_bucket(s3_endpoint)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's tiny random Llama with its trained tokenizer, built once per session."""
+    from tests.helpers.tiny import build_model_once
+
+    return build_model_once(tmp_path_factory)

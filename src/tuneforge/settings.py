@@ -56,7 +56,13 @@ class Settings(BaseSettings):
     )
     heartbeat_interval_s: float = Field(default=5.0, description="Trainer heartbeat period.")
     max_upload_bytes: int = Field(
-        default=512 * 1024 * 1024, description="Largest accepted file upload in bytes."
+        default=8 * 1024 * 1024 * 1024, description="Largest accepted file upload in bytes (premium tier)."
+    )
+    max_upload_bytes_free: int = Field(
+        default=256 * 1024 * 1024, description="Largest accepted file upload in bytes for the free tier."
+    )
+    max_upload_bytes_standard: int = Field(
+        default=2 * 1024 * 1024 * 1024, description="Largest accepted file upload in bytes for the standard tier."
     )
     min_training_examples: int = Field(
         default=10, description="A training file with fewer examples is rejected."
@@ -67,6 +73,21 @@ class Settings(BaseSettings):
     default_checkpoint_keep_last: int = Field(
         default=3, description="Checkpoints kept per job when a job sets none."
     )
+
+    def max_upload_bytes_by_tier(self, tier: str) -> int:
+        return {"free": self.max_upload_bytes_free, "standard": self.max_upload_bytes_standard}.get(
+            tier, self.max_upload_bytes)
+
+    gpu_type: str = Field(default="default", description="GPU type jobs run on when they ask for none.")
+    gpu_effective_tflops: float = Field(
+        default=100.0,
+        description="Sustained training TFLOP/s of one GPU (peak x expected MFU), for runtime estimates.",
+    )
+    price_per_gpu_hour: dict[str, float] = Field(
+        default_factory=lambda: {"default": 2.0},
+        description='Price table per GPU type, e.g. {"a100-80gb": 2.5, "h100": 4.0} (JSON in the environment).',
+    )
+    price_currency: str = Field(default="USD", description="Currency of the price table.")
 
     @property
     def resolved_database_url(self) -> str:

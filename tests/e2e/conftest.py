@@ -7,16 +7,10 @@ import openai
 import pytest
 
 from tests.helpers.net import free_port
-from tuneforge.demo.tiny_model import build_tiny_model
 from tuneforge.server import ControlPlane
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import tenants as tenant_service
 from tuneforge.settings import Settings
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-chat")
 
 
 @dataclass

@@ -68,7 +68,18 @@ def job_object(job: Job) -> dict[str, Any]:
         "attempt": job.attempt,
         "checkpointing": (job.resolved or {}).get("checkpoint"),
         "base_model_sha256": job.base_model_sha256,
+        "estimate": (job.resolved or {}).get("estimate"),
+        "data": _data_summary(job),
     }
+
+
+def _data_summary(job: Job) -> dict[str, Any] | None:
+    data = (job.resolved or {}).get("data")
+    if not data:
+        return (job.request or {}).get("data")
+    keys = ("dataset_id", "train_examples", "valid_examples", "train_tokens", "remove_duplicates",
+            "validation_split", "pii_policy", "long_examples")
+    return {key: data.get(key) for key in keys}
 
 
 def event_object(event: JobEvent) -> dict[str, Any]:

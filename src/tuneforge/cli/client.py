@@ -117,3 +117,86 @@ def jobs_watch(job_id: str, interval_s: float = 1.0) -> None:
     if job.error and job.error.message:
         console.print(f"[red]{job.error.code}: {job.error.message}[/red]")
         raise typer.Exit(code=1)
+
+
+def print_report(report: dict) -> None:
+    """A validation report, readably: verdict, errors and warnings by code, stats."""
+    from rich.table import Table
+
+    verdict = "[green]ok[/green]" if report.get("ok") else "[red]invalid[/red]"
+    console.print(f"{verdict}: {report.get('num_examples', 0)} examples of {report.get('num_rows', 0)} rows, "
+                  f"format {report.get('format')}, shape {report.get('kind')}")
+    for title, key, style in (("errors", "errors", "red"), ("warnings", "warnings", "yellow")):
+        issues = report.get(key) or {}
+        if not issues:
+            continue
+        table = Table("code", "count", "first lines", "first message", title=title, title_style=style)
+        for code, item in issues.items():
+            first = item.get("first") or []
+            lines = ", ".join(str(i["line"]) for i in first[:8])
+            table.add_row(code, str(item["count"]), lines, first[0]["message"] if first else "")
+        console.print(table)
+    tokens = report.get("tokens") or {}
+    if tokens.get("count"):
+        console.print(f"tokens: total {tokens['total']}, mean {tokens['mean']}, max {tokens['max']}, "
+                      f"truncated {tokens.get('truncated', 0)}; histogram {tokens.get('histogram')}")
+    for key in ("duplicates", "contamination", "pii"):
+        section = report.get(key) or {}
+        if section.get("counts"):
+            console.print(f"{key}: {section['counts']} ({section.get('examples_affected', 0)} examples)")
+
+
+@files_app.command("report")
+def files_report(file_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """The server's validation report of an uploaded file."""
+    report = client().get(f"/files/{file_id}/validation", cast_to=object)
+    if as_json:
+        console.print_json(json.dumps(report))
+    else:
+        print_report(report)
+
+
+@files_app.command("validate")
+def files_validate(
+    path: Path,
+    model: str = typer.Option(None, help="A registered base model name, or a local model folder, for token checks"),
+    method: str = typer.Option("supervised"),
+    max_seq_length: int = typer.Option(None),
+    data_format: str = typer.Option(None, "--format"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Run the platform's dataset checks locally, before uploading."""
+    from tuneforge.data.pipeline import CheckOptions, check_dataset
+
+    tokenizer = _local_tokenizer(model) if model else None
+    options = CheckOptions(method=method, data_format=data_format, max_seq_length=max_seq_length
+                           or (getattr(tokenizer, "model_max_length", None) if tokenizer else None))
+    if options.max_seq_length and options.max_seq_length > 1 << 20:
+        options.max_seq_length = None  # tokenizers without a limit report a huge sentinel
+    report = check_dataset(path, options, tokenizer=tokenizer).to_dict()
+    if as_json:
+        console.print_json(json.dumps(report))
+    else:
+        print_report(report)
+    raise typer.Exit(code=0 if report["ok"] else 1)
+
+
+def _local_tokenizer(model: str):  # noqa: ANN202
+    from transformers import AutoTokenizer
+
+    if Path(model).is_dir():
+        return AutoTokenizer.from_pretrained(model)
+    from tuneforge.db.migrate import upgrade
+    from tuneforge.db.repos import base_models
+    from tuneforge.services.context import Platform
+    from tuneforge.services.tokenizers import tokenizer_for
+
+    settings = get_settings()
+    upgrade(settings.resolved_database_url)
+    platform = Platform.from_settings(settings)
+    with platform.db.session() as session:
+        row = base_models.by_name(session, model)
+        if row is None:
+            console.print(f"[red]no base model named {model!r} (give a registered name or a model folder)[/red]")
+            raise typer.Exit(code=2)
+        return tokenizer_for(platform.store, row, settings.home / "cache" / "base-models")

@@ -1,14 +1,21 @@
-"""Stream a JSONL file line by line without loading it whole."""
+"""Stream a JSONL file line by line without loading it whole (the trainer's reader).
+
+Parsing is `formats.parse_jsonl_line`, the same as upload validation, so a
+line the trainer rejects is one validation reported with the same words.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from tuneforge.data.errors import BadDataError
+from tuneforge.data.example import DataIssue
+from tuneforge.data.formats import parse_jsonl_line
 
 _UTF8_BOM = b"\xef\xbb\xbf"
+# The trainer's error code for a line that is JSON but not an object predates `invalid_type`.
+_TRAINER_CODES = {"invalid_type": "invalid_example"}
 
 
 def iter_jsonl(stream: IO[bytes] | Iterable[bytes]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -23,22 +30,8 @@ def iter_jsonl(stream: IO[bytes] | Iterable[bytes]) -> Iterator[tuple[int, dict[
             raw = raw[len(_UTF8_BOM):]
         if not raw.strip():
             continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadDataError(
-                "invalid_encoding", f"not valid UTF-8 ({exc.reason})", line_number=line_number
-            ) from None
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BadDataError(
-                "invalid_json", f"not valid JSON ({exc.msg})", line_number=line_number
-            ) from None
-        if not isinstance(value, dict):
-            raise BadDataError(
-                "invalid_example",
-                f"expected a JSON object, got {type(value).__name__}",
-                line_number=line_number,
-            )
+        value = parse_jsonl_line(raw, line_number)
+        if isinstance(value, DataIssue):
+            code = _TRAINER_CODES.get(value.code, value.code)
+            raise BadDataError(code, value.message, line_number=line_number)
         yield line_number, value

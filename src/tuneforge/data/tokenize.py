@@ -29,7 +29,7 @@ from typing import Any
 from tuneforge.data.errors import BadDataError
 
 IGNORE_INDEX = -100
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,13 @@ def _validated_turns(messages: Any) -> tuple[list[dict[str, str]], list[int]]:
                 "invalid_role", f"{where}.role must be one of {', '.join(CHAT_ROLES)}",
                 param=f"{where}.role",
             )
-        turns.append({"role": role, "content": _content_text(message.get("content"), where)})
+        turn: dict[str, Any] = {"role": role, "content": _content_text(message.get("content"), where)}
+        # tool calls and results go to the template as they are; a template without tool
+        # support refuses them with `chat_template_error`, naming the model's limit
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if message.get(key):
+                turn[key] = message[key]
+        turns.append(turn)
         weight = message.get("weight", 1)
         if weight not in (0, 1) or isinstance(weight, bool):
             raise BadDataError("invalid_weight", f"{where}.weight must be 0 or 1", param=f"{where}.weight")
@@ -147,7 +153,9 @@ def _validated_turns(messages: Any) -> tuple[list[dict[str, str]], list[int]]:
 
 
 def _content_text(content: Any, where: str) -> str:
-    """Message content as text: a string, or a list of OpenAI text parts."""
+    """Message content as text: a string, or a list of OpenAI text parts (None: a tool-call-only turn)."""
+    if content is None:
+        return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(

@@ -34,6 +34,7 @@ class Tenant(Base):
     tenant_id: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     tier: Mapped[str] = mapped_column(String(16), default="standard")
+    pii_policy: Mapped[str] = mapped_column(String(16), default="warn", server_default="warn")
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -56,6 +57,7 @@ class BaseModelRow(Base):
     source: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     max_position_embeddings: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_parameters: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -73,6 +75,7 @@ class FileRow(Base):
     status_details: Mapped[str | None] = mapped_column(Text, nullable=True)
     num_examples: Mapped[int | None] = mapped_column(Integer, nullable=True)
     data_format: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    data_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_files_tenant_pk", "tenant_id", "pk"),)

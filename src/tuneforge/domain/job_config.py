@@ -71,6 +71,21 @@ class Checkpointing(_Strict):
     keep_last: int | None = Field(None, ge=1, le=100, description="Checkpoints kept.")
 
 
+class DataOptions(_Strict):
+    format: Literal["jsonl", "csv", "parquet", "hf_dataset"] | None = Field(
+        None, description="Force the file format instead of detecting it.")
+    remove_duplicates: bool = Field(False, description="Drop exact and near duplicates before training.")
+    near_duplicate_threshold: float = Field(0.9, ge=0.5, le=1.0, description="Jaccard of character 5-grams.")
+    contamination_threshold: float = Field(
+        0.5, gt=0.0, le=1.0, description="Share of an example's 13-grams found in an eval set that flags it.")
+    pii_policy: Literal["warn", "redact", "reject"] | None = Field(
+        None, description="What to do with personal data and secrets; default: the tenant's policy (warn).")
+    long_examples: Literal["truncate", "reject"] = Field(
+        "truncate", description="Examples over max_seq_length keep their first tokens, or fail the job.")
+    validation_split: float | None = Field(
+        None, gt=0.0, le=0.5, description="Without a validation file: share of examples held out, by seed.")
+
+
 class Integration(_Strict):
     type: str
     wandb: dict | None = None
@@ -90,3 +105,4 @@ class JobCreate(_Strict):
     integrations: list[Integration] | None = None
     training_type: TrainingType | None = None
     checkpointing: Checkpointing | None = None
+    data: DataOptions | None = None

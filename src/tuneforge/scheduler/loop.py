@@ -48,7 +48,7 @@ class Scheduler:
             with self.platform.db.session() as session:
                 job = job_repo.get_for_update(session, job_id)
                 if job is not None and job.status == JobStatus.VALIDATING_FILES.value:
-                    validate_job(session, self.platform.settings, job)
+                    validate_job(session, self.platform, job)
 
     def _reconcile_attempts(self) -> None:
         with self.platform.db.session() as session:

@@ -23,20 +23,21 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
     training = file_repo.get(session, job.tenant_id, job.training_file)
     if base is None or training is None:
         raise LookupError(f"{job.job_id}: base model or training file is gone")
-    validation = None
-    if job.validation_file:
-        row = file_repo.get(session, job.tenant_id, job.validation_file)
-        if row is None:
-            raise LookupError(f"{job.job_id}: validation file is gone")
-        validation = DataFileRef(file_id=row.file_id, key=row.key, sha256=row.sha256)
     resolved = job.resolved or {}
+    # the trainer reads the prepared (normalised) dataset, whatever the upload's format
+    data = resolved.get("data") or {}
+    validation = None
+    if data.get("valid_key"):
+        validation = DataFileRef(file_id=job.validation_file or f"{training.file_id}:split",
+                                 key=data["valid_key"], sha256="")
     return JobSpec(
         job_id=job.job_id,
         tenant_id=job.tenant_id,
         attempt=number,
         seed=job.seed,
         base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix),
-        training_file=DataFileRef(file_id=training.file_id, key=training.key, sha256=training.sha256),
+        training_file=DataFileRef(file_id=training.file_id, key=data.get("train_key", training.key),
+                                  sha256=training.sha256),
         validation_file=validation,
         method="supervised",
         training_type="lora",

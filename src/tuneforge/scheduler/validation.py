@@ -1,56 +1,64 @@
-"""validating_files -> queued: resolve the job's configuration against its data
-and base model. (Token-level checks against the tokenizer come with dataset
-ingestion; the upload already checked syntax, shapes and roles.)"""
+"""validating_files -> queued (or failed): plan the job (check its data against
+the base model's tokenizer, prepare the dataset, resolve "auto" values,
+estimate the cost) and keep the report."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import json
 
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError
-from tuneforge.domain.job_config import JobCreate, TrainingType
+from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus
-from tuneforge.services import hyperparams
+from tuneforge.services.context import Platform
+from tuneforge.services.datasets import DataCheckFailed
+from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import transition
-from tuneforge.settings import Settings
+from tuneforge.storage import layout
 
 
-def validate_job(session: Session, settings: Settings, job: Job) -> None:
+def validate_job(session: Session, platform: Platform, job: Job) -> None:
     request = JobCreate.model_validate(job.request)
     training = file_repo.get(session, job.tenant_id, job.training_file)
+    validation = file_repo.get(session, job.tenant_id, job.validation_file) if job.validation_file else None
     base = base_model_repo.by_name(session, job.model)
-    if training is None or base is None:
-        _fail(session, job, "invalid_training_file", "the training file or base model was deleted")
+    tenant = tenant_repo.by_id(session, job.tenant_id)
+    if training is None or base is None or tenant is None or (job.validation_file and validation is None):
+        _fail(session, job, "invalid_training_file", "the training file, validation file or base model was deleted")
         return
-    training_type = request.training_type or TrainingType()
+    report_key = layout.job_report_key(job.tenant_id, job.job_id)
     try:
-        resolved_hp = hyperparams.resolve(
-            hyperparams.requested_hyperparameters(request), training_type,
-            num_examples=training.num_examples or 0, model_max_positions=base.max_position_embeddings,
-        )
-        lora = hyperparams.resolve_lora(training_type)
-    except ApiError as exc:
-        _fail(session, job, "invalid_hyperparameters", exc.message)
+        plan = plan_job(session, platform, tenant, request, seed=job.seed, training=training,
+                        validation=validation, base=base)
+    except DataCheckFailed as exc:
+        platform.store.put_bytes(report_key, json.dumps(exc.report.to_dict()).encode())
+        first = exc.report.errors.first() or {"code": "invalid_file"}
+        _fail(session, job, first["code"], exc.report.summary(), param=exc.which)
         return
+    except ApiError as exc:
+        _fail(session, job, "invalid_hyperparameters", exc.message, param=exc.param)
+        return
+    platform.store.put_bytes(report_key, json.dumps(plan.prepared.report).encode())
+    settings = platform.settings
     policy = request.checkpointing
-    job.resolved = {
-        "hyperparameters": asdict(resolved_hp),
-        "lora": asdict(lora),
-        "checkpoint": {
-            "every_steps": (policy and policy.every_steps) or settings.default_checkpoint_every_steps,
-            "keep_last": (policy and policy.keep_last) or settings.default_checkpoint_keep_last,
-        },
-        "gpus": 1,
-        "num_examples": training.num_examples,
-    }
-    transition(session, job, JobStatus.QUEUED, "Validated training file; job queued",
-               data={"hyperparameters": asdict(resolved_hp)})
+    job.resolved = plan.resolved({
+        "every_steps": (policy and policy.every_steps) or settings.default_checkpoint_every_steps,
+        "keep_last": (policy and policy.keep_last) or settings.default_checkpoint_keep_last,
+    })
+    prepared = plan.prepared
+    warnings = sum(item.get("count", 0) for item in prepared.report.get("warnings", {}).values())
+    transition(session, job, JobStatus.QUEUED,
+               f"Validated training data: {prepared.train_examples} training and {prepared.valid_examples} "
+               f"validation examples, {prepared.train_tokens} tokens per epoch, {warnings} warning(s); job queued",
+               data={"dataset_id": prepared.dataset_id, "train_tokens": prepared.train_tokens,
+                     "reused_dataset": prepared.reused, "estimate": plan.estimate})
 
 
-def _fail(session: Session, job: Job, code: str, message: str) -> None:
+def _fail(session: Session, job: Job, code: str, message: str, param: str | None = "training_file") -> None:
     transition(session, job, JobStatus.FAILED, f"Validation failed: {message}", level="error",
-               error={"code": code, "message": message, "param": "training_file"})
+               error={"code": code, "message": message, "param": param})

@@ -76,6 +76,32 @@ def _check_model_dir(model_dir: Path) -> int | None:
     return config.get("max_position_embeddings")
 
 
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
+
+
+def count_parameters(model_dir: Path) -> int | None:
+    """Parameters in the safetensors files, read from their headers (no weights loaded)."""
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with open(path, "rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            if header_len <= 0 or header_len > 100 * 1024 * 1024:
+                return None
+            try:
+                header = json.loads(handle.read(header_len))
+            except ValueError:
+                return None
+        for name, entry in header.items():
+            if name == "__metadata__" or not isinstance(entry, dict):
+                continue
+            count = 1
+            for dim in entry.get("shape", []):
+                count *= int(dim)
+            total += count
+    return total or None
+
+
 def add_base_model(
     session: Session, store: ObjectStore, name: str, source: str, cache_dir: Path
 ) -> BaseModelRow:
@@ -96,6 +122,7 @@ def add_base_model(
         source=source,
         size_bytes=size_bytes,
         max_position_embeddings=max_positions,
+        num_parameters=count_parameters(model_dir),
         created_at=int(time.time()),
     )
     session.add(row)

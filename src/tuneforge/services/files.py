@@ -8,7 +8,7 @@ from typing import IO
 
 from sqlalchemy.orm import Session
 
-from tuneforge.data.validate import validate_jsonl
+from tuneforge.services import datasets
 from tuneforge.db.pagination import Page
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.tables import FileRow
@@ -48,6 +48,8 @@ def upload(
     purpose: str,
     stream: IO[bytes],
     max_bytes: int,
+    tier: str = "standard",
+    contamination=None,  # noqa: ANN001 - a ContaminationIndex of the eval sets
 ) -> FileRow:
     if purpose not in UPLOADABLE:
         raise invalid(f"purpose must be one of {', '.join(UPLOADABLE)}; got {purpose!r}", param="purpose")
@@ -73,7 +75,7 @@ def upload(
         created_at=int(time.time()),
     )
     if purpose == "fine-tune":
-        _validate(store, row)
+        _validate(store, row, tier, contamination)
     else:
         row.status = "processed"
     session.add(row)
@@ -81,17 +83,13 @@ def upload(
     return row
 
 
-def _validate(store: ObjectStore, row: FileRow) -> None:
-    with store.open_read(row.key) as handle:
-        report = validate_jsonl(handle)
+def _validate(store: ObjectStore, row: FileRow, tier: str, contamination) -> None:  # noqa: ANN001
+    report = datasets.check_upload(store, row.key, row.filename, row.tenant_id, row.file_id, tier, contamination)
     row.num_examples = report.num_examples
     row.data_format = report.data_format
-    if report.ok:
-        row.status = "processed"
-        row.status_details = None
-    else:
-        row.status = "error"
-        row.status_details = "; ".join(error.describe() for error in report.errors)
+    row.data_kind = report.kind
+    row.status = "processed" if report.ok else "error"
+    row.status_details = report.summary() or None
 
 
 def add_generated(
@@ -139,4 +137,5 @@ def delete(session: Session, store: ObjectStore, tenant_id: str, file_id: str) -
     session.delete(row)
     session.flush()
     store.delete_prefix(layout.file_prefix(tenant_id, file_id))
+    store.delete(layout.file_report_key(tenant_id, file_id))
     return row

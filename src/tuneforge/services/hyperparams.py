@@ -81,6 +81,17 @@ def check_static(hp: SupervisedHyperparameters) -> None:
             )
 
 
+def resolve_max_seq_length(hp: SupervisedHyperparameters, model_max_positions: int | None) -> int:
+    limit = model_max_positions or DEFAULT_MAX_SEQ_LENGTH
+    max_seq_length = int(_auto(hp.max_seq_length, min(limit, DEFAULT_MAX_SEQ_LENGTH)))
+    if max_seq_length > limit:
+        raise invalid(
+            f"{PARAM_PREFIX}.max_seq_length {max_seq_length} exceeds the model's limit of {limit} tokens",
+            param=f"{PARAM_PREFIX}.max_seq_length",
+        )
+    return max_seq_length
+
+
 def resolve(
     hp: SupervisedHyperparameters,
     training_type: TrainingType,
@@ -105,13 +116,7 @@ def resolve(
         micro = min(batch_size, MAX_MICRO_BATCH)
         accumulation = math.ceil(batch_size / micro)
         micro = batch_size // accumulation if batch_size % accumulation == 0 else micro
-    limit = model_max_positions or DEFAULT_MAX_SEQ_LENGTH
-    max_seq_length = int(_auto(hp.max_seq_length, min(limit, DEFAULT_MAX_SEQ_LENGTH)))
-    if max_seq_length > limit:
-        raise invalid(
-            f"{PARAM_PREFIX}.max_seq_length {max_seq_length} exceeds the model's limit of {limit} tokens",
-            param=f"{PARAM_PREFIX}.max_seq_length",
-        )
+    max_seq_length = resolve_max_seq_length(hp, model_max_positions)
     return Hyperparameters(
         n_epochs=n_epochs,
         batch_size=micro * accumulation,

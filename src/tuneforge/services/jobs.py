@@ -7,6 +7,7 @@ import json
 import random
 import re
 import time
+from dataclasses import asdict
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -16,12 +17,16 @@ from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.tables import FileRow, Job, Tenant
+from tuneforge.data.example import KINDS_FOR_METHOD
+from tuneforge.db.tables import BaseModelRow, FileRow, Job, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus
-from tuneforge.services import hyperparams
+from tuneforge.services import estimates, hyperparams
+from tuneforge.services.context import Platform
+from tuneforge.services.datasets import DataCheckFailed
+from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import is_terminal, transition
 from tuneforge.settings import Settings
 
@@ -49,6 +54,12 @@ def _check_file(session: Session, tenant_id: str, file_id: str, param: str, sett
         raise invalid(f"invalid {param} {file_id}: {row.status_details}", param=param, code="invalid_file")
     if row.status != "processed":
         raise invalid(f"{param} {file_id} is still being processed", param=param, code="file_not_ready")
+    method = "supervised"
+    if row.data_kind and row.data_kind not in KINDS_FOR_METHOD[method]:
+        raise invalid(
+            f"{param} {file_id} holds {row.data_kind} examples; method {method!r} needs "
+            f"{' or '.join(KINDS_FOR_METHOD[method])} data", param=param, code="shape_mismatch",
+        )
     if (row.num_examples or 0) < min_examples:
         raise invalid(
             f"{param} {file_id} has {row.num_examples} example(s); at least {min_examples} are required",
@@ -77,6 +88,44 @@ def _check_request(request: JobCreate) -> None:
         hyperparams.resolve_lora(request.training_type)
 
 
+def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
+                  request: JobCreate) -> tuple[BaseModelRow, FileRow, FileRow | None]:
+    _check_request(request)
+    base = base_model_repo.by_name(session, request.model)
+    if base is None:
+        raise invalid(
+            f"Model {request.model!r} is not available for fine-tuning or does not exist",
+            param="model", code="model_not_available",
+        )
+    training = _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
+                           settings.min_training_examples)
+    validation = None
+    if request.validation_file:
+        validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1)
+    return base, training, validation
+
+
+def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobCreate) -> dict:
+    """The figures a job with this body would get, without creating it."""
+    base, training, validation = _check_inputs(session, platform.settings, tenant, request)
+    try:
+        plan = plan_job(session, platform, tenant, request, seed=request.seed or 0, training=training,
+                        validation=validation, base=base)
+    except DataCheckFailed as exc:
+        first = exc.report.errors.first() or {"code": "invalid_file"}
+        raise invalid(exc.report.summary(), param=exc.which, code=first["code"]) from None
+    return {
+        "object": "fine_tuning.job.estimate",
+        "model": base.name,
+        **plan.estimate,
+        "train_tokens_per_epoch": plan.prepared.train_tokens,
+        "validation_examples": plan.prepared.valid_examples,
+        "hyperparameters": asdict(plan.hyperparameters),
+        "queue_position": estimates.queue_position(session),
+        "dataset_id": plan.prepared.dataset_id,
+    }
+
+
 def create_job(
     session: Session,
     settings: Settings,
@@ -90,17 +139,7 @@ def create_job(
         existing = job_repo.by_idempotency_key(session, tenant.tenant_id, idempotency_key)
         if existing is not None:
             return _replay(existing, body_hash), False
-    _check_request(request)
-    base = base_model_repo.by_name(session, request.model)
-    if base is None:
-        raise invalid(
-            f"Model {request.model!r} is not available for fine-tuning or does not exist",
-            param="model", code="model_not_available",
-        )
-    _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
-                settings.min_training_examples)
-    if request.validation_file:
-        _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1)
+    base, _training, _validation = _check_inputs(session, settings, tenant, request)
     job = Job(
         job_id=new_id("ftjob"),
         tenant_id=tenant.tenant_id,

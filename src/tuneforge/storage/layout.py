@@ -38,6 +38,28 @@ def file_prefix(tenant_id: str, file_id: str) -> str:
     return f"{tenant_prefix(tenant_id)}/files/{_part(file_id)}"
 
 
+def file_report_key(tenant_id: str, file_id: str) -> str:
+    """The validation report of an uploaded file (beside, not inside, its folder)."""
+    return f"{tenant_prefix(tenant_id)}/reports/files/{_part(file_id)}.json"
+
+
+def job_report_key(tenant_id: str, job_id: str) -> str:
+    return f"{job_prefix(tenant_id, job_id)}/validation.json"
+
+
+def dataset_key(tenant_id: str, dataset_id: str, name: str) -> str:
+    """A file of a prepared (normalised) dataset: train.jsonl, valid.jsonl, manifest.json."""
+    return f"{dataset_prefix(tenant_id, dataset_id)}/{_part(name)}"
+
+
+def eval_sets_prefix() -> str:
+    return "eval-sets"
+
+
+def eval_set_key(name: str, filename: str) -> str:
+    return f"{eval_sets_prefix()}/{_part(name)}/{_part(filename)}"
+
+
 def dataset_prefix(tenant_id: str, dataset_id: str) -> str:
     return f"{tenant_prefix(tenant_id)}/datasets/{_part(dataset_id)}"
 

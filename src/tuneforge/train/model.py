@@ -3,56 +3,19 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from tuneforge.domain.spec import BaseModelRef, LoraConfig
+from tuneforge.storage.model_cache import default_cache_dir, fetch_base_model  # noqa: F401 - re-exported
 from tuneforge.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-_COMPLETE_MARKER = ".complete"
 # Output projections are never adapted: they map to the vocabulary, not a hidden state.
 _OUTPUT_LAYER_NAMES = ("lm_head",)
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneforge" / "base-models"
-
-
-def fetch_base_model(store: ObjectStore, ref: BaseModelRef, cache_dir: Path | None = None) -> Path:
-    """A local folder with the base model's files, downloaded once per SHA.
-
-    The copy is assembled in a private folder and renamed into place, so
-    trainers sharing the cache never see a half-written model.
-    """
-    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache_dir / ref.sha256
-    if (target / _COMPLETE_MARKER).exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = cache_dir / f".{ref.sha256}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    written = store.download_prefix(ref.prefix, staging)
-    if not written:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise FileNotFoundError(f"no base model files under {ref.prefix!r}")
-    (staging / _COMPLETE_MARKER).write_text(ref.sha256)
-    if target.exists() and not (target / _COMPLETE_MARKER).exists():
-        shutil.rmtree(target, ignore_errors=True)  # a copy that an earlier crash left unfinished
-    try:
-        staging.rename(target)
-    except OSError:
-        # Another trainer finished first; its copy is as good as ours.
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (target / _COMPLETE_MARKER).exists():
-            raise
-    log.info("base model %s cached at %s (%d files)", ref.name, target, len(written))
-    return target
 
 
 def load_base_model(local_dir: Path, device: torch.device) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.helpers.platform import add_base_model, add_tenant, chat_lines, fake_model_dir, make_platform
+from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.domain.exit_codes import TrainerExit
@@ -44,9 +44,9 @@ class FakeExecutor:
 
 
 @pytest.fixture
-def setup(tmp_path, database_url):
+def setup(tmp_path, database_url, tiny_model_dir):
     platform = make_platform(tmp_path, database_url, lease_timeout_s=5.0)
-    add_base_model(platform, "tiny-base", fake_model_dir(tmp_path / "model"))
+    add_base_model(platform, "tiny-base", tiny_model_dir)
     key = add_tenant(platform, "alpha")
     http = TestClient(create_app(platform=platform))
     auth = {"Authorization": f"Bearer {key}"}

@@ -9,8 +9,11 @@ from sqlalchemy.orm import Session
 from tuneforge.api import deps
 from tuneforge.api.objects import file_object, list_object
 from tuneforge.db.tables import Tenant
-from tuneforge.domain.errors import invalid
+from tuneforge.domain.errors import invalid, not_found
+from tuneforge.services import datasets
+from tuneforge.services import eval_sets
 from tuneforge.services import files as file_service
+from tuneforge.storage import layout
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -28,9 +31,11 @@ def create_file(
         raise invalid("Missing required parameter: 'file'", param="file", code="missing_required_parameter")
     if not purpose:
         raise invalid("Missing required parameter: 'purpose'", param="purpose", code="missing_required_parameter")
+    contamination = eval_sets.index_for(session, platform.store, tenant.tenant_id) if purpose == "fine-tune" else None
     row = file_service.upload(
         session, platform.store, tenant.tenant_id, filename=file.filename or "", purpose=purpose,
-        stream=file.file, max_bytes=platform.settings.max_upload_bytes,
+        stream=file.file, max_bytes=platform.settings.max_upload_bytes_by_tier(tenant.tier),
+        tier=tenant.tier, contamination=contamination,
     )
     return file_object(row)
 
@@ -51,6 +56,22 @@ def list_files(
 @router.get("/{file_id}")
 def retrieve_file(file_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
     return file_object(file_service.get(session, tenant.tenant_id, file_id))
+
+
+@router.get("/{file_id}/validation")
+def file_validation(
+    file_id: str,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    """Extension: the full validation report of a fine-tune file."""
+    row = file_service.get(session, tenant.tenant_id, file_id)
+    report = datasets.read_report(platform.store, layout.file_report_key(tenant.tenant_id, row.file_id))
+    if report is None:
+        raise not_found(f"{file_id} has no validation report (purpose {row.purpose!r})", param="file_id",
+                        code="report_not_found")
+    return {"object": "file.validation", "file_id": row.file_id, "status": row.status, **report}
 
 
 @router.delete("/{file_id}")

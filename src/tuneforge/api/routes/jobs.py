@@ -17,10 +17,11 @@ from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events as event_repo
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Tenant
-from tuneforge.domain.errors import invalid
+from tuneforge.domain.errors import invalid, not_found
 from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus, TERMINAL
-from tuneforge.services import artifacts
+from tuneforge.services import artifacts, datasets
+from tuneforge.storage import layout
 from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
 
@@ -41,6 +42,17 @@ def create_job(
         raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
     job, _created = job_service.create_job(session, platform.settings, tenant, body, idempotency_key)
     return job_object(job)
+
+
+@router.post("/estimate")
+def estimate_job(
+    body: JobCreate,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    """Extension: tokens, steps, GPU-hours, price and queue position for this body; creates nothing."""
+    return job_service.estimate_job(session, platform, tenant, body)
 
 
 @router.get("")
@@ -106,6 +118,21 @@ def _event_stream(platform: Platform, job_id: str) -> Iterator[bytes]:
         if not batch:
             yield b": keep-alive\n\n"
             time.sleep(STREAM_POLL_S)
+
+
+@router.get("/{job_id}/validation")
+def job_validation(
+    job_id: str,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = Depends(deps.session),
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    """Extension: the data report of the job's validation against its base model."""
+    job = job_service.get_job(session, tenant.tenant_id, job_id)
+    report = datasets.read_report(platform.store, layout.job_report_key(job.tenant_id, job.job_id))
+    if report is None:
+        raise not_found(f"{job_id} has not been validated yet", param="fine_tuning_job_id", code="report_not_found")
+    return {"object": "fine_tuning.job.validation", "job_id": job.job_id, **report}
 
 
 @router.get("/{job_id}/checkpoints")

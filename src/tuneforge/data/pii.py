@@ -1,0 +1,287 @@
+"""Personal data and secrets in training text: find, redact, or reject.
+
+What is detected (kind — rule):
+
+- email — local@domain.tld;
+- phone — international `+CC …` with 8–15 digits; North American numbers
+  with separators, `(212) 555-0147` / `212-555-0147` (area and exchange
+  codes start with 2–9); UK numbers `0…` of 10–11 digits in separated
+  groups; French-style pairs `01 23 45 67 89`. Digit runs without
+  separators (order ids, timestamps) and dates are not phone numbers;
+- credit_card — 13–19 digits, optionally grouped by single spaces or dashes,
+  starting with 2–6 (the card networks' ranges) and passing the Luhn check;
+- ipv4 — four octets 0–255 without leading zeros, not part of a longer dotted
+  run and not after `v`/`version` (software versions). Private and public
+  addresses are reported; 0.0.0.0, loopback 127/8, 255.255.255.255 and
+  netmasks (first octet 255) identify nobody and are not;
+- ipv6 — what Python's `ipaddress` accepts (so clock times and MAC addresses
+  are not), except the unspecified `::` and loopback `::1`;
+- us_ssn — `AAA-GG-SSSS` with a valid area (not 000, 666 or 900–999), group
+  (not 00) and serial (not 0000), minus the two famous published numbers;
+- uk_nino — UK National Insurance number `AB 12 34 56 C`, with the prefix
+  letter rules (no D F I Q U V, no O second, not BG GB KN NK NT TN ZZ);
+- iban — ISO 13616 account numbers (country code, check digits, 11–30
+  alphanumerics, grouped by 4 or not) passing the mod-97 check;
+- aws_access_key (`AKIA…`/`ASIA…` + 16), github_token (`ghp_`/`gho_`/`ghu_`/
+  `ghs_`/`ghr_` + 36, `github_pat_…`), openai_key (`sk-…`, 20+ characters
+  with a digit), slack_token (`xox[baprs]-…`), google_api_key (`AIza` + 35),
+  private_key (a whole `-----BEGIN … PRIVATE KEY-----` block);
+- password / secret — `password=…`, `db_pwd: …`, `client_secret: …`,
+  `api_key = "…"`, `"token": "…"`: only the value is reported, and only a
+  real-looking one: at least 4 characters, not one repeated character, not a
+  placeholder (`<…>`, `{…}`, `${VAR}`, `changeme`, `null`, …), not code
+  (`getenv(…)`), and after a colon not an unquoted plain word (prose such as
+  "password: choose a long one").
+
+Every detector is a precompiled regex behind a cheap test (no `@`, no email
+search; no digit, no number search; …), and a candidate is validated in
+Python before it is reported. Overlaps go to the more specific kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from enum import Enum
+from typing import Any, Callable, NamedTuple
+
+from tuneforge.data.example import Example, Finding
+
+
+class PiiMatch(NamedTuple):
+    kind: str
+    start: int
+    end: int
+
+
+class PiiPolicy(str, Enum):
+    WARN = "warn"  # report, keep the text
+    REDACT = "redact"  # report, replace each match with [REDACTED_<KIND>]
+    REJECT = "reject"  # report; the caller drops the example with an error
+
+
+# Most specific first: on overlapping matches the earlier kind wins.
+KINDS = ("private_key", "aws_access_key", "github_token", "openai_key", "slack_token", "google_api_key",
+         "password", "secret", "email", "credit_card", "iban", "us_ssn", "uk_nino", "ipv6", "ipv4", "phone")
+_PRIORITY = {kind: rank for rank, kind in enumerate(KINDS)}
+
+_HAS_DIGIT = re.compile(r"\d").search
+_SECRET_HINT = re.compile(r"AKIA|ASIA|gh[pousr]_|github_pat_|sk-|xox|AIza|-----BEGIN|(?i:pass|pwd|secret|key|token)").search
+_EMAIL = re.compile(r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+                    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![\w-])")
+# ungrouped, or grouped by one kind of separator: 4-4-4-4(-3) or 4-6-4/5 (Amex, Diners)
+_CARD = re.compile(r"(?<![\d-])(?:\d{13,19}|\d{4}(?:([ -])\d{4}){2}\1\d{1,4}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{4,5})"
+                   r"(?!\d)")
+_PHONE = re.compile(
+    r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?)(?:[ .-]?\d{1,4}){1,5}(?![\w-])"  # international
+    r"|(?<![\w(+-])(?:\([2-9]\d{2}\) ?|[2-9]\d{2}[ .-])[2-9]\d{2}[ .-]\d{4}(?![\w-])"  # North American
+    r"|(?<![\w+-])0\d{2,4}[ -]\d{3,4}[ -]?\d{3,4}(?![\w-])"  # UK
+    r"|(?<![\w+-])0[1-9](?:[ .]\d{2}){4}(?![\w-])")  # French-style pairs
+_IPV4 = re.compile(r"(?<![\w.])(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?!\.?\d|\w)")
+_IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|\d{1,3}(?:\.\d{1,3}){3})(?![\w:])")
+_SSN = re.compile(r"(?<![\d-])(\d{3})-(\d{2})-(\d{4})(?![\d-])")
+_NINO = re.compile(r"(?<![A-Za-z0-9])([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]) ?\d{2} ?\d{2} ?\d{2} ?[A-D](?![A-Za-z0-9])")
+_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Za-z0-9])")
+_SECRETS = (
+    ("private_key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
+                               r"(?:.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|.*\Z)", re.S)),
+    ("aws_access_key", re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")),
+    ("github_token", re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,251}|github_pat_[A-Za-z0-9_]{22,244})"
+                                r"(?![A-Za-z0-9_])")),
+    ("openai_key", re.compile(r"(?<![\w-])sk-(?=[A-Za-z0-9_-]*\d)[A-Za-z0-9_-]{20,}(?![\w-])")),
+    ("slack_token", re.compile(r"(?<![\w-])xox[baprs]-[A-Za-z0-9-]{10,}(?![\w-])")),
+    ("google_api_key", re.compile(r"(?<![\w-])AIza[0-9A-Za-z_-]{35}(?![\w-])")),
+)
+_ASSIGNMENT = re.compile(
+    r"(?i)\b(?:[a-z0-9]+[_-])*(pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|access[_-]?key)[\"']?"
+    r"[ \t]*([:=])[ \t]*(?:\"([^\"\n]*)\"|'([^'\n]*)'"
+    r"|(?![A-Za-z_][\w-]*[ \t]*[:=](?:[\s\"']|$))([^\s,;\"'&]+))")  # unquoted, and not the next key
+_PLACEHOLDERS = frozenset({"none", "null", "nil", "true", "false", "password", "passwd", "secret", "token",
+                           "changeme", "redacted", "hidden", "example", "placeholder", "required", "optional",
+                           "string", "undefined", "empty", "your_password", "yourpassword", "mypassword",
+                           "your_api_key", "your-api-key", "api_key", "xxx", "todo", "tbd", "n/a"})
+_PLACEHOLDER_SHAPE = re.compile(r"^(?:<.*>|\{.*\}|\$\{?\w+\}?|\[.*\]|%\(?\w*\)?s|\*+|\.+|(.)\1*)$", re.S)
+
+
+def scan(text: str) -> list[PiiMatch]:
+    """Every detected span, sorted by position, without overlaps."""
+    if not text:
+        return []
+    found: list[PiiMatch] = []
+    if "@" in text:
+        found += [PiiMatch("email", m.start(), m.end()) for m in _EMAIL.finditer(text)]
+    if _SECRET_HINT(text):
+        found += _secrets(text)
+    if _HAS_DIGIT(text):
+        found += _numbers(text)
+    if text.count(":") >= 2:
+        found += [PiiMatch("ipv6", m.start(), m.end()) for m in _IPV6.finditer(text) if _is_ipv6(m.group())]
+    return _without_overlaps(found)
+
+
+def redact(text: str, matches: list[PiiMatch]) -> str:
+    """`text` with each match replaced by [REDACTED_<KIND>] (matches as `scan` returns them)."""
+    pieces: list[str] = []
+    position = 0
+    for match in sorted(matches, key=lambda m: m.start):
+        if match.start < position:
+            continue
+        pieces += [text[position : match.start], f"[REDACTED_{match.kind.upper()}]"]
+        position = match.end
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+def apply_policy(example: Example, policy: PiiPolicy | str) -> tuple[list[Finding], Example]:
+    """Findings for every text field of `example` (kind `pii:<kind>`, detail: the
+    field and span — never the matched text), and the example to keep: a
+    redacted copy under `redact`, the example itself otherwise."""
+    policy = PiiPolicy(policy)
+    findings: list[Finding] = []
+
+    def visit(field_name: str, text: str) -> str:
+        matches = scan(text)
+        findings.extend(Finding(line=example.line, kind=f"pii:{m.kind}",
+                                detail={"field": field_name, "start": m.start, "end": m.end}) for m in matches)
+        return redact(text, matches) if matches and policy is PiiPolicy.REDACT else text
+
+    redacted = _map_texts(example, visit)
+    return findings, (redacted if policy is PiiPolicy.REDACT and findings else example)
+
+
+def _map_texts(example: Example, visit: Callable[[str, str], str]) -> Example:
+    """A copy of `example` with `visit(field, text)` applied to every text field."""
+    changes: dict[str, Any] = {}
+    if example.messages is not None:
+        changes["messages"] = [_map_message(f"messages[{i}]", message, visit)
+                               for i, message in enumerate(example.messages)]
+    for name in ("prompt", "completion", "text"):
+        value = getattr(example, name)
+        if isinstance(value, str):
+            changes[name] = visit(name, value)
+    for name in ("chosen", "rejected"):
+        value = getattr(example, name)
+        if value is not None:
+            changes[name] = _map_message(name, value, visit)
+    return dataclasses.replace(example, **changes)
+
+
+def _map_message(path: str, message: dict[str, Any], visit: Callable[[str, str], str]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": visit(f"{path}.content", content)}
+    if isinstance(content, list):  # OpenAI content parts: only text parts carry text
+        parts = [{**part, "text": visit(f"{path}.content[{j}].text", part["text"])}
+                 if isinstance(part, dict) and isinstance(part.get("text"), str) else part
+                 for j, part in enumerate(content)]
+        return {**message, "content": parts}
+    return message
+
+
+def _secrets(text: str) -> list[PiiMatch]:
+    found = [PiiMatch(kind, m.start(), m.end()) for kind, pattern in _SECRETS for m in pattern.finditer(text)]
+    for m in _ASSIGNMENT.finditer(text):
+        group = next(g for g in (3, 4, 5) if m.group(g) is not None)
+        # after a colon, an unquoted plain word is prose ("password: choose a strong one")
+        prose = m.group(2) == ":" and group == 5 and m.group(group).isalpha()
+        if not prose and _is_real_secret(m.group(group)):
+            kind = "password" if m.group(1).lower().startswith(("pass", "pwd")) else "secret"
+            found.append(PiiMatch(kind, m.start(group), m.end(group)))
+    return found
+
+
+def _numbers(text: str) -> list[PiiMatch]:
+    found = [card for m in _CARD.finditer(text) if (card := _card(m)) is not None]
+    found += [PiiMatch("us_ssn", m.start(), m.end()) for m in _SSN.finditer(text) if _is_ssn(*m.groups())]
+    found += [PiiMatch("uk_nino", m.start(), m.end()) for m in _NINO.finditer(text)
+              if m.group(1) not in {"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"}]
+    found += [PiiMatch("iban", m.start(), m.end()) for m in _IBAN.finditer(text) if _is_iban(m.group())]
+    if "." in text:
+        found += [PiiMatch("ipv4", m.start(), m.end()) for m in _IPV4.finditer(text)
+                  if _is_ipv4(m.groups()) and not _after_version_word(text, m.start())]
+    found += [PiiMatch("phone", m.start(), m.end()) for m in _PHONE.finditer(text) if _is_phone(m.group())]
+    return found
+
+
+def _without_overlaps(found: list[PiiMatch]) -> list[PiiMatch]:
+    kept: list[PiiMatch] = []
+    for match in sorted(found, key=lambda m: (_PRIORITY[m.kind], m.start)):
+        if all(match.end <= other.start or match.start >= other.end for other in kept):
+            kept.append(match)
+    return sorted(kept, key=lambda m: m.start)
+
+
+def luhn_ok(digits: str) -> bool:
+    total = 0
+    for position, char in enumerate(reversed(digits)):
+        value = int(char)
+        if position % 2:
+            value = value * 2 - 9 if value > 4 else value * 2
+        total += value
+    return total % 10 == 0
+
+
+def _card(match: re.Match[str]) -> PiiMatch | None:
+    """The card in a candidate: all of it, or without a last short group that
+    was only the next number in the text ("4111 1111 1111 1111 2 times")."""
+    candidate = match.group()
+    ends = [len(candidate)]
+    separator = match.group(1)
+    if separator and candidate.count(separator) == 4:
+        ends.append(candidate.rfind(separator))
+    for end in ends:
+        digits = candidate[:end].replace(" ", "").replace("-", "")
+        if 13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_ok(digits):
+            return PiiMatch("credit_card", match.start(), match.start() + end)
+    return None
+
+
+def _is_ssn(area: str, group: str, serial: str) -> bool:
+    if area in ("000", "666") or area >= "900" or group == "00" or serial == "0000":
+        return False
+    return f"{area}-{group}-{serial}" not in ("078-05-1120", "219-09-9999")
+
+
+def _is_iban(candidate: str) -> bool:
+    compact = candidate.replace(" ", "")
+    if not 15 <= len(compact) <= 34:
+        return False
+    rearranged = compact[4:] + compact[:4]
+    return int("".join(str(int(char, 36)) for char in rearranged)) % 97 == 1
+
+
+def _is_ipv4(octets: tuple[str, ...]) -> bool:
+    if any(len(octet) > 1 and octet[0] == "0" for octet in octets):
+        return False
+    values = [int(octet) for octet in octets]
+    if max(values) > 255 or values[0] in (0, 127, 255):
+        return False
+    return True
+
+
+def _after_version_word(text: str, start: int) -> bool:
+    before = text[max(0, start - 9) : start].lower().rstrip(" :")
+    return before.endswith(("v", "version", "ver", "ver."))
+
+
+def _is_ipv6(candidate: str) -> bool:
+    try:
+        address = ipaddress.IPv6Address(candidate)
+    except ValueError:
+        return False
+    return not (address.is_unspecified or address.is_loopback)
+
+
+def _is_phone(candidate: str) -> bool:
+    digits = sum(char.isdigit() for char in candidate)
+    if candidate.startswith("+"):
+        return 8 <= digits <= 15
+    return 9 <= digits <= 11
+
+
+def _is_real_secret(value: str) -> bool:
+    value = value.strip()
+    if len(value) < 4 or value.lower() in _PLACEHOLDERS or _PLACEHOLDER_SHAPE.match(value):
+        return False
+    return "(" not in value  # getenv("X"), input(), a call: code, not a secret

@@ -1,0 +1,204 @@
+"""The dataset check pipeline: one streaming pass over a file, in batches.
+
+    read rows (formats) → normalise (shapes) → method fit → token counts
+    (token_count, when a tokenizer is given) → exact and near duplicates
+    (dedup) → contamination against eval sets → PII (policy warn / redact /
+    reject) → stats → DatasetReport
+
+Memory is bounded by the batch size plus the compact dedup and contamination
+indexes, whatever the file size. `on_batch` receives every batch of accepted
+examples (after PII redaction) with their token counts, so a caller can write
+the normalised dataset in the same pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tuneforge.data import pii
+from tuneforge.data.contamination import ContaminationIndex
+from tuneforge.data.dedup import Deduplicator
+from tuneforge.data.example import DataIssue, Example
+from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
+from tuneforge.data.structure import StructureReport, iter_examples
+from tuneforge.data.report import DatasetReport
+from tuneforge.data.token_count import TokenCounter
+
+BatchSink = Callable[[Sequence[Example], Sequence[int]], None]
+
+
+@dataclass
+class CheckOptions:
+    """How a dataset is checked; every field is a per-job or per-tenant choice."""
+
+    method: str | None = "supervised"  # None (at upload): any shape, method fit checked at job creation
+    data_format: str | None = None  # None: detected from magic bytes, extension, content
+    max_errors_per_code: int = 20
+    min_examples: int = 10
+    max_examples: int | None = None
+    max_seq_length: int | None = None
+    long_examples: str = "truncate"  # "truncate": keep the first tokens; "reject": an error per example
+    dedup: bool = True
+    remove_duplicates: bool = False  # drop flagged duplicates from what `on_batch` receives
+    near_duplicate_threshold: float = 0.9
+    contamination_threshold: float = 0.5
+    pii_policy: str = "warn"  # "warn" | "redact" | "reject"
+    batch_rows: int = 2048
+    limits: ReadLimits = DEFAULT_LIMITS
+
+
+class _Run:
+    """State of one pass; kept small so the pass reads as a list of steps."""
+
+    def __init__(self, options: CheckOptions, tokenizer: Any, contamination: ContaminationIndex | None,
+                 on_batch: BatchSink | None) -> None:
+        self.options = options
+        self.report = DatasetReport(method=options.method or "any", pii_policy=options.pii_policy,
+                                    max_seq_length=options.max_seq_length)
+        self.report.errors.max_per_code = options.max_errors_per_code
+        self.report.warnings.max_per_code = options.max_errors_per_code
+        self.counter = TokenCounter(tokenizer, options.max_seq_length or 1 << 30) if tokenizer is not None else None
+        if tokenizer is not None:
+            self.report.tokenizer = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+        self.deduper = Deduplicator(threshold=options.near_duplicate_threshold) if options.dedup else None
+        self.contamination = contamination
+        self.on_batch = on_batch
+        self.batch: list[Example] = []
+
+    def error(self, issue: DataIssue) -> None:
+        (self.report.warnings if issue.severity == "warning" else self.report.errors).add(issue)
+
+    def add(self, example: Example) -> None:
+        self.batch.append(example)
+        if len(self.batch) >= self.options.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        batch, self.batch = self.batch, []
+        if not batch:
+            return
+        counts = self._token_counts(batch)
+        kept: list[Example] = []
+        kept_counts: list[int] = []
+        texts = [example.joined_text() for example in batch]
+        duplicates: set[int] = set()
+        if self.deduper is not None:
+            for finding in self.deduper.add_batch([e.line for e in batch], texts):
+                duplicates.add(finding.line)
+                self.report.duplicates.add(finding)
+                self.report.warnings.add(DataIssue(finding.kind, _duplicate_message(finding), line=finding.line,
+                                                   severity="warning"))
+        self._contamination(batch, texts)
+        for example, text, count in zip(batch, texts, counts):
+            if self.options.remove_duplicates and example.line in duplicates:
+                self.report.removed_duplicates += 1
+                continue
+            example = self._pii(example)
+            if example is None:
+                continue
+            if count is not None and not self._length_ok(example, count):
+                continue
+            self._stats(example, count)
+            kept.append(example)
+            kept_counts.append(count or 0)
+        self.report.num_examples += len(kept)
+        if self.on_batch is not None and kept:
+            self.on_batch(kept, kept_counts)
+
+    def _token_counts(self, batch: list[Example]) -> list[int | None]:
+        if self.counter is None:
+            return [None] * len(batch)
+        counts, _exact = self.counter.count(batch)
+        return list(counts)
+
+    def _contamination(self, batch: list[Example], texts: list[str]) -> None:
+        if self.contamination is None:
+            return
+        lines = [example.line for example in batch]
+        for finding in self.contamination.check_batch(lines, texts, self.options.contamination_threshold):
+            self.report.contamination.add(finding)
+            self.report.warnings.add(DataIssue(
+                "contamination", f"{finding.detail.get('overlap', 0):.0%} of its 13-grams appear in eval set "
+                f"{finding.detail.get('source')!r}", line=finding.line, severity="warning"))
+
+    def _pii(self, example: Example) -> Example | None:
+        findings, redacted = pii.apply_policy(example, self.options.pii_policy)
+        for finding in findings:
+            self.report.pii.add(finding)
+        if findings and self.options.pii_policy == "reject":
+            kinds = sorted({f.kind for f in findings})
+            self.error(DataIssue("pii_found", f"personal data or secrets found: {', '.join(kinds)}",
+                                 line=example.line))
+            return None
+        return redacted
+
+    def _length_ok(self, example: Example, count: int) -> bool:
+        limit = self.options.max_seq_length
+        if not limit or count <= limit:
+            return True
+        if self.options.long_examples == "reject":
+            self.error(DataIssue("too_long", f"{count} tokens, over max_seq_length {limit}", line=example.line))
+            return False
+        self.report.truncated += 1
+        self.report.warnings.add(DataIssue("truncated", f"{count} tokens; truncated to the first {limit}",
+                                           line=example.line, severity="warning"))
+        return True
+
+    def _stats(self, example: Example, count: int | None) -> None:
+        if count is not None:
+            self.report.tokens.add(min(count, self.options.max_seq_length or count))
+        messages = example.messages or []
+        if example.kind in ("chat", "preference"):
+            self.report.turns.add(len(messages) + (1 if example.kind == "preference" else 0))
+        for message in messages:
+            role = str(message.get("role"))
+            self.report.roles[role] = self.report.roles.get(role, 0) + 1
+            if role == "assistant":
+                weight = str(message.get("weight", 1))
+                self.report.weights[weight] = self.report.weights.get(weight, 0) + 1
+
+
+def _duplicate_message(finding) -> str:  # noqa: ANN001
+    of = finding.detail.get("duplicate_of")
+    if finding.kind == "near_duplicate":
+        return f"near duplicate of line {of} (Jaccard {finding.detail.get('jaccard', 0):.2f})"
+    return f"exact duplicate of line {of}"
+
+
+def check_dataset(
+    path: Path,
+    options: CheckOptions | None = None,
+    *,
+    name: str | None = None,
+    tokenizer: Any = None,
+    contamination: ContaminationIndex | None = None,
+    on_batch: BatchSink | None = None,
+) -> DatasetReport:
+    """Check a dataset file (or saved-datasets folder) in one streaming pass."""
+    options = options or CheckOptions()
+    run = _Run(options, tokenizer, contamination, on_batch)
+    structure = StructureReport(max_issues_per_code=options.max_errors_per_code)
+    examples = iter_examples(Path(path), options.data_format, options.method, report=structure,
+                             limits=options.limits, name=name, min_examples=1)
+    for example in examples:
+        run.add(example)
+        if options.max_examples and structure.num_examples > options.max_examples:
+            structure.add(DataIssue("too_many_examples", f"more than {options.max_examples} examples for this tier",
+                                    line=example.line))
+            break
+    run.flush()
+    report = run.report
+    report.data_format, report.kind, report.num_rows = structure.format, structure.kind, structure.num_rows
+    for issue in structure.issues:
+        (report.warnings if issue.severity == "warning" else report.errors).add_sample(issue)
+    for code, count in structure.counts.items():
+        severity_log = report.errors if any(i.code == code and i.severity == "error" for i in structure.issues) \
+            else report.warnings
+        severity_log.counts[code] = severity_log.counts.get(code, 0) + count
+    if report.ok and report.num_examples < options.min_examples:
+        report.errors.add(DataIssue("too_few_examples" if report.num_examples else "empty_file",
+                                    f"{report.num_examples} valid examples; at least {options.min_examples} are required"
+                                    if report.num_examples else "the file holds no examples"))
+    return report

@@ -1,0 +1,211 @@
+"""Dataset checks at upload and at job validation, and prepared datasets.
+
+At upload a file gets the structural and content checks (no tokenizer yet):
+its status becomes `processed` or `error`, and the full report is kept for
+`GET /v1/files/{id}/validation`.
+
+At job validation the same pass runs again against the job's base-model
+tokenizer and options (method fit, token lengths, PII policy, duplicate
+removal, split). Its output is a *prepared dataset*: normalised JSONL the
+trainer reads whatever the upload's format, stored once per (file content,
+base model, max_seq_length, method, data options) and reused by later jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+from tuneforge.data.example import DataIssue, Example
+from tuneforge.data.pipeline import CheckOptions, check_dataset
+from tuneforge.data.report import DatasetReport
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
+
+# Examples per tier (a cap on what one job may train on); bytes are capped at upload.
+MAX_EXAMPLES_BY_TIER = {"free": 50_000, "standard": 2_000_000, "premium": 20_000_000}
+PREPARED_VERSION = 1  # bump when the prepared format changes, so old caches are not reused
+
+
+@contextmanager
+def local_copy(store: ObjectStore, key: str, suffix: str = "") -> Iterator[Path]:
+    """The object as a local file (checks stream from disk, not from S3)."""
+    with tempfile.TemporaryDirectory(prefix="tuneforge-check-") as scratch:
+        path = Path(scratch) / f"data{suffix}"
+        store.get_file(key, path)
+        yield path
+
+
+def check_upload(store: ObjectStore, key: str, filename: str, tenant_id: str, file_id: str, tier: str,
+                 contamination=None) -> DatasetReport:  # noqa: ANN001
+    options = CheckOptions(method=None, min_examples=1, max_examples=MAX_EXAMPLES_BY_TIER.get(tier))
+    with local_copy(store, key) as path:
+        report = check_dataset(path, options, name=filename, contamination=contamination)
+    store.put_bytes(layout.file_report_key(tenant_id, file_id), json.dumps(report.to_dict()).encode())
+    return report
+
+
+def read_report(store: ObjectStore, key: str) -> dict[str, Any] | None:
+    return json.loads(store.get_bytes(key)) if store.exists(key) else None
+
+
+def example_record(example: Example) -> dict[str, Any]:
+    """An Example as one line of the prepared JSONL the trainer reads."""
+    if example.kind == "chat":
+        record: dict[str, Any] = {"messages": example.messages}
+        if example.tools:
+            record["tools"] = example.tools
+        return record
+    if example.kind == "instruction":
+        return {"prompt": example.prompt, "completion": example.completion}
+    if example.kind == "preference":
+        prompt: dict[str, Any] = {"messages": example.messages}
+        if example.tools:
+            prompt["tools"] = example.tools
+        return {"input": prompt, "preferred_output": [example.chosen], "non_preferred_output": [example.rejected]}
+    return {"text": example.text}
+
+
+def _held_out(seed: int, line: int, fraction: float) -> bool:
+    """Deterministic by (seed, line), independent of batching and of other rows."""
+    digest = hashlib.blake2b(f"{seed}:{line}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < fraction
+
+
+@dataclass
+class PreparedWriter:
+    """Writes accepted examples as JSONL, routing a seeded share to validation."""
+
+    train: IO[bytes]
+    valid: IO[bytes] | None
+    seed: int
+    split_fraction: float
+    train_count: int = 0
+    valid_count: int = 0
+    train_tokens: int = 0
+
+    def __call__(self, examples: Sequence[Example], token_counts: Sequence[int]) -> None:
+        for example, count in zip(examples, token_counts):
+            line = json.dumps(example_record(example), ensure_ascii=False).encode() + b"\n"
+            if self.valid is not None and self.split_fraction and _held_out(self.seed, example.line, self.split_fraction):
+                self.valid.write(line)
+                self.valid_count += 1
+            else:
+                self.train.write(line)
+                self.train_count += 1
+                self.train_tokens += int(count)
+
+
+def dataset_id(parts: dict[str, Any]) -> str:
+    canonical = json.dumps({"v": PREPARED_VERSION, **parts}, sort_keys=True)
+    return "ds-" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+@dataclass
+class PreparedDataset:
+    dataset_id: str
+    train_key: str
+    valid_key: str | None
+    train_examples: int
+    valid_examples: int
+    train_tokens: int
+    report: dict[str, Any]
+    reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dataset_id": self.dataset_id, "train_key": self.train_key, "valid_key": self.valid_key,
+                "train_examples": self.train_examples, "valid_examples": self.valid_examples,
+                "train_tokens": self.train_tokens}
+
+
+class DataCheckFailed(Exception):
+    def __init__(self, report: DatasetReport, which: str) -> None:
+        super().__init__(report.summary())
+        self.report = report
+        self.which = which  # "training_file" | "validation_file"
+
+
+@dataclass
+class PrepareRequest:
+    tenant_id: str
+    training: tuple[str, str, str]  # (file key, filename, sha256)
+    validation: tuple[str, str, str] | None
+    base_sha256: str
+    method: str
+    max_seq_length: int
+    seed: int
+    options: dict[str, Any]  # the job's `data` options, resolved
+    pii_policy: str
+
+
+def _check_options(request: PrepareRequest, min_examples: int, *, for_validation: bool) -> CheckOptions:
+    opts = request.options
+    return CheckOptions(
+        method=request.method, data_format=opts.get("format"), min_examples=min_examples,
+        max_seq_length=request.max_seq_length, long_examples=opts.get("long_examples", "truncate"),
+        near_duplicate_threshold=opts.get("near_duplicate_threshold", 0.9),
+        contamination_threshold=opts.get("contamination_threshold", 0.5),
+        remove_duplicates=bool(opts.get("remove_duplicates")) and not for_validation,
+        pii_policy=request.pii_policy,
+    )
+
+
+def prepare_for_job(store: ObjectStore, request: PrepareRequest, tokenizer: Any, *, min_examples: int,
+                    contamination=None) -> PreparedDataset:  # noqa: ANN001
+    """Check the job's files against its tokenizer and write the prepared dataset,
+    or reuse the one an identical earlier job prepared."""
+    split = float(request.options.get("validation_split") or 0.0) if request.validation is None else 0.0
+    ident = dataset_id({"train": request.training[2], "valid": request.validation and request.validation[2],
+                        "base": request.base_sha256, "method": request.method, "max_seq": request.max_seq_length,
+                        "options": request.options, "pii": request.pii_policy, "seed": request.seed if split else None})
+    manifest_key = layout.dataset_key(request.tenant_id, ident, "manifest.json")
+    if store.exists(manifest_key):
+        prepared = PreparedDataset(**json.loads(store.get_bytes(manifest_key)))
+        prepared.reused = True
+        return prepared
+    train_key = layout.dataset_key(request.tenant_id, ident, "train.jsonl")
+    valid_key = layout.dataset_key(request.tenant_id, ident, "valid.jsonl")
+    with tempfile.TemporaryDirectory(prefix="tuneforge-prepare-") as scratch:
+        train_path, valid_path = Path(scratch) / "train.jsonl", Path(scratch) / "valid.jsonl"
+        with open(train_path, "wb") as train_out, open(valid_path, "wb") as valid_out:
+            writer = PreparedWriter(train_out, valid_out, request.seed, split)
+            report = _run_check(store, request.training, _check_options(request, min_examples, for_validation=False),
+                                tokenizer, contamination, writer)
+            if not report.ok:
+                raise DataCheckFailed(report, "training_file")
+            if request.validation is not None:
+                held = PreparedWriter(valid_out, None, request.seed, 0.0)
+                valid_report = _run_check(store, request.validation,
+                                          _check_options(request, 1, for_validation=True), tokenizer, None, held)
+                if not valid_report.ok:
+                    raise DataCheckFailed(valid_report, "validation_file")
+                writer.valid_count += held.train_count
+        if writer.train_count < min_examples:
+            report.errors.add(_too_few_after_split(writer.train_count, min_examples))
+            raise DataCheckFailed(report, "training_file")
+        store.put_file(train_key, train_path)
+        has_valid = writer.valid_count > 0
+        if has_valid:
+            store.put_file(valid_key, valid_path)
+    prepared = PreparedDataset(ident, train_key, valid_key if has_valid else None, writer.train_count,
+                               writer.valid_count, writer.train_tokens, report.to_dict())
+    store.put_bytes(manifest_key, json.dumps(prepared.__dict__ | {"reused": False}).encode())  # written last
+    return prepared
+
+
+def _run_check(store: ObjectStore, source: tuple[str, str, str], options: CheckOptions, tokenizer: Any,
+               contamination, writer: PreparedWriter) -> DatasetReport:  # noqa: ANN001
+    key, filename, _sha = source
+    with local_copy(store, key) as path:
+        return check_dataset(path, options, name=filename, tokenizer=tokenizer, contamination=contamination,
+                             on_batch=writer)
+
+
+def _too_few_after_split(count: int, minimum: int) -> DataIssue:
+    return DataIssue("too_few_examples", f"{count} training examples remain after removals and the validation "
+                                         f"split; at least {minimum} are required")

@@ -1,0 +1,97 @@
+"""Every file of the corpus gets exactly the first error it should, on the line it should.
+
+`tests/data/bad/EXPECTED.json` maps each broken file to the code and line of
+its first error (plus `field`, the training `method` and reader `limits`
+where they matter); `tests/data/good/EXPECTED.json` maps each valid dataset to
+its kind and example count. Both directories are written by
+`tests/data/make_bad_corpus.py`, which must reproduce the committed files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuneforge.data.codes import CODES
+from tuneforge.data.example import DataIssue
+from tuneforge.data.limits import ReadLimits
+from tuneforge.data.structure import StructureReport, validate_structure
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+BAD = DATA / "bad"
+GOOD = DATA / "good"
+BAD_EXPECTED: dict[str, dict[str, Any]] = json.loads((BAD / "EXPECTED.json").read_text())
+GOOD_EXPECTED: dict[str, dict[str, Any]] = json.loads((GOOD / "EXPECTED.json").read_text())
+
+
+def check(path: Path, entry: dict[str, Any]) -> StructureReport:
+    limits = ReadLimits(**entry.get("limits", {}))
+    return validate_structure(path, method=entry.get("method", "supervised"), limits=limits)
+
+
+def first_error(path: Path, method: str = "supervised", **limits: Any) -> DataIssue | None:
+    return validate_structure(path, method=method, limits=ReadLimits(**limits)).first_error()
+
+
+def test_the_corpus_is_large_and_fully_described() -> None:
+    bad_files = {path.name for path in BAD.iterdir() if path.name != "EXPECTED.json"}
+    good_files = {path.name for path in GOOD.iterdir() if path.name != "EXPECTED.json"}
+    assert len(bad_files) >= 45
+    assert len(good_files) >= 8
+    assert bad_files == set(BAD_EXPECTED)
+    assert good_files == set(GOOD_EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_EXPECTED))
+def test_bad_file_gets_its_exact_first_error(name: str) -> None:
+    entry = BAD_EXPECTED[name]
+    report = check(BAD / name, entry)
+    issue = report.first_error()
+    assert issue is not None, f"{name} passed validation"
+    assert (issue.code, issue.line) == (entry["code"], entry["line"]), issue
+    if "field" in entry:
+        assert issue.field == entry["field"]
+    assert issue.code in CODES
+    assert not report.ok
+
+
+@pytest.mark.parametrize("name", sorted(GOOD_EXPECTED))
+def test_good_file_parses_to_the_right_kind_and_count(name: str) -> None:
+    entry = GOOD_EXPECTED[name]
+    report = check(GOOD / name, entry)
+    assert report.errors() == []
+    assert report.ok
+    assert (report.format, report.kind, report.num_examples) == (entry["format"], entry["kind"], entry["count"])
+    assert report.num_rows == entry["count"]
+    assert sorted(issue.code for issue in report.warnings()) == entry.get("warnings", [])
+
+
+def test_every_code_in_the_corpus_is_documented() -> None:
+    assert {entry["code"] for entry in BAD_EXPECTED.values()} <= set(CODES)
+
+
+def test_first_error_helper_reads_defaults() -> None:
+    issue = first_error(BAD / "gzip_bomb.jsonl.gz")
+    assert issue is not None and issue.code == "compression_bomb"
+    assert first_error(GOOD / "chat_basic.jsonl") is None
+
+
+def test_generator_reproduces_the_committed_corpus(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("make_bad_corpus", DATA / "make_bad_corpus.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.build_corpus(tmp_path / "bad", tmp_path / "good")
+    for committed_dir in (BAD, GOOD):
+        fresh_dir = tmp_path / committed_dir.name
+        committed = sorted(p.relative_to(committed_dir) for p in committed_dir.rglob("*") if p.is_file())
+        fresh = sorted(p.relative_to(fresh_dir) for p in fresh_dir.rglob("*") if p.is_file())
+        assert committed == fresh
+        for relative in committed:
+            if relative.suffix == ".parquet":
+                continue  # Parquet footers name the writing pyarrow version
+            assert (committed_dir / relative).read_bytes() == (fresh_dir / relative).read_bytes(), relative
