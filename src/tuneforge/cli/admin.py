@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +20,8 @@ from tuneforge.settings import get_settings
 console = Console(stderr=True)
 tenants_app = typer.Typer(help="Create and manage tenants (admin).", no_args_is_help=True)
 base_models_app = typer.Typer(help="Register base models (admin).", no_args_is_help=True)
+eval_sets_app = typer.Typer(help="Platform-wide eval sets that training data is checked against (admin).",
+                            no_args_is_help=True)
 
 
 def platform() -> Platform:
@@ -76,6 +80,18 @@ def tenants_set_tier(name: str, tier: str) -> None:
     console.print(f"{name}: tier {tier}")
 
 
+@tenants_app.command("set-pii-policy")
+def tenants_set_pii_policy(name: str, policy: str = typer.Argument(..., help="warn, redact or reject")) -> None:
+    """Default handling of personal data and secrets in this tenant's training data."""
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            tenant_service.set_pii_policy(session, name, policy)
+    except ApiError as exc:
+        fail(exc)
+    console.print(f"{name}: PII policy {policy}")
+
+
 @base_models_app.command("add")
 def base_models_add(name: str, source: str) -> None:
     """Register SOURCE (a local model folder or a hub id) as base model NAME."""
@@ -99,3 +115,16 @@ def base_models_list() -> None:
         for row in base_model_repo.list_all(session):
             table.add_row(row.name, row.sha256[:16], f"{row.size_bytes / 1e6:.1f}", row.source)
     Console().print(table)
+
+
+@eval_sets_app.command("add")
+def eval_sets_add(name: str, path: Path) -> None:
+    """Register an eval file; every tenant's training data is checked for overlap with it."""
+    from tuneforge.services import eval_sets
+
+    ctx = platform()
+    try:
+        key = eval_sets.add_platform_eval_set(ctx.store, name, path)
+    except ApiError as exc:
+        fail(exc)
+    console.print(f"eval set {name}: {key}")

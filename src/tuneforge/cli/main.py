@@ -9,6 +9,7 @@ from tuneforge.cli import admin, client
 app = typer.Typer(help="tuneforge: self-hosted, OpenAI-compatible fine-tuning.", no_args_is_help=True)
 app.add_typer(admin.tenants_app, name="tenants")
 app.add_typer(admin.base_models_app, name="base-models")
+app.add_typer(admin.eval_sets_app, name="eval-sets")
 app.add_typer(client.files_app, name="files")
 app.add_typer(client.jobs_app, name="jobs")
 app.command("migrate")(admin.migrate)

@@ -53,6 +53,11 @@ def normalize_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).casefold().replace(_SEP, " ").split())
 
 
+def ngram_set(normalized: str, n: int) -> frozenset[str]:
+    """The character n-grams of a normalised text (the text itself when shorter than n)."""
+    return frozenset(normalized[i : i + n] for i in range(len(normalized) - n + 1)) or frozenset((normalized,))
+
+
 def mix64(values: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser, in place on a uint64 array (returned for chaining)."""
     values ^= values >> _U64(30)

@@ -66,8 +66,13 @@ KINDS = ("private_key", "aws_access_key", "github_token", "openai_key", "slack_t
          "password", "secret", "email", "credit_card", "iban", "us_ssn", "uk_nino", "ipv6", "ipv4", "phone")
 _PRIORITY = {kind: rank for rank, kind in enumerate(KINDS)}
 
-_HAS_DIGIT = re.compile(r"\d").search
-_SECRET_HINT = re.compile(r"AKIA|ASIA|gh[pousr]_|github_pat_|sk-|xox|AIza|-----BEGIN|(?i:pass|pwd|secret|key|token)").search
+_DIGITS = "0123456789"
+_SECRET_PREFIXES = ("AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "sk-", "xox", "AIza",
+                    "-----BEGIN")
+_SECRET_WORDS = ("pass", "pwd", "secret", "token", "key")
+_CLUSTER_GAP = 8  # digits at most this far apart belong to one candidate ("GB82 WEST 1234" spans 7)
+_CONTEXT = 8  # characters kept around a cluster (a "+", "(", or an IBAN/NINO's letters)
+_MAX_TOKEN = 40  # a window grows to the next whitespace, at most this much further
 _EMAIL = re.compile(r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![\w-])")
 # ungrouped, or grouped by one kind of separator: 4-4-4-4(-3) or 4-6-4/5 (Amex, Diners)
@@ -79,7 +84,7 @@ _PHONE = re.compile(
     r"|(?<![\w+-])0\d{2,4}[ -]\d{3,4}[ -]?\d{3,4}(?![\w-])"  # UK
     r"|(?<![\w+-])0[1-9](?:[ .]\d{2}){4}(?![\w-])")  # French-style pairs
 _IPV4 = re.compile(r"(?<![\w.])(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?!\.?\d|\w)")
-_IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{0,4}|\d{1,3}(?:\.\d{1,3}){3})(?![\w:])")
+_IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:][0-9A-Fa-f:.]{2,44}(?![\w:.])")  # then ipaddress decides
 _SSN = re.compile(r"(?<![\d-])(\d{3})-(\d{2})-(\d{4})(?![\d-])")
 _NINO = re.compile(r"(?<![A-Za-z0-9])([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]) ?\d{2} ?\d{2} ?\d{2} ?[A-D](?![A-Za-z0-9])")
 _IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Za-z0-9])")
@@ -93,8 +98,8 @@ _SECRETS = (
     ("slack_token", re.compile(r"(?<![\w-])xox[baprs]-[A-Za-z0-9-]{10,}(?![\w-])")),
     ("google_api_key", re.compile(r"(?<![\w-])AIza[0-9A-Za-z_-]{35}(?![\w-])")),
 )
-_ASSIGNMENT = re.compile(
-    r"(?i)\b(?:[a-z0-9]+[_-])*(pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|access[_-]?key)[\"']?"
+_ASSIGNMENT = re.compile(  # a key may be prefixed (db_password, client-secret) but not glued to a word (bypass)
+    r"(?i)(?<![a-z0-9])(pass(?:word|wd|phrase)?|pwd|secret|token|api[_-]?key|access[_-]?key)[\"']?"
     r"[ \t]*([:=])[ \t]*(?:\"([^\"\n]*)\"|'([^'\n]*)'"
     r"|(?![A-Za-z_][\w-]*[ \t]*[:=](?:[\s\"']|$))([^\s,;\"'&]+))")  # unquoted, and not the next key
 _PLACEHOLDERS = frozenset({"none", "null", "nil", "true", "false", "password", "passwd", "secret", "token",
@@ -110,13 +115,15 @@ def scan(text: str) -> list[PiiMatch]:
         return []
     found: list[PiiMatch] = []
     if "@" in text:
-        found += [PiiMatch("email", m.start(), m.end()) for m in _EMAIL.finditer(text)]
-    if _SECRET_HINT(text):
+        found += _emails(text)
+    if _contains_any(text, _SECRET_PREFIXES) or _contains_any(text.lower(), _SECRET_WORDS):
         found += _secrets(text)
-    if _HAS_DIGIT(text):
-        found += _numbers(text)
-    if text.count(":") >= 2:
-        found += [PiiMatch("ipv6", m.start(), m.end()) for m in _IPV6.finditer(text) if _is_ipv6(m.group())]
+    digits = _digit_positions(text)
+    if len(digits) >= 4:  # every number-like kind has at least 4 digits
+        found += _numbers(text, digits)
+    if text.count(":") >= 2 and (digits or "::" in text):
+        found += [PiiMatch("ipv6", m.start(), m.end()) for m in _IPV6.finditer(text)
+                  if m.group().count(":") >= 2 and _is_ipv6(m.group())]
     return _without_overlaps(found)
 
 
@@ -183,25 +190,86 @@ def _secrets(text: str) -> list[PiiMatch]:
     found = [PiiMatch(kind, m.start(), m.end()) for kind, pattern in _SECRETS for m in pattern.finditer(text)]
     for m in _ASSIGNMENT.finditer(text):
         group = next(g for g in (3, 4, 5) if m.group(g) is not None)
-        # after a colon, an unquoted plain word is prose ("password: choose a strong one")
-        prose = m.group(2) == ":" and group == 5 and m.group(group).isalpha()
+        # an unquoted plain word after a colon or a spaced "=" is prose ("password: choose one", "password= then")
+        spaced = m.group(2) == ":" or m.start(group) > m.end(2)
+        prose = group == 5 and spaced and m.group(group).rstrip(".,;!?").isalpha()
         if not prose and _is_real_secret(m.group(group)):
             kind = "password" if m.group(1).lower().startswith(("pass", "pwd")) else "secret"
             found.append(PiiMatch(kind, m.start(group), m.end(group)))
     return found
 
 
-def _numbers(text: str) -> list[PiiMatch]:
-    found = [card for m in _CARD.finditer(text) if (card := _card(m)) is not None]
-    found += [PiiMatch("us_ssn", m.start(), m.end()) for m in _SSN.finditer(text) if _is_ssn(*m.groups())]
-    found += [PiiMatch("uk_nino", m.start(), m.end()) for m in _NINO.finditer(text)
-              if m.group(1) not in {"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"}]
-    found += [PiiMatch("iban", m.start(), m.end()) for m in _IBAN.finditer(text) if _is_iban(m.group())]
-    if "." in text:
-        found += [PiiMatch("ipv4", m.start(), m.end()) for m in _IPV4.finditer(text)
-                  if _is_ipv4(m.groups()) and not _after_version_word(text, m.start())]
-    found += [PiiMatch("phone", m.start(), m.end()) for m in _PHONE.finditer(text) if _is_phone(m.group())]
+def _contains_any(text: str, needles: tuple[str, ...]) -> bool:
+    for needle in needles:
+        if needle in text:
+            return True
+    return False
+
+
+def _emails(text: str) -> list[PiiMatch]:
+    found = []
+    at = text.find("@")
+    while at != -1:
+        start, end = _window(text, at, at)
+        found += [PiiMatch("email", start + m.start(), start + m.end()) for m in _EMAIL.finditer(text[start:end])]
+        at = text.find("@", end)
     return found
+
+
+def _digit_positions(text: str) -> list[int]:
+    """Where the digits are: ten memchr-speed scans, cheaper than any regex over the text."""
+    positions: list[int] = []
+    for digit in _DIGITS:
+        at = text.find(digit)
+        while at != -1:
+            positions.append(at)
+            at = text.find(digit, at + 1)
+    positions.sort()
+    return positions
+
+
+def _numbers(text: str, digits: list[int]) -> list[PiiMatch]:
+    """Number-like kinds, looked for only in windows around clusters of digits."""
+    found: list[PiiMatch] = []
+    first = previous = digits[0]
+    count = 0
+    for position in digits + [len(text) + _CLUSTER_GAP + 1]:
+        if position - previous > _CLUSTER_GAP:
+            if count >= 4:
+                start, end = _window(text, first, previous)
+                found += _numbers_in(text, start, end)
+            first, count = position, 0
+        previous = position
+        count += 1
+    return found
+
+
+def _numbers_in(text: str, start: int, end: int) -> list[PiiMatch]:
+    window = text[start:end]
+    spans = [card for m in _CARD.finditer(window) if (card := _card(m)) is not None]
+    if "-" in window:
+        spans += [PiiMatch("us_ssn", m.start(), m.end()) for m in _SSN.finditer(window) if _is_ssn(*m.groups())]
+    if not window.islower():  # NINO and IBAN hold capital letters
+        spans += [PiiMatch("uk_nino", m.start(), m.end()) for m in _NINO.finditer(window)
+                  if m.group(1) not in {"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"}]
+        spans += [PiiMatch("iban", m.start(), m.end()) for m in _IBAN.finditer(window) if _is_iban(m.group())]
+    if "." in window:
+        spans += [PiiMatch("ipv4", m.start(), m.end()) for m in _IPV4.finditer(window)
+                  if _is_ipv4(m.groups()) and not _after_version_word(text, start + m.start())]
+    spans += [PiiMatch("phone", m.start(), m.end()) for m in _PHONE.finditer(window) if _is_phone(m.group())]
+    return [PiiMatch(kind, start + s, start + e) for kind, s, e in spans]
+
+
+def _window(text: str, first: int, last: int) -> tuple[int, int]:
+    """[first, last] with some context, grown to whitespace so that the
+    patterns' look-arounds see what they would see in the whole text."""
+    start, end = max(0, first - _CONTEXT), min(len(text), last + 1 + _CONTEXT)
+    floor, ceiling = max(0, start - _MAX_TOKEN), min(len(text), end + _MAX_TOKEN)
+    while start > floor and not text[start - 1].isspace():
+        start -= 1
+    while end < ceiling and not text[end].isspace():
+        end += 1
+    return start, end
 
 
 def _without_overlaps(found: list[PiiMatch]) -> list[PiiMatch]:

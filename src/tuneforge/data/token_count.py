@@ -70,6 +70,14 @@ class TokenCounter:
         self.max_seq_length = int(max_seq_length)
         self.costs = measure_template(tokenizer)
         self._plain_overhead = len(tokenizer("", add_special_tokens=True)["input_ids"])
+        # the Rust tokenizer's batch call skips transformers' per-call Python work (2-3x faster)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._encode_batch = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
+
+    def _lengths(self, pieces: list[str]) -> list[int]:
+        if self._encode_batch is not None:
+            return [len(encoding.ids) for encoding in self._encode_batch(pieces, add_special_tokens=False)]
+        return [len(ids) for ids in self.tokenizer(pieces, add_special_tokens=False)["input_ids"]]
 
     def estimate(self, examples: Sequence[Example]) -> list[int]:
         """Estimated token count of each example (one batched tokenizer call)."""
@@ -83,9 +91,8 @@ class TokenCounter:
                 constants[index] += extra
         counts = list(constants)
         if pieces:
-            encoded = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
-            for owner, ids in zip(owners, encoded):
-                counts[owner] += len(ids)
+            for owner, length in zip(owners, self._lengths(pieces)):
+                counts[owner] += length
         return counts
 
     def _fields(self, example: Example) -> list[tuple[str, int]]:

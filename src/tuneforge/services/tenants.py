@@ -71,3 +71,17 @@ def set_tier(session: Session, name: str, tier: str) -> Tenant:
         raise ApiError(404, f"no tenant named {name!r}", param="name", code="not_found")
     tenant.tier = tier
     return tenant
+
+
+PII_POLICIES = ("warn", "redact", "reject")
+
+
+def set_pii_policy(session: Session, name: str, policy: str) -> Tenant:
+    """The tenant's default for personal data and secrets in training data (a job may override it)."""
+    if policy not in PII_POLICIES:
+        raise invalid(f"PII policy must be one of {', '.join(PII_POLICIES)}", param="policy")
+    tenant = tenant_repo.by_name(session, name)
+    if tenant is None:
+        raise ApiError(404, f"no tenant named {name!r}", param="name", code="not_found")
+    tenant.pii_policy = policy
+    return tenant

@@ -52,6 +52,15 @@ def dataset_key(tenant_id: str, dataset_id: str, name: str) -> str:
     return f"{dataset_prefix(tenant_id, dataset_id)}/{_part(name)}"
 
 
+def tokenized_key(dataset_file_key: str, ident: str) -> str | None:
+    """Tokenized cache beside a prepared dataset file; None for any other file
+    (only prepared datasets are content-addressed, so only they can be cached)."""
+    folder, _, name = dataset_file_key.rpartition("/")
+    if "/datasets/ds-" not in f"/{folder}":
+        return None
+    return f"{folder}/tokenized/{_part(name)}-{_part(ident)}.npz"
+
+
 def eval_sets_prefix() -> str:
     return "eval-sets"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,13 +15,56 @@ from tuneforge.data.errors import BadDataError
 from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_example
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
+from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
 
+TOKENIZED_FORMAT_VERSION = 1
+
+
 def load_tokenized(
+    store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+    base_model_sha256: str = "",
+) -> list[TokenizedExample]:
+    """Every example of a JSONL file in the store, tokenized; `BadDataError`s name the line.
+
+    A prepared dataset's tokens are cached beside it, keyed by the base model
+    (tokenizer and chat template are part of its SHA), max_seq_length and
+    train_on_inputs: a later job or attempt on the same data skips tokenization.
+    """
+    ident = hashlib.sha256(
+        f"{TOKENIZED_FORMAT_VERSION}|{base_model_sha256}|{hp.max_seq_length}|{hp.train_on_inputs}".encode()
+    ).hexdigest()[:24]
+    cache_key = layout.tokenized_key(ref.key, ident) if base_model_sha256 else None
+    if cache_key and store.exists(cache_key):
+        return _read_tokenized(store.get_bytes(cache_key))
+    examples = _tokenize_file(store, ref, tokenizer, hp, label=label)
+    if cache_key:
+        store.put_bytes(cache_key, _write_tokenized(examples))
+    return examples
+
+
+def _write_tokenized(examples: list[TokenizedExample]) -> bytes:
+    lengths = np.array([len(e.input_ids) for e in examples], dtype=np.int64)
+    buffer = io.BytesIO()
+    np.savez(
+        buffer, lengths=lengths,
+        input_ids=np.fromiter((t for e in examples for t in e.input_ids), dtype=np.int32, count=int(lengths.sum())),
+        labels=np.fromiter((t for e in examples for t in e.labels), dtype=np.int32, count=int(lengths.sum())),
+    )
+    return buffer.getvalue()
+
+
+def _read_tokenized(data: bytes) -> list[TokenizedExample]:
+    arrays = np.load(io.BytesIO(data))
+    offsets = np.concatenate([[0], np.cumsum(arrays["lengths"])])
+    input_ids, labels = arrays["input_ids"].tolist(), arrays["labels"].tolist()
+    return [TokenizedExample(input_ids[a:b], labels[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _tokenize_file(
     store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str
 ) -> list[TokenizedExample]:
-    """Every example of a JSONL file in the store, tokenized; `BadDataError`s name the line."""
     examples: list[TokenizedExample] = []
     line_number = 0
     try:

@@ -147,3 +147,23 @@ def test_pii_reject_policy_fails_with_the_line(env):
     scheduler._validate_new_jobs()
     job = http.get(f"/v1/fine_tuning/jobs/{job_id}", headers=auth).json()
     assert job["status"] == "failed" and job["error"]["code"] == "pii_found" and "line 5" in job["error"]["message"]
+
+
+def test_uploads_overlapping_a_platform_eval_set_are_flagged(env, tmp_path):
+    platform, http, sdk, auth, _other, _ = env
+    from tuneforge.services import eval_sets
+
+    eval_item = ("Describe the procedure for calibrating the optical sensor array before the first measurement "
+                 "run of the season, including the reference target and the tolerance that must be reached.")
+    eval_path = tmp_path / "golden.jsonl"
+    eval_path.write_text(json.dumps({"prompt": eval_item, "completion": "See the manual."}) + "\n")
+    eval_sets.add_platform_eval_set(platform.store, "golden", eval_path)
+    rows = [chat(i) for i in range(12)]
+    rows[2] = {"messages": [{"role": "user", "content": eval_item}, {"role": "assistant", "content": "Sure."}]}
+    rows[3] = {"messages": [{"role": "user", "content": "Describe the procedure for calibrating the optical "
+                                                        "sensor quickly."}, {"role": "assistant", "content": "Ok."}]}
+    file_id = upload(sdk, jsonl(rows))
+    report = http.get(f"/v1/files/{file_id}/validation", headers=auth).json()
+    assert report["contamination"]["counts"] == {"contamination": 1}
+    assert report["contamination"]["first"][0]["line"] == 3
+    assert report["contamination"]["first"][0]["source"] == "platform:golden"

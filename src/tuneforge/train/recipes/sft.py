@@ -129,9 +129,10 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
         f"attempt {spec.attempt} started on {device.type}",
         data={"device": device.type, "threads": threads, "base_model_parameters": model.num_parameters()},
     ))
-    train_set = load_tokenized(store, spec.training_file, tokenizer, hp, label="training")
+    base_sha = spec.base_model.sha256
+    train_set = load_tokenized(store, spec.training_file, tokenizer, hp, label="training", base_model_sha256=base_sha)
     valid_set = (
-        load_tokenized(store, spec.validation_file, tokenizer, hp, label="validation")
+        load_tokenized(store, spec.validation_file, tokenizer, hp, label="validation", base_model_sha256=base_sha)
         if spec.validation_file else []
     )
     model = build_lora_model(model, spec.lora, seed=spec.seed)
