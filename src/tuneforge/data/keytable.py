@@ -34,8 +34,6 @@ _HOME_MULTIPLIERS = (_U64(0x9E3779B97F4A7C15), _U64(0xC2B2AE3D27D4EB4F))
 _BUCKET = 4
 _MIN_HOME_BUCKETS = 1 << 10
 _OVERFLOW_BUCKETS = 1 << 10  # spare buckets past the last home bucket, for the rare chains
-_GROWTH = 1.5
-_REBUILD_SLICE = 1 << 14
 _SCALAR_TAIL = 32  # a batch's last keys are finished one by one
 MAX_VALUE = 0xFFFFFFFE
 
@@ -167,14 +165,24 @@ class KeyTable:
         self._count += 1
 
     def _grow(self, needed: int) -> None:
-        live = self._tags != 0
-        tags, encoded = self._tags[live], self._values[live]
-        home = self._home_buckets
-        while needed > self._max_load * home * _BUCKET:
-            home = int(home * _GROWTH)
-        self._allocate(home)
-        for start in range(0, len(tags), _REBUILD_SLICE):  # slices: later ones see earlier ones' fill
-            self._probe(tags[start : start + _REBUILD_SLICE], encoded[start : start + _REBUILD_SLICE])
+        """Double the home buckets until `needed` keys fit. With multiply-shift
+        homes, doubling sends both homes of every key in old bucket b to new
+        bucket 2b or 2b + 1, so each key moves to a child of its bucket in the
+        same column: a vectorised copy, no probing. Keys that had chained past
+        their homes are inserted again."""
+        while needed > self._max_load * self._home_buckets * _BUCKET:
+            old_tags, old_values, old_buckets, count = self._tags, self._values, self._home_buckets, self._count
+            self._allocate(old_buckets * 2)
+            bucket, column = np.nonzero(old_tags)
+            tags, values = old_tags[bucket, column], old_values[bucket, column]
+            first, second = self._homes(tags)
+            at_first, at_second = first >> 1 == bucket, second >> 1 == bucket
+            home = at_first | at_second
+            child = np.where(at_first, first, second)[home]
+            self._tags[child, column[home]] = tags[home]
+            self._values[child, column[home]] = values[home]
+            self._count = count - int(np.count_nonzero(~home))
+            self._probe(tags[~home], values[~home])
 
     def _allocate(self, home_buckets: int) -> None:
         self._home_buckets = home_buckets
