@@ -1,0 +1,150 @@
+"""Dataset check throughput: tuneforge's pipeline against a straightforward baseline.
+
+    python benchmarks/data_pipeline.py [--rows 1000000] [--baseline-rows 20000]
+
+Generates synthetic chat examples (system + user + assistant, 150-700
+characters, with planted exact and near duplicates), then measures, each in
+its own process so peak RSS is that run's alone:
+
+- tuneforge: `data.pipeline.check_dataset` — streaming parse and validation,
+  token counting with the base model's tokenizer and chat template, exact and
+  near (MinHash LSH, char 5-grams, Jaccard 0.9) dedup, PII scan, stats;
+- baseline: per-row `json.loads`, per-row `apply_chat_template(tokenize=True)`
+  and per-row `datasketch.MinHash` (128 permutations, char 5-grams) with
+  `MinHashLSH` insert + query — what one writes by hand — on the first
+  `--baseline-rows` rows (its rate does not depend on the row count).
+
+Both use the same tokenizer: the tiny demo model's byte-level BPE with its
+ChatML template (built here; no download). Prints rows/s, peak RSS and the
+speed-up. Nothing here is a test; figures go to docs/benchmarks-data.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORDS = ("the model reads writes returns checks stores sends loads builds updates prints parses trains finds keeps "
+         "file list numbers answer line config record result strings code table key value report error data "
+         "server request worker cache queue batch token vector layer weight gradient loss step epoch").split()
+
+
+def generate(path: Path, rows: int, seed: int = 0) -> dict[str, int]:
+    rng = random.Random(seed)
+    planted = {"exact": 0, "near": 0}
+    previous: list[dict] = []
+    with open(path, "w") as out:
+        for i in range(rows):
+            roll = rng.random()
+            if previous and roll < 0.01:
+                record = rng.choice(previous)  # exact duplicate
+                planted["exact"] += 1
+            elif previous and roll < 0.02:
+                base = rng.choice(previous)
+                answer = base["messages"][2]["content"]
+                record = json.loads(json.dumps(base))
+                record["messages"][2]["content"] = answer + " ok"  # near duplicate
+                planted["near"] += 1
+            else:
+                question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 40)))
+                answer = " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 90)))
+                record = {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                       {"role": "user", "content": f"{question} (case {i})?"},
+                                       {"role": "assistant", "content": answer}]}
+                if len(previous) < 5000:
+                    previous.append(record)
+                elif rng.random() < 0.01:
+                    previous[rng.randrange(len(previous))] = record
+            out.write(json.dumps(record) + "\n")
+    return planted
+
+
+def run_tuneforge(data: Path, model_dir: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    from tuneforge.data.pipeline import CheckOptions, check_dataset
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    started = time.perf_counter()
+    report = check_dataset(data, CheckOptions(max_seq_length=512, min_examples=1), tokenizer=tokenizer)
+    elapsed = time.perf_counter() - started
+    return {"rows": report.num_rows, "seconds": elapsed, "ok": report.ok,
+            "duplicates": report.duplicates.counts, "tokens": report.tokens.total}
+
+
+def run_baseline(data: Path, model_dir: Path, rows: int) -> dict:
+    from datasketch import MinHash, MinHashLSH
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lsh = MinHashLSH(threshold=0.9, num_perm=128)
+    duplicates = tokens = done = 0
+    started = time.perf_counter()
+    with open(data) as handle:
+        for index, line in enumerate(handle):
+            if index >= rows:
+                break
+            record = json.loads(line)
+            messages = record["messages"]
+            tokens += len(tokenizer.apply_chat_template(messages, tokenize=True))
+            text = " ".join(m["content"].lower() for m in messages)
+            signature = MinHash(num_perm=128)
+            for start in range(max(1, len(text) - 4)):
+                signature.update(text[start:start + 5].encode())
+            if lsh.query(signature):
+                duplicates += 1
+            else:
+                lsh.insert(str(index), signature)
+            done += 1
+    return {"rows": done, "seconds": time.perf_counter() - started, "duplicates": duplicates, "tokens": tokens}
+
+
+def _child(kind: str, data: Path, model_dir: Path, rows: int) -> dict:
+    """Run one side in a fresh interpreter; returns its figures and peak RSS."""
+    code = (f"import json, resource, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"import data_pipeline as b; from pathlib import Path; "
+            f"r = b.run_tuneforge(Path({str(data)!r}), Path({str(model_dir)!r})) if {kind!r} == 'tuneforge' "
+            f"else b.run_baseline(Path({str(data)!r}), Path({str(model_dir)!r}), {rows}); "
+            f"r['peak_rss_mib'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024; print(json.dumps(r))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TOKENIZERS_PARALLELISM": "true"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--baseline-rows", type=int, default=20_000)
+    args = parser.parse_args()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    print(f"machine: {os.cpu_count()} cores, {cpu}; Python {platform.python_version()}")
+    with tempfile.TemporaryDirectory(prefix="tuneforge-bench-") as scratch:
+        from tuneforge.demo.tiny_model import build_tiny_model
+
+        model_dir = build_tiny_model(Path(scratch) / "model")
+        data = Path(scratch) / "chat.jsonl"
+        started = time.perf_counter()
+        planted = generate(data, args.rows)
+        print(f"generated {args.rows} rows ({data.stat().st_size / 2**20:.0f} MiB) in "
+              f"{time.perf_counter() - started:.0f} s; planted {planted}")
+        ours = _child("tuneforge", data, model_dir, args.rows)
+        base = _child("baseline", data, model_dir, args.baseline_rows)
+    ours_rate, base_rate = ours["rows"] / ours["seconds"], base["rows"] / base["seconds"]
+    print(f"{'':12}{'rows':>10}{'seconds':>10}{'rows/s':>10}{'peak RSS MiB':>14}")
+    for name, result, rate in (("tuneforge", ours, ours_rate), ("baseline", base, base_rate)):
+        print(f"{name:12}{result['rows']:>10}{result['seconds']:>10.1f}{rate:>10.0f}{result['peak_rss_mib']:>14.0f}")
+    print(f"tuneforge duplicates found: {ours['duplicates']}; tokens counted: {ours['tokens']}")
+    print(f"speed-up over the baseline: {ours_rate / base_rate:.1f}x  (goal: >= 20,000 rows/s, < 2 GiB, >= 5x)")
+
+
+if __name__ == "__main__":
+    main()
