@@ -1,8 +1,9 @@
 """Exact and near duplicates, streaming: each text is compared with every text added before it.
 
-Exact: the 64-bit hash of the normalised text (`minhash.normalize_text`: NFKC,
+Exact: a 64-bit hash of the normalised text (`minhash.normalize_text`: NFKC,
 casefold, whitespace collapsed, stripped). A repeat is reported with the line
-of the first occurrence.
+of the first occurrence. (The hash is Python's string hash, salted per
+process: that changes which table slots are used, never a result.)
 
 Near: MinHash LSH over character n-grams (default 5) of the normalised text
 (one-permutation MinHash, see `minhash`). Band keys of every distinct text go
@@ -10,18 +11,18 @@ into one table; a text sharing a band key with an earlier text makes a
 candidate pair, and a candidate is reported only if the **exact** Jaccard
 similarity of the two n-gram sets reaches the threshold — so a pair at 0.85
 is never reported at 0.9, whatever the hashing does. The earlier text is read
-back from a spool (`rowstore.TextSpool`: memory up to 64 MiB, then a deleted
-temporary file); a 4-bit signature estimate first drops candidates far below
-the threshold (by PREFILTER_MARGIN, > 5 standard deviations), so the spool is
-read for real near-duplicates only.
+back from a spool (`rowstore.TextSpool`, an anonymous temporary file). A
+4-bit signature estimate first drops candidates far below the threshold (by
+PREFILTER_MARGIN, > 5 standard deviations), so the spool is read back for
+real near-duplicates only.
 
-Bands: 12 bands of 10 values at num_perm 128 and threshold 0.9, chosen so a
-pair exactly at the threshold shares a band with probability ≥ 0.99.
+Bands (`lsh_bands`): 6 bands of 5 values at threshold 0.9 — a pair at the
+threshold is a candidate with probability 0.995 (0.998 at 0.92).
 
-Memory per row with the defaults: ~12 band-table slots (8 bytes each, table
-up to 80% full), a 4-bit signature (64 bytes), an exact-table slot, its full
-key and its line (~26 bytes): ~200 bytes, ~200 MB for a million rows. Texts
-go to the spool, not to memory.
+Memory per row with the defaults: 6 band-table slots (8 bytes each, the table
+40-80% full), a 4-bit signature (64 bytes), an exact-table slot, the full key
+and the line (~26 bytes): measured 160 MiB of indexes for a million rows
+(`nbytes`). Texts go to the spool, not to memory.
 """
 
 from __future__ import annotations
@@ -32,32 +33,51 @@ import numpy as np
 
 from tuneforge.data.example import Example, Finding
 from tuneforge.data.keytable import KeyTable
-from tuneforge.data.minhash import MinHasher, mix64, ngram_set, normalize_batch
+from tuneforge.data.minhash import MinHasher, mix64, normalize_batch, pack_normalized
 from tuneforge.data.rowstore import GrowingInts, PackedSignatures, TextSpool
 
 CHUNK_ROWS = 2048  # rows sketched together: big enough for numpy, small enough to stay in cache
 PREFILTER_MARGIN = 0.15  # candidates whose estimate is this far below the threshold are not read back
-MIN_CANDIDATE_RECALL = 0.99  # LSH: chance a pair exactly at the threshold shares a band
+CANDIDATE_RECALL = 0.995  # LSH: chance that a pair exactly at the threshold shares a band
+FAR_BELOW, MAX_FAR_CANDIDATES = 0.4, 0.2  # ... and at most this chance for a pair this far below it
 _BAND_WEIGHT_SEED = 7
 
 
 def lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
-    """(bands, rows per band): the most rows per band (fewest spurious
-    candidates) that still finds a pair at the threshold with
-    MIN_CANDIDATE_RECALL."""
-    for rows in range(num_perm, 0, -1):
-        bands = num_perm // rows
-        if 1 - (1 - threshold**rows) ** bands >= MIN_CANDIDATE_RECALL:
-            return bands, rows
+    """(bands, rows per band). Verification is exact, so LSH only has to find
+    the pairs: the fewest bands (each is a table lookup per row) such that a
+    pair at the threshold becomes a candidate with probability ≥ CANDIDATE_RECALL
+    while a pair FAR_BELOW under it does so at most MAX_FAR_CANDIDATES of the
+    time (those are dropped by the signature estimate before any text is read).
+    Threshold 0.9 at num_perm 128: 6 bands of 5."""
+    far = max(threshold - FAR_BELOW, 0.05)
+    for bands in range(1, num_perm + 1):
+        for rows in range(num_perm // bands, 0, -1):
+            if (_candidate_chance(threshold, rows, bands) >= CANDIDATE_RECALL
+                    and _candidate_chance(far, rows, bands) <= MAX_FAR_CANDIDATES):
+                return bands, rows
     return num_perm, 1
 
 
+def _candidate_chance(similarity: float, rows: int, bands: int) -> float:
+    return 1 - (1 - similarity**rows) ** bands
+
+
 class Deduplicator:
-    """Streaming exact + near duplicate detection; the first occurrence is kept."""
+    """Streaming exact + near duplicate detection; the first occurrence is kept.
+
+    threshold: Jaccard similarity of the character n-gram sets from which a pair
+        is a near duplicate (exact, not estimated).
+    num_perm: MinHash values per text; more gives LSH bands a finer choice and
+        the pre-filter a tighter estimate, at more time and 0.5 byte a value.
+    ngram_chars: characters per n-gram (1-8).
+    seed: the hash functions; findings do not depend on it (verification is
+        exact) except through which pairs LSH proposes.
+    near: False for exact duplicates only (no sketches: ~4x faster).
+    """
 
     def __init__(self, threshold: float = 0.9, num_perm: int = 128, ngram_chars: int = 5, seed: int = 0,
                  near: bool = True) -> None:
-        """`near=False`: exact duplicates only (no sketches, a fraction of the cost)."""
         if not 0.0 < threshold <= 1.0:
             raise ValueError("threshold must be within (0, 1]")
         self.threshold = threshold
@@ -107,7 +127,7 @@ class Deduplicator:
 
     @property
     def spooled_bytes(self) -> int:
-        """Normalised text kept for exact verification (in memory up to 64 MiB, then on disk)."""
+        """Normalised text kept on disk for exact verification."""
         return self._texts.size_bytes
 
     def _add_chunk(self, lines: list[int], texts: list[str]) -> list[Finding]:
@@ -129,8 +149,8 @@ class Deduplicator:
         near = (earlier < 0) & (batch.lengths >= self._hasher.ngram_chars)
         self._texts.extend([text if keep else "" for text, keep in zip(batch.texts, near.tolist())])
         rows = np.flatnonzero(near)
-        findings += self._near_duplicates(signature[rows], row_ids[rows], [lines[i] for i in rows],
-                                          {int(row_ids[i]): batch.texts[i] for i in rows})
+        findings += self._near_duplicates(signature[rows], row_ids[rows], [lines[i] for i in rows.tolist()],
+                                          batch.texts, int(row_ids[0]))
         findings.sort(key=lambda finding: finding.line)
         return findings
 
@@ -145,7 +165,8 @@ class Deduplicator:
         return earlier
 
     def _near_duplicates(self, signature: np.ndarray, row_ids: np.ndarray, lines: list[int],
-                         chunk_texts: dict[int, str]) -> list[Finding]:
+                         chunk_texts: list[str], chunk_first_id: int) -> list[Finding]:
+        """Near duplicates among the chunk's rows `row_ids` (chunk_texts[i] is row chunk_first_id + i)."""
         if not len(row_ids):
             return []
         query = np.repeat(row_ids, self._bands)
@@ -156,33 +177,48 @@ class Deduplicator:
             return []
         pairs = np.unique(np.stack([query[keep], candidate[keep]], axis=1), axis=0)  # by (query, candidate)
         hopeful = self._signatures.similarity(pairs[:, 0], pairs[:, 1]) >= self.threshold - PREFILTER_MARGIN
-        pairs = pairs[hopeful].tolist()
-        earlier_texts = self._texts.get([c for _, c in pairs if c not in chunk_texts])
-        texts = {**earlier_texts, **chunk_texts}
+        pairs = pairs[hopeful]
+        if not len(pairs):
+            return []
+        involved = set(pairs.ravel().tolist())
+        texts = self._texts.get([row for row in involved if row < chunk_first_id])
+        texts.update((row, chunk_texts[row - chunk_first_id]) for row in involved if row >= chunk_first_id)
+        similarity = self._exact_jaccard(pairs, texts)
+        passed = similarity >= self.threshold
+        pairs, similarity = pairs[passed], similarity[passed]
+        # pairs are sorted by (query, candidate): a query's first passing pair is its earliest match
+        _, first_pair = np.unique(pairs[:, 0], return_index=True)
         line_of = dict(zip(row_ids.tolist(), lines))
-        findings: list[Finding] = []
-        grams: dict[int, frozenset[str]] = {}
-        settled: set[int] = set()
-        for row, other in pairs:  # a row's candidates come earliest first: its first match wins
-            if row in settled:
-                continue
-            similarity = self._jaccard(row, other, texts, grams)
-            if similarity >= self.threshold:
-                settled.add(row)
-                findings.append(Finding(line=line_of[row], kind="near_duplicate",
-                                        detail={"duplicate_of": self._row_lines[other],
-                                                "jaccard": round(similarity, 4)}))
-        return findings
+        return [Finding(line=line_of[int(pairs[i, 0])], kind="near_duplicate",
+                        detail={"duplicate_of": self._row_lines[pairs[i, 1]],
+                                "jaccard": round(float(similarity[i]), 4)})
+                for i in first_pair]
 
-    def _jaccard(self, row: int, other: int, texts: dict[int, str], grams: dict[int, frozenset[str]]) -> float:
-        for key in (row, other):
-            if key not in grams:
-                grams[key] = ngram_set(texts[key], self._hasher.ngram_chars)
-        union = len(grams[row] | grams[other])
-        return len(grams[row] & grams[other]) / union if union else 1.0
+    def _exact_jaccard(self, pairs: np.ndarray, texts: dict[int, str]) -> np.ndarray:
+        """Jaccard of the n-gram sets of each pair, on the 64-bit n-gram hashes
+        (for Latin-1 text an n-gram's hash is a bijection of its characters, so
+        this is the exact set Jaccard; elsewhere up to 2**-64 collisions)."""
+        rows = sorted(set(pairs.ravel().tolist()))
+        batch = pack_normalized([texts[row] for row in rows])
+        hashes = self._hasher.ngram_hashes(batch, np.zeros(len(rows), dtype=np.uint64))
+        sets = {row: _distinct(hashes[start : end + 1])
+                for row, start, end in zip(rows, batch.starts.tolist(), batch.ends.tolist())}
+        similarity = np.empty(len(pairs))
+        for i, (row, other) in enumerate(pairs.tolist()):
+            merged = np.concatenate([sets[row], sets[other]])
+            merged.sort()
+            shared = int(np.count_nonzero(merged[1:] == merged[:-1]))
+            similarity[i] = shared / (len(merged) - shared)
+        return similarity
 
     def _band_keys(self, signature: np.ndarray) -> np.ndarray:
         used = signature[:, : self._bands * self._rows_per_band].astype(np.uint64)
         bands = used.reshape(len(signature), self._bands, self._rows_per_band)
         keys = (bands * self._band_weights).sum(axis=2, dtype=np.uint64) + self._band_salts
         return mix64(keys)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hashing path is slower on a few hundred values)."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))]

@@ -12,8 +12,8 @@ row ids.
 
 Only the high 32 bits of a key are kept (its tag; tag 0 marks a free slot, so
 keys whose tag would be 0 use 1). Two keys with one tag are one key to this
-table: callers verify what it answers (dedup checks signatures, exact dedup
-the full key).
+table: callers verify what it answers (near dedup verifies every candidate,
+exact dedup compares the full key).
 
 Layout: two-choice hashing over buckets of 4 slots. Each tag has two home
 buckets; it is in one of them, or — if both were full when it came — in the
@@ -35,6 +35,7 @@ _BUCKET = 4
 _MIN_HOME_BUCKETS = 1 << 10
 _OVERFLOW_BUCKETS = 1 << 10  # spare buckets past the last home bucket, for the rare chains
 _SCALAR_TAIL = 32  # a batch's last keys are finished one by one
+_GROW_SLICE_BUCKETS = 1 << 16  # buckets moved together when the table doubles
 MAX_VALUE = 0xFFFFFFFE
 
 
@@ -74,8 +75,9 @@ class KeyTable:
             mine = tags[pending]
             homes = self._homes(mine)
             # per home: bitmasks of the slots holding this tag, and of the free slots
-            matches = [_bitmask(np.take(self._tags, home, axis=0) == mine[:, None]) for home in homes]
-            frees = [_bitmask(np.take(self._tags, home, axis=0) == 0) for home in homes]
+            rows = [np.take(self._tags, home, axis=0) for home in homes]
+            matches = [_bitmask(row == mine[:, None]) for row in rows]
+            frees = [_bitmask(row == 0) for row in rows]
             in_second = matches[0] == 0
             present = ~in_second | (matches[1] != 0)
             hit = np.flatnonzero(present)
@@ -137,27 +139,46 @@ class KeyTable:
                     bucket, row = (second, rows[1]) if second_side else (first, rows[0])
                     self._store(bucket, row.index(0), tag, encoded[i])
                 else:
-                    found[i] = self._probe_chain(tags[i : i + 1], encoded[i : i + 1], np.array([second + 1]))[0]
+                    found[i] = self._chain_one(tag, encoded[i], second + 1)
         return found
 
     def _probe_chain(self, tags: np.ndarray, encoded: np.ndarray, buckets: np.ndarray) -> np.ndarray:
-        """Bucket-by-bucket probing after the second home, one key at a time."""
+        """Bucket-by-bucket probing after the second home (both homes were full),
+        vectorised over the keys; the last few go one by one."""
         found = np.full(len(tags), -1, dtype=np.int64)
-        for i, (tag, bucket) in enumerate(zip(tags.tolist(), buckets.tolist())):
-            while True:
-                if bucket >= len(self._tags):  # ran off the spare buckets: grow, then start over
-                    self._grow(self._count + len(tags))
-                    found[i:] = self._probe(tags[i:], encoded[i:])
-                    return found
-                row = self._tags[bucket].tolist()
-                if tag in row:
-                    found[i] = _ENCODE - int(self._values[bucket, row.index(tag)])
-                    break
-                if 0 in row:
-                    self._store(bucket, row.index(0), tag, encoded[i])
-                    break
-                bucket += 1
+        pending = np.arange(len(tags))
+        while pending.size > _SCALAR_TAIL:
+            if buckets.max() >= len(self._tags):  # ran off the spare buckets
+                break
+            rows, mine = np.take(self._tags, buckets, axis=0), tags[pending]
+            matches, frees = _bitmask(rows == mine[:, None]), _bitmask(rows == 0)
+            hit = np.flatnonzero(matches)
+            found[pending[hit]] = _ENCODE - self._values[buckets[hit], _LOWEST_BIT[matches[hit]]].astype(np.int64)
+            claim = np.flatnonzero((matches == 0) & (frees != 0))
+            column = _SPREAD_BIT[frees[claim] * _BUCKET + (mine[claim] & _U32(_BUCKET - 1))]
+            won, repeat_of = self._claim(buckets[claim] * _BUCKET + column, mine[claim], encoded[pending[claim]])
+            found[pending[claim[won]]] = repeat_of[won]
+            settled = np.zeros(len(pending), dtype=bool)
+            settled[hit] = settled[claim[won]] = True
+            moved = buckets + ((matches == 0) & (frees == 0))  # losers of a claim look at the same bucket again
+            pending, buckets = pending[~settled], moved[~settled]
+        for i, tag, bucket in zip(pending.tolist(), tags[pending].tolist(), buckets.tolist()):
+            found[i] = self._chain_one(tag, encoded[i], bucket)
         return found
+
+    def _chain_one(self, tag: int, encoded: np.uint32, bucket: int) -> int:
+        """One key's chain from `bucket` on: its stored value, or -1 once inserted."""
+        while True:
+            if bucket >= len(self._tags):  # ran off the spare buckets: grow, then start over
+                self._grow(int(self._max_load * self._home_buckets * _BUCKET) * 2)  # double once
+                return int(self._probe(np.array([tag], dtype=_U32), np.array([encoded], dtype=_U32))[0])
+            row = self._tags[bucket].tolist()
+            if tag in row:
+                return _ENCODE - int(self._values[bucket, row.index(tag)])
+            if 0 in row:
+                self._store(bucket, row.index(0), tag, encoded)
+                return -1
+            bucket += 1
 
     def _store(self, bucket: int, column: int, tag: int, encoded: np.uint32) -> None:
         self._tags[bucket, column] = tag
@@ -168,21 +189,29 @@ class KeyTable:
         """Double the home buckets until `needed` keys fit. With multiply-shift
         homes, doubling sends both homes of every key in old bucket b to new
         bucket 2b or 2b + 1, so each key moves to a child of its bucket in the
-        same column: a vectorised copy, no probing. Keys that had chained past
+        same column: a vectorised copy, no probing, done a slice of buckets at
+        a time to keep the temporary arrays small. Keys that had chained past
         their homes are inserted again."""
         while needed > self._max_load * self._home_buckets * _BUCKET:
-            old_tags, old_values, old_buckets, count = self._tags, self._values, self._home_buckets, self._count
-            self._allocate(old_buckets * 2)
-            bucket, column = np.nonzero(old_tags)
-            tags, values = old_tags[bucket, column], old_values[bucket, column]
-            first, second = self._homes(tags)
-            at_first, at_second = first >> 1 == bucket, second >> 1 == bucket
-            home = at_first | at_second
-            child = np.where(at_first, first, second)[home]
-            self._tags[child, column[home]] = tags[home]
-            self._values[child, column[home]] = values[home]
-            self._count = count - int(np.count_nonzero(~home))
-            self._probe(tags[~home], values[~home])
+            old_tags, old_values, count = self._tags, self._values, self._count
+            self._allocate(self._home_buckets * 2)
+            chained: list[tuple[np.ndarray, np.ndarray]] = []
+            for first_bucket in range(0, len(old_tags), _GROW_SLICE_BUCKETS):
+                block = old_tags[first_bucket : first_bucket + _GROW_SLICE_BUCKETS]
+                bucket, column = np.nonzero(block)
+                tags, values = block[bucket, column], old_values[first_bucket + bucket, column]
+                bucket += first_bucket
+                first, second = self._homes(tags)
+                at_first, at_second = first >> 1 == bucket, second >> 1 == bucket
+                home = at_first | at_second
+                child = np.where(at_first, first, second)[home]
+                self._tags[child, column[home]] = tags[home]
+                self._values[child, column[home]] = values[home]
+                chained.append((tags[~home], values[~home]))
+            del old_tags, old_values
+            tags, values = (np.concatenate(parts) for parts in zip(*chained))
+            self._count = count - len(tags)
+            self._probe(tags, values)
 
     def _allocate(self, home_buckets: int) -> None:
         self._home_buckets = home_buckets

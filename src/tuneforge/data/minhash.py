@@ -9,13 +9,14 @@ densification (Shrivastava 2017): each n-gram hash picks one of `num_perm`
 bins by its top bits and competes for that bin's minimum with its low 32
 bits; bins no n-gram fell into borrow the value of a bin chosen by a fixed
 probe sequence. Like classic MinHash, the chance that two texts agree in a bin
-is their Jaccard similarity, but the cost is O(n-grams), not O(n-grams ×
-num_perm) — which is what lets plain numpy sketch 100k+ texts a second.
+is their Jaccard similarity (test_dedup's estimator check: unbiased, spread
+sqrt(J(1-J)/num_perm)), but the cost is O(n-grams), not O(n-grams × num_perm)
+— which is what lets plain numpy sketch ~150k texts a second here.
 
-Why not rensa: its batch sketches (`digest_matrix_from_flat_token_hashes`)
-are fast but come back as an opaque matrix whose only export is Python lists
-(~10 µs a row), and its LSH answers "has a candidate" without saying which
-row; dedup needs the earlier line and the signature to verify against.
+Why not rensa (0.5): its batch sketch (`digest_matrix_from_flat_token_hashes`)
+is fast, but comes back as an opaque matrix whose only export is Python lists
+(~10 µs a row), and its LSH answers "this row has a candidate" without saying
+which; dedup needs the earlier row, its signature and its text to verify.
 
 Texts are processed as one buffer per batch: joined with NUL, normalised with
 str methods, viewed as a numpy array of code units (1 byte a character when
@@ -26,6 +27,7 @@ compare correctly.
 
 from __future__ import annotations
 
+import sys
 import unicodedata
 from dataclasses import dataclass
 
@@ -36,26 +38,23 @@ import numpy as np
 # batch separator, counts as whitespace too but is replaced before joining.
 _WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\u1680\u2028\u2029"
 _TO_SPACE = str.maketrans({c: " " for c in _WHITESPACE})
+_ASCII_WHITESPACE = bytes(ord(c) for c in _WHITESPACE if ord(c) < 128)
+_ASCII_TO_SPACE = bytes.maketrans(_ASCII_WHITESPACE, b" " * len(_ASCII_WHITESPACE))
 _SEP = "\x00"
 _SPACE = 32
 _EMPTY_BIN = np.uint32(0xFFFFFFFF)
 _U64 = np.uint64
-_MUL_A = _U64(0x9E3779B97F4A7C15)
 _MUL_B = _U64(0xBF58476D1CE4E5B9)
 _MUL_C = _U64(0x94D049BB133111EB)
 _POLY_BASE = _U64(0x100000001B3)  # FNV prime: odd, so the polynomial is a bijection per position
 _NON_LATIN_DOMAIN = _U64(1 << 63)
 _PROBE_ROUNDS = 8
+_LOW_WORD = 0 if sys.byteorder == "little" else 1  # which uint32 of a uint64 holds its low bits
 
 
 def normalize_text(text: str) -> str:
     """The normalised form exact dedup compares (the scalar reference of the batch path)."""
     return " ".join(unicodedata.normalize("NFKC", text).casefold().replace(_SEP, " ").split())
-
-
-def ngram_set(normalized: str, n: int) -> frozenset[str]:
-    """The character n-grams of a normalised text (the text itself when shorter than n)."""
-    return frozenset(normalized[i : i + n] for i in range(len(normalized) - n + 1)) or frozenset((normalized,))
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -83,16 +82,28 @@ class NormalizedBatch:
 
 
 def normalize_batch(texts: list[str]) -> NormalizedBatch:
-    joined = _SEP.join(texts)
-    if joined.count(_SEP) != len(texts) - 1:  # a text holds NUL itself: it is whitespace to us
-        joined = _SEP.join(text.replace(_SEP, " ") for text in texts)
-    joined = unicodedata.normalize("NFKC", joined + _SEP).casefold().translate(_TO_SPACE)
-    return _collapse_spaces(_code_units(joined))
+    if not texts:
+        empty = np.zeros(0, dtype=np.int64)
+        return NormalizedBatch(units=np.zeros(0, dtype=np.uint8), starts=empty, ends=empty, texts=[])
+    joined = _SEP.join(texts) + _SEP
+    if joined.count(_SEP) != len(texts):  # a text holds NUL itself: it is whitespace to us
+        joined = _SEP.join(text.replace(_SEP, " ") for text in texts) + _SEP
+    if joined.isascii():  # NFKC leaves ASCII alone and casefold is lower(): byte-table C loops
+        units = np.frombuffer(joined.encode("ascii").lower().translate(_ASCII_TO_SPACE), dtype=np.uint8)
+    else:
+        units = _code_units(unicodedata.normalize("NFKC", joined).casefold().translate(_TO_SPACE))
+    return _collapse_spaces(units)
+
+
+def pack_normalized(texts: list[str]) -> NormalizedBatch:
+    """A batch of texts that are already normalised (as `NormalizedBatch.texts` or the spool holds them)."""
+    units = _code_units(_SEP.join(texts) + _SEP)
+    ends = np.flatnonzero(units == 0)
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+    return NormalizedBatch(units=units, starts=starts, ends=ends, texts=list(texts))
 
 
 def _code_units(joined: str) -> np.ndarray:
-    if joined.isascii():
-        return np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
     try:
         return np.frombuffer(joined.encode("latin-1"), dtype=np.uint8)
     except UnicodeEncodeError:
@@ -149,9 +160,9 @@ class MinHasher:
             packed = _packed_windows(units, n)
         else:
             packed = _wide_windows(units, n)
-        packed ^= self._salt
-        packed *= self._multiplier
-        packed ^= packed >> _U64(32)
+        # out-of-place on purpose: measured faster than in-place here (fresh arrays, no page reuse)
+        packed = packed * self._multiplier  # odd, drawn from the seed: a different bijection per seed
+        packed = packed ^ (packed >> _U64(32))
         starts, ends, lengths = batch.starts, batch.ends, batch.lengths
         tail = ends[:, None] - np.arange(n, dtype=np.int64)[None, :]
         np.maximum(tail, starts[:, None], out=tail)
@@ -164,13 +175,14 @@ class MinHasher:
         """(rows, num_perm) uint32 signatures."""
         hashes = self.ngram_hashes(batch, exact_keys)
         rows, k = len(batch.ends), self.num_perm
-        cells = np.repeat(np.arange(0, rows * k, k, dtype=np.int64), batch.lengths + 1)
+        # the bin from the top bits, the value from the low 32 (a strided view, no copy)
         if k & (k - 1) == 0:
-            cells += (hashes >> _U64(64 - k.bit_length() + 1)).astype(np.int64)
+            bins = hashes >> _U64(64 - k.bit_length() + 1)
         else:
-            cells += (((hashes >> _U64(32)) * _U64(k)) >> _U64(32)).astype(np.int64)
+            bins = ((hashes >> _U64(32)) * _U64(k)) >> _U64(32)
+        bins = bins + np.repeat(np.arange(0, rows * k, k, dtype=np.uint64), batch.lengths + 1)
         signature = np.full(rows * k, _EMPTY_BIN, dtype=np.uint32)
-        np.minimum.at(signature, cells, hashes.astype(np.uint32))
+        np.minimum.at(signature, bins.view(np.int64), hashes.view(np.uint32)[_LOW_WORD::2])
         signature = signature.reshape(rows, k)
         self._densify(signature)
         return signature
@@ -178,25 +190,26 @@ class MinHasher:
     def _densify(self, signature: np.ndarray) -> None:
         """Fill empty bins in place: optimal densification's probe rounds, then
         the next non-empty bin to the right for the few left after them."""
-        empty = signature == _EMPTY_BIN
-        if not empty.any():
-            return
-        rows, bins = np.nonzero(empty)
-        for probe in self._probe:
-            source = probe[bins]
-            ok = ~empty[rows, source]
-            signature[rows[ok], bins[ok]] = signature[rows[ok], source[ok]]
-            rows, bins = rows[~ok], bins[~ok]
-            if not rows.size:
-                return
         k = self.num_perm
-        for step in range(1, k):
-            source = (bins + step) % k
-            ok = ~empty[rows, source]
-            signature[rows[ok], bins[ok]] = signature[rows[ok], source[ok]]
-            rows, bins = rows[~ok], bins[~ok]
-            if not rows.size:
+        flat = signature.reshape(-1)
+        empty = flat == _EMPTY_BIN
+        cells = np.flatnonzero(empty)
+        row_base = cells - cells % k
+        bins = cells - row_base
+        for probe in self._probe:
+            if not cells.size:
                 return
+            source = row_base + probe[bins]
+            ok = ~empty[source]
+            flat[cells[ok]] = flat[source[ok]]
+            cells, row_base, bins = cells[~ok], row_base[~ok], bins[~ok]
+        for step in range(1, k):
+            if not cells.size:
+                return
+            source = row_base + (bins + step) % k
+            ok = ~empty[source]
+            flat[cells[ok]] = flat[source[ok]]
+            cells, row_base, bins = cells[~ok], row_base[~ok], bins[~ok]
 
 
 def _packed_windows(units: np.ndarray, n: int) -> np.ndarray:

@@ -3,10 +3,11 @@
 - `GrowingInts`: an int64 per row (lines, full exact keys).
 - `PackedSignatures`: b-bit MinHash signatures (4 bits a value: 64 bytes a row
   at 128 values), a cheap similarity estimate to discard hopeless candidates.
-- `TextSpool`: the normalised texts themselves, appended to a spooled
-  temporary file — in memory up to `memory_bytes`, then on local disk — and
-  read back only for the few rows that are near-duplicate candidates, so that
-  verification is exact while memory stays bounded.
+- `TextSpool`: the normalised texts themselves, appended to an anonymous
+  temporary file (deleted when closed; the OS page cache, not this process,
+  holds what fits in memory) and read back only for the rows that are
+  near-duplicate candidates, so verification is exact while the process's
+  memory does not grow with the texts.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import tempfile
 import numpy as np
 
 SIGNATURE_BITS = 4
-SPOOL_MEMORY_BYTES = 64 << 20
 
 
 class GrowingInts:
@@ -99,10 +99,10 @@ class PackedSignatures:
 
 
 class TextSpool:
-    """Append-only texts by row id, in a spooled temporary file (deleted on close)."""
+    """Append-only texts by row id, in an anonymous temporary file."""
 
-    def __init__(self, memory_bytes: int = SPOOL_MEMORY_BYTES) -> None:
-        self._file = tempfile.SpooledTemporaryFile(max_size=memory_bytes, prefix="tuneforge-dedup-")
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="tuneforge-dedup-")
         self._starts = GrowingInts()  # byte offset of each row's text; it ends one NUL before the next
         self._size_bytes = 0
 
