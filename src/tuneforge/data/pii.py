@@ -75,6 +75,7 @@ _DIGITS = "0123456789"
 _SECRET_PREFIXES = ("AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "sk-", "xox", "AIza",
                     "-----BEGIN")
 _SECRET_WORDS = ("pass", "pwd", "secret", "token", "key")
+_ANY_DIGIT = re.compile(r"[0-9]").search  # one C scan; most texts have no digit at all
 _GATE_WORDS = _SECRET_WORDS + tuple(prefix.lower() for prefix in _SECRET_PREFIXES)  # a superset, case-blind
 _CLUSTER_GAP = 8  # digits at most this far apart belong to one candidate ("GB82 WEST 1234" spans 7)
 _CONTEXT = 8  # characters kept around a cluster (a "+", "(", or an IBAN/NINO's letters)
@@ -123,9 +124,12 @@ def scan(text: str) -> list[PiiMatch]:
     found: list[PiiMatch] = []
     if "@" in text:
         found += _emails(text)
-    if _contains_any(text, _SECRET_PREFIXES) or _contains_any(text.lower(), _SECRET_WORDS):
-        found += _secrets(text)
-    digits = _digit_positions(text)
+    if _contains_any(text, _SECRET_PREFIXES):
+        found += _secret_tokens(text)
+    # an assignment needs ':' or '=': prose that merely mentions a "key" or "token" skips the regex
+    if ("=" in text or ":" in text) and _contains_any(text.lower(), _SECRET_WORDS):
+        found += _assignments(text)
+    digits = _digit_positions(text) if _ANY_DIGIT(text) else []
     if len(digits) >= 4:  # every number-like kind has at least 4 digits
         found += _numbers(text, digits)
     if text.count(":") >= 2 and (digits or "::" in text):
@@ -222,8 +226,12 @@ def _map_message(path: str, message: dict[str, Any], visit: Callable[[str, str],
     return message
 
 
-def _secrets(text: str) -> list[PiiMatch]:
-    found = [PiiMatch(kind, m.start(), m.end()) for kind, pattern in _SECRETS for m in pattern.finditer(text)]
+def _secret_tokens(text: str) -> list[PiiMatch]:
+    return [PiiMatch(kind, m.start(), m.end()) for kind, pattern in _SECRETS for m in pattern.finditer(text)]
+
+
+def _assignments(text: str) -> list[PiiMatch]:
+    found: list[PiiMatch] = []
     for m in _ASSIGNMENT.finditer(text):
         group = next(g for g in (3, 4, 5) if m.group(g) is not None)
         # an unquoted plain word after a colon or a spaced "=" is prose ("password: choose one", "password= then")
