@@ -91,9 +91,13 @@ class _Run:
             self._finish(*previous)
 
     def close(self) -> None:
-        self.flush()
-        self.flush()  # the last batch was pending
-        self._pool.shutdown(wait=True)
+        try:
+            self.flush()
+            self.flush()  # the last batch was pending
+        finally:
+            self._pool.shutdown(wait=True)
+            if self.deduper is not None:
+                self.deduper.close()  # removes its temporary text file
 
     def _finish(self, batch: list[Example], counting: Future | None) -> None:
         counts = counting.result() if counting is not None else [None] * len(batch)
