@@ -63,12 +63,17 @@ def authenticate(session: Session, authorization: str | None) -> Tenant:
     return tenant
 
 
-def set_tier(session: Session, name: str, tier: str) -> Tenant:
-    if tier not in TIERS:
-        raise invalid(f"tier must be one of {', '.join(TIERS)}", param="tier")
+def _named(session: Session, name: str) -> Tenant:
     tenant = tenant_repo.by_name(session, name)
     if tenant is None:
         raise ApiError(404, f"no tenant named {name!r}", param="name", code="not_found")
+    return tenant
+
+
+def set_tier(session: Session, name: str, tier: str) -> Tenant:
+    if tier not in TIERS:
+        raise invalid(f"tier must be one of {', '.join(TIERS)}", param="tier")
+    tenant = _named(session, name)
     tenant.tier = tier
     return tenant
 
@@ -80,8 +85,6 @@ def set_pii_policy(session: Session, name: str, policy: str) -> Tenant:
     """The tenant's default for personal data and secrets in training data (a job may override it)."""
     if policy not in PII_POLICIES:
         raise invalid(f"PII policy must be one of {', '.join(PII_POLICIES)}", param="policy")
-    tenant = tenant_repo.by_name(session, name)
-    if tenant is None:
-        raise ApiError(404, f"no tenant named {name!r}", param="name", code="not_found")
+    tenant = _named(session, name)
     tenant.pii_policy = policy
     return tenant
