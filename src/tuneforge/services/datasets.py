@@ -24,6 +24,7 @@ from typing import IO, Any, Iterator, Sequence
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.pipeline import CheckOptions, check_dataset
 from tuneforge.data.report import DatasetReport
+from tuneforge.domain.errors import not_found
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
@@ -50,8 +51,21 @@ def check_upload(store: ObjectStore, key: str, filename: str, tenant_id: str, fi
     return report
 
 
-def read_report(store: ObjectStore, key: str) -> dict[str, Any] | None:
-    return json.loads(store.get_bytes(key)) if store.exists(key) else None
+def read_report(store: ObjectStore, key: str, missing: str, param: str) -> dict[str, Any]:
+    """A stored validation report; 404 `report_not_found` with `missing` when there is none."""
+    if not store.exists(key):
+        raise not_found(missing, param=param, code="report_not_found")
+    return json.loads(store.get_bytes(key))
+
+
+def file_report(store: ObjectStore, tenant_id: str, file_id: str, purpose: str) -> dict[str, Any]:
+    return read_report(store, layout.file_report_key(tenant_id, file_id),
+                       f"{file_id} has no validation report (purpose {purpose!r})", "file_id")
+
+
+def job_report(store: ObjectStore, tenant_id: str, job_id: str) -> dict[str, Any]:
+    return read_report(store, layout.job_report_key(tenant_id, job_id),
+                       f"{job_id} has not been validated yet", "fine_tuning_job_id")
 
 
 def example_record(example: Example) -> dict[str, Any]:

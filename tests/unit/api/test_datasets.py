@@ -57,6 +57,9 @@ def test_csv_upload_is_processed_and_reported(env):
     assert report["ok"] is True and report["format"] == "csv" and report["kind"] == "instruction"
     assert report["num_examples"] == 12
     assert http.get(f"/v1/files/{file_id}/validation", headers=other).status_code == 404
+    plain = sdk.files.create(file=("notes.txt", io.BytesIO(b"hello")), purpose="assistants").id
+    missing = http.get(f"/v1/files/{plain}/validation", headers=auth)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "report_not_found"
 
 
 def test_bad_line_is_named_in_status_and_report(env):

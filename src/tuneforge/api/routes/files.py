@@ -9,11 +9,10 @@ from sqlalchemy.orm import Session
 from tuneforge.api import deps
 from tuneforge.api.objects import file_object, list_object
 from tuneforge.db.tables import Tenant
-from tuneforge.domain.errors import invalid, not_found
+from tuneforge.domain.errors import invalid
 from tuneforge.services import datasets
 from tuneforge.services import eval_sets
 from tuneforge.services import files as file_service
-from tuneforge.storage import layout
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -67,10 +66,7 @@ def file_validation(
 ) -> dict:
     """Extension: the full validation report of a fine-tune file."""
     row = file_service.get(session, tenant.tenant_id, file_id)
-    report = datasets.read_report(platform.store, layout.file_report_key(tenant.tenant_id, row.file_id))
-    if report is None:
-        raise not_found(f"{file_id} has no validation report (purpose {row.purpose!r})", param="file_id",
-                        code="report_not_found")
+    report = datasets.file_report(platform.store, tenant.tenant_id, row.file_id, row.purpose)
     return {"object": "file.validation", "file_id": row.file_id, "status": row.status, **report}
 
 

@@ -17,11 +17,10 @@ from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events as event_repo
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Tenant
-from tuneforge.domain.errors import invalid, not_found
+from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus, TERMINAL
 from tuneforge.services import artifacts, datasets
-from tuneforge.storage import layout
 from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
 
@@ -129,9 +128,7 @@ def job_validation(
 ) -> dict:
     """Extension: the data report of the job's validation against its base model."""
     job = job_service.get_job(session, tenant.tenant_id, job_id)
-    report = datasets.read_report(platform.store, layout.job_report_key(job.tenant_id, job.job_id))
-    if report is None:
-        raise not_found(f"{job_id} has not been validated yet", param="fine_tuning_job_id", code="report_not_found")
+    report = datasets.job_report(platform.store, job.tenant_id, job.job_id)
     return {"object": "fine_tuning.job.validation", "job_id": job.job_id, **report}
 
 
