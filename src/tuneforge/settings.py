@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     max_upload_bytes_standard: int = Field(
         default=2 * 1024 * 1024 * 1024, description="Largest accepted file upload in bytes for the standard tier."
     )
+    inline_validation_max_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        description="Jobs whose training and validation files together are at most this size are validated "
+                    "within the create request, so create returns the job with its estimate; larger ones are "
+                    "validated by the scheduler (status validating_files) and show it once validated.",
+    )
     min_training_examples: int = Field(
         default=10, description="A training file with fewer examples is rejected."
     )

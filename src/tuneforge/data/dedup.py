@@ -130,27 +130,48 @@ class Deduplicator:
         """Normalised text kept on disk for exact verification."""
         return self._texts.size_bytes
 
-    def _add_chunk(self, lines: list[int], texts: list[str]) -> list[Finding]:
+    def prepare(self, texts: list[str]) -> tuple[list[str], np.ndarray | None]:
+        """The per-text work, independent of every other text: normalised texts
+        and MinHash signatures. Another process may run it (with the same
+        parameters) and hand the result to `add_prepared`."""
         batch = normalize_batch(texts)
-        hashes = np.fromiter(map(hash, batch.texts), dtype=np.int64, count=len(texts))
+        if not self.near:
+            return batch.texts, None
+        # rows shorter than one n-gram take their signature from this key; they are never near-matched
+        keys = mix64(np.fromiter(map(hash, batch.texts), dtype=np.int64, count=len(texts)).view(np.uint64))
+        return batch.texts, self._hasher.signatures(batch, keys)
+
+    def add_prepared(self, lines: Sequence[int], normalized: list[str], signature: np.ndarray | None) -> list[Finding]:
+        """Findings for texts that `prepare` turned into (normalised texts, signatures)."""
+        findings = self._add_prepared(list(lines), normalized, signature)
+        self._duplicates.update(finding.line for finding in findings)
+        return findings
+
+    def _add_chunk(self, lines: list[int], texts: list[str]) -> list[Finding]:
+        return self._add_prepared(lines, *self.prepare(texts))
+
+    def _add_prepared(self, lines: list[int], normalized: list[str], signature: np.ndarray | None) -> list[Finding]:
+        if not normalized:
+            return []
+        hashes = np.fromiter(map(hash, normalized), dtype=np.int64, count=len(normalized))
         keys = mix64(hashes.view(np.uint64))
-        row_ids = len(self._row_lines) + np.arange(len(texts), dtype=np.int64)
+        row_ids = len(self._row_lines) + np.arange(len(normalized), dtype=np.int64)
         self._row_lines.extend(np.asarray(lines, dtype=np.int64))
         earlier = self._exact_matches(keys, row_ids)  # first occurrence's row id, or -1
         findings = [Finding(line=lines[i], kind="exact_duplicate",
                             detail={"duplicate_of": self._row_lines[earlier[i]]})
                     for i in np.flatnonzero(earlier >= 0)]
 
-        if not self.near:
+        if not self.near or signature is None:
             return findings
-        signature = self._hasher.signatures(batch, keys)
         self._signatures.extend(signature)
+        lengths = np.fromiter(map(len, normalized), dtype=np.int64, count=len(normalized))
         # texts shorter than one n-gram have a single "n-gram": only exact repeats match them
-        near = (earlier < 0) & (batch.lengths >= self._hasher.ngram_chars)
-        self._texts.extend([text if keep else "" for text, keep in zip(batch.texts, near.tolist())])
+        near = (earlier < 0) & (lengths >= self._hasher.ngram_chars)
+        self._texts.extend([text if keep else "" for text, keep in zip(normalized, near.tolist())])
         rows = np.flatnonzero(near)
         findings += self._near_duplicates(signature[rows], row_ids[rows], [lines[i] for i in rows.tolist()],
-                                          batch.texts, int(row_ids[0]))
+                                          normalized, int(row_ids[0]))
         findings.sort(key=lambda finding: finding.line)
         return findings
 

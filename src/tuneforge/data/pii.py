@@ -38,7 +38,7 @@ Speed: `re` scans at ~15 ns a character per pattern, so patterns never run
 over whole texts. Cheap `str` tests come first (no `@`: no email; fewer than
 four digits: no number-like kind; no secret prefix or keyword: no secret),
 then each number-like pattern runs only on a window around a cluster of
-digits (found with `str.find`), and every candidate is validated in Python
+digits (found with one regex scan), and every candidate is validated in Python
 before it is reported. Overlapping matches go to the more specific kind
 (the order of KINDS).
 """
@@ -78,6 +78,8 @@ _SECRET_WORDS = ("pass", "pwd", "secret", "token", "key")
 _ANY_DIGIT = re.compile(r"[0-9]").search  # one C scan; most texts have no digit at all
 _GATE_WORDS = _SECRET_WORDS + tuple(prefix.lower() for prefix in _SECRET_PREFIXES)  # a superset, case-blind
 _CLUSTER_GAP = 8  # digits at most this far apart belong to one candidate ("GB82 WEST 1234" spans 7)
+_DIGIT_MASK = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))  # digits -> "0", the rest -> " "
+_DIGIT_CLUSTER = re.compile(r"\d(?:\D{0,%d}\d){3,}" % (_CLUSTER_GAP - 1))
 _CONTEXT = 8  # characters kept around a cluster (a "+", "(", or an IBAN/NINO's letters)
 _MAX_TOKEN = 40  # a window grows to the next whitespace, at most this much further
 _EMAIL = re.compile(r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
@@ -129,10 +131,10 @@ def scan(text: str) -> list[PiiMatch]:
     # an assignment needs ':' or '=': prose that merely mentions a "key" or "token" skips the regex
     if ("=" in text or ":" in text) and _contains_any(text.lower(), _SECRET_WORDS):
         found += _assignments(text)
-    digits = _digit_positions(text) if _ANY_DIGIT(text) else []
-    if len(digits) >= 4:  # every number-like kind has at least 4 digits
-        found += _numbers(text, digits)
-    if text.count(":") >= 2 and (digits or "::" in text):
+    has_digit = _ANY_DIGIT(text) is not None
+    if has_digit:  # every number-like kind has a cluster of at least 4 digits
+        found += _numbers(text)
+    if text.count(":") >= 2 and (has_digit or "::" in text):
         found += [PiiMatch("ipv6", m.start(), m.end()) for m in _IPV6.finditer(text)
                   if m.group().count(":") >= 2 and _is_ipv6(m.group())]
     return _without_overlaps(found)
@@ -164,13 +166,17 @@ def redact(text: str, matches: list[PiiMatch]) -> str:
     return "".join(pieces)
 
 
-def apply_policy(example: Example, policy: PiiPolicy | str) -> tuple[list[Finding], Example]:
+def apply_policy(example: Example, policy: PiiPolicy | str, joined: str | None = None,
+                 ) -> tuple[list[Finding], Example]:
     """Findings for every text field of `example` (kind `pii:<kind>`, detail: the
     field and span — never the matched text), and the example to keep: a
     redacted copy under `redact` when something was found, the example itself
-    otherwise."""
+    otherwise. `joined`: `example.joined_text()` when the caller has it."""
     policy = PiiPolicy(policy)
-    if not may_contain_pii("\n".join(example.texts())):  # most examples stop here
+    # one scan of all fields joined by newlines (no pattern crosses a newline it
+    # would not cross at a field's end): most examples stop here, and only those
+    # with a match are scanned field by field to name where it is
+    if not scan(example.joined_text() if joined is None else joined):
         return [], example
     matches = {path: found for path, text in _text_fields(example) if (found := scan(text))}
     findings = [Finding(line=example.line, kind=f"pii:{m.kind}", detail={"field": path, "start": m.start, "end": m.end})
@@ -261,32 +267,53 @@ def _emails(text: str) -> list[PiiMatch]:
     return found
 
 
-def _digit_positions(text: str) -> list[int]:
-    """Where the digits are: ten memchr-speed scans, cheaper than any regex over the text."""
-    positions: list[int] = []
-    for digit in _DIGITS:
-        at = text.find(digit)
-        while at != -1:
-            positions.append(at)
-            at = text.find(digit, at + 1)
-    positions.sort()
-    return positions
-
-
-def _numbers(text: str, digits: list[int]) -> list[PiiMatch]:
-    """Number-like kinds, looked for only in windows around clusters of digits."""
+def _numbers(text: str) -> list[PiiMatch]:
+    """Number-like kinds, looked for only in windows around clusters of at
+    least four digits (found by one regex scan of the text)."""
     found: list[PiiMatch] = []
-    first = previous = digits[0]
-    count = 0
-    for position in digits + [len(text) + _CLUSTER_GAP + 1]:
-        if position - previous > _CLUSTER_GAP:
-            if count >= 4:
-                start, end = _window(text, first, previous)
-                found += _numbers_in(text, start, end)
-            first, count = position, 0
-        previous = position
-        count += 1
+    for first, last in _digit_clusters(text):
+        start, end = _window(text, first, last)
+        if _may_hold_number(text[start:end]):
+            found += _numbers_in(text, start, end)
     return found
+
+
+def _digit_clusters(text: str) -> list[tuple[int, int]]:
+    """(first, last) positions of each cluster of at least 4 digits, digits at
+    most _CLUSTER_GAP apart. ASCII text: digit runs found by `bytes.find` on a
+    digit mask (a C table lookup per byte, far cheaper than a regex scan)."""
+    if not text.isascii():
+        return [(m.start(), m.end() - 1) for m in _DIGIT_CLUSTER.finditer(text)]
+    mask = text.encode("ascii").translate(_DIGIT_MASK)
+    clusters: list[tuple[int, int]] = []
+    first = last = -_CLUSTER_GAP - 1
+    digits = 0
+    at = mask.find(b"0")
+    while at != -1:
+        end = mask.find(b" ", at)
+        end = len(mask) if end == -1 else end
+        if at - last > _CLUSTER_GAP:
+            if digits >= 4:
+                clusters.append((first, last))
+            first, digits = at, 0
+        digits += end - at
+        last = end - 1
+        at = mask.find(b"0", end)
+    if digits >= 4:
+        clusters.append((first, last))
+    return clusters
+
+
+def _may_hold_number(window: str) -> bool:
+    """False when no number-like kind fits: cards, phones and SSNs need 8+
+    digits, an IPv4 address dots, a NINO or IBAN capital letters ("in 2024",
+    "case 123456" stop here)."""
+    if "." in window or window.lower() != window:
+        return True
+    digits = 0
+    for digit in _DIGITS:
+        digits += window.count(digit)
+    return digits >= 8
 
 
 def _numbers_in(text: str, start: int, end: int) -> list[PiiMatch]:

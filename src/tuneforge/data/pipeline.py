@@ -23,6 +23,7 @@ from tuneforge.data.contamination import ContaminationIndex
 from tuneforge.data.dedup import Deduplicator
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
+from tuneforge.data.formats import resolve_format
 from tuneforge.data.structure import StructureReport, iter_examples
 from tuneforge.data.report import DatasetReport
 from tuneforge.data.token_count import TokenCounter
@@ -48,27 +49,34 @@ class CheckOptions:
     pii_policy: str = "warn"  # "warn" | "redact" | "reject"
     batch_rows: int = 2048
     limits: ReadLimits = DEFAULT_LIMITS
+    workers: int | None = None  # processes for a large JSONL file; None: one per core (TUNEFORGE_DATA_WORKERS)
+    parallel_min_bytes: int = 64 * 1024 * 1024  # smaller files are checked in this process (no start-up cost)
 
 
 class _Run:
     """State of one pass; kept small so the pass reads as a list of steps."""
 
     def __init__(self, options: CheckOptions, tokenizer: Any, contamination: ContaminationIndex | None,
-                 on_batch: BatchSink | None) -> None:
+                 on_batch: BatchSink | None, threaded: bool = True) -> None:
         self.options = options
-        self.report = DatasetReport(method=options.method or "any", pii_policy=options.pii_policy,
-                                    max_seq_length=options.max_seq_length)
-        self.report.errors.max_per_code = options.max_errors_per_code
-        self.report.warnings.max_per_code = options.max_errors_per_code
+        self.tokenizer_name = None if tokenizer is None else \
+            getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+        self.report = self.new_report()
         self.counter = TokenCounter(tokenizer, options.max_seq_length or 1 << 30) if tokenizer is not None else None
-        if tokenizer is not None:
-            self.report.tokenizer = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
         self.deduper = Deduplicator(threshold=options.near_duplicate_threshold) if options.dedup else None
         self.contamination = contamination
         self.on_batch = on_batch
         self.batch: list[Example] = []
         self.pending: tuple[list[Example], Future | None] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuneforge-tokens")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuneforge-tokens") if threaded else None
+
+    def new_report(self) -> DatasetReport:
+        options = self.options
+        report = DatasetReport(method=options.method or "any", pii_policy=options.pii_policy,
+                               max_seq_length=options.max_seq_length, tokenizer=self.tokenizer_name)
+        report.errors.max_per_code = options.max_errors_per_code
+        report.warnings.max_per_code = options.max_errors_per_code
+        return report
 
     def error(self, issue: DataIssue) -> None:
         (self.report.warnings if issue.severity == "warning" else self.report.errors).add(issue)
@@ -85,7 +93,8 @@ class _Run:
         batch, self.batch = self.batch, []
         previous, self.pending = self.pending, None
         if batch:
-            counting = self._pool.submit(self._token_counts, batch) if self.counter is not None else None
+            counting = self._pool.submit(self._token_counts, batch) \
+                if self.counter is not None and self._pool is not None else None
             self.pending = (batch, counting)
         if previous is not None:
             self._finish(*previous)
@@ -95,28 +104,37 @@ class _Run:
             self.flush()
             self.flush()  # the last batch was pending
         finally:
-            self._pool.shutdown(wait=True)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
             if self.deduper is not None:
                 self.deduper.close()  # removes its temporary text file
 
     def _finish(self, batch: list[Example], counting: Future | None) -> None:
         counts = counting.result() if counting is not None else [None] * len(batch)
-        kept: list[Example] = []
-        kept_counts: list[int] = []
         texts = [example.joined_text() for example in batch]
         duplicates: set[int] = set()
         if self.deduper is not None:
-            for finding in self.deduper.add_batch([e.line for e in batch], texts):
-                duplicates.add(finding.line)
-                self.report.duplicates.add(finding)
-                self.report.warnings.add(DataIssue(finding.kind, _duplicate_message(finding), line=finding.line,
-                                                   severity="warning"))
+            duplicates = self.record_duplicates(self.deduper.add_batch([e.line for e in batch], texts))
+        self.check_examples(batch, texts, counts, duplicates)
+
+    def record_duplicates(self, findings: list) -> set[int]:  # noqa: ANN001 - list[Finding]
+        for finding in findings:
+            self.report.duplicates.add(finding)
+            self.report.warnings.add(DataIssue(finding.kind, _duplicate_message(finding), line=finding.line,
+                                               severity="warning"))
+        return {finding.line for finding in findings}
+
+    def check_examples(self, batch: list[Example], texts: list[str], counts: Sequence[int | None],
+                       duplicates: set[int]) -> None:
+        """Everything done to each example on its own: contamination, PII, length, stats."""
+        kept: list[Example] = []
+        kept_counts: list[int] = []
         self._contamination(batch, texts)
         for example, text, count in zip(batch, texts, counts):
             if self.options.remove_duplicates and example.line in duplicates:
                 self.report.removed_duplicates += 1
                 continue
-            example = self._pii(example)
+            example = self._pii(example, text)
             if example is None:
                 continue
             if count is not None and not self._length_ok(example, count):
@@ -127,6 +145,9 @@ class _Run:
         self.report.num_examples += len(kept)
         if self.on_batch is not None and kept:
             self.on_batch(kept, kept_counts)
+
+    def token_counts(self, batch: list[Example]) -> list[int | None]:
+        return self._token_counts(batch) if self.counter is not None else [None] * len(batch)
 
     def _token_counts(self, batch: list[Example]) -> list[int | None]:
         counts, _exact = self.counter.count(batch)
@@ -142,8 +163,8 @@ class _Run:
                 "contamination", f"{finding.detail.get('overlap', 0):.0%} of its 13-grams appear in eval set "
                 f"{finding.detail.get('source')!r}", line=finding.line, severity="warning"))
 
-    def _pii(self, example: Example) -> Example | None:
-        findings, redacted = pii.apply_policy(example, self.options.pii_policy)
+    def _pii(self, example: Example, joined: str) -> Example | None:
+        findings, redacted = pii.apply_policy(example, self.options.pii_policy, joined)
         for finding in findings:
             self.report.pii.add(finding)
         if findings and self.options.pii_policy == "reject":
@@ -186,6 +207,37 @@ def _duplicate_message(finding) -> str:  # noqa: ANN001
     return f"exact duplicate of line {of}"
 
 
+def _check_here(path: Path, options: CheckOptions, structure: StructureReport, run: _Run, name: str | None) -> None:
+    examples = iter_examples(path, options.data_format, options.method, report=structure,
+                             limits=options.limits, name=name, min_examples=1)
+    for example in examples:
+        run.add(example)
+        if options.max_examples and structure.num_examples > options.max_examples:
+            structure.add(DataIssue("too_many_examples", f"more than {options.max_examples} examples for "
+                                    "this tier", line=example.line))
+            break
+
+
+def _check_in_parallel(path: Path, options: CheckOptions, structure: StructureReport, run: _Run, name: str | None,
+                       tokenizer: Any, contamination: ContaminationIndex | None) -> bool:
+    """Run the check on several processes when it pays and the result is the same (see `data.parallel`)."""
+    from tuneforge.data import parallel
+
+    workers = options.workers if options.workers is not None else parallel.default_workers()
+    if workers < 2 or run.on_batch is not None or options.remove_duplicates or path.is_dir():
+        return False
+    try:
+        if path.stat().st_size < options.parallel_min_bytes:
+            return False
+        structure.format = resolve_format(path, options.data_format, name=name)
+    except DataIssue:
+        return False
+    if structure.format != "jsonl":
+        return False
+    return parallel.check_jsonl_parallel(path, options, structure, run, tokenizer=tokenizer,
+                                         contamination=contamination, workers=workers)
+
+
 def check_dataset(
     path: Path,
     options: CheckOptions | None = None,
@@ -199,15 +251,10 @@ def check_dataset(
     options = options or CheckOptions()
     run = _Run(options, tokenizer, contamination, on_batch)
     structure = StructureReport(max_issues_per_code=options.max_errors_per_code)
-    examples = iter_examples(Path(path), options.data_format, options.method, report=structure,
-                             limits=options.limits, name=name, min_examples=1)
     try:
-        for example in examples:
-            run.add(example)
-            if options.max_examples and structure.num_examples > options.max_examples:
-                structure.add(DataIssue("too_many_examples", f"more than {options.max_examples} examples for "
-                                        "this tier", line=example.line))
-                break
+        if not _check_in_parallel(Path(path), options, structure, run, name, tokenizer, contamination):
+            structure = StructureReport(max_issues_per_code=options.max_errors_per_code)
+            _check_here(Path(path), options, structure, run, name)
     finally:
         run.close()
     report = run.report

@@ -7,6 +7,7 @@ million-row file with one systematic mistake gives a short, precise report.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,14 @@ class IssueLog:
         bucket = self.samples.setdefault(issue.code, [])
         if len(bucket) < self.max_per_code:
             bucket.append(issue.to_dict())
+
+    def merge(self, other: IssueLog) -> None:
+        """Add `other`'s counts and samples (of later lines: merge in file order)."""
+        for code, count in other.counts.items():
+            self.counts[code] = self.counts.get(code, 0) + count
+        for code, samples in other.samples.items():
+            bucket = self.samples.setdefault(code, [])
+            bucket += samples[: max(0, self.max_per_code - len(bucket))]
 
     def first(self) -> dict[str, Any] | None:
         """The earliest issue by line (line 0, the whole file, comes first)."""
@@ -58,6 +67,12 @@ class FindingLog:
         if len(self.samples) < self.max_samples:
             self.samples.append({"line": finding.line, "kind": finding.kind, **finding.detail})
 
+    def merge(self, other: FindingLog) -> None:
+        for kind, count in other.counts.items():
+            self.counts[kind] = self.counts.get(kind, 0) + count
+        self.lines |= other.lines
+        self.samples += other.samples[: max(0, self.max_samples - len(self.samples))]
+
     def to_dict(self) -> dict[str, Any]:
         return {"counts": dict(sorted(self.counts.items())), "examples_affected": len(self.lines),
                 "first": self.samples}
@@ -73,14 +88,20 @@ class Histogram:
     high: int | None = None
 
     def add(self, value: int) -> None:
-        index = 0
-        while index + 1 < len(self.edges) and value >= self.edges[index + 1]:
-            index += 1
-        self.counts[index] += 1
+        self.counts[max(0, bisect_right(self.edges, value) - 1)] += 1
         self.total += value
         self.n += 1
         self.low = value if self.low is None else min(self.low, value)
         self.high = value if self.high is None else max(self.high, value)
+
+    def merge(self, other: Histogram) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts)]
+        self.total += other.total
+        self.n += other.n
+        for value in (other.low, other.high):
+            if value is not None:
+                self.low = value if self.low is None else min(self.low, value)
+                self.high = value if self.high is None else max(self.high, value)
 
     def to_dict(self) -> dict[str, Any]:
         bins = [f"{lo}-{hi - 1}" for lo, hi in zip(self.edges, self.edges[1:])] + [f"{self.edges[-1]}+"]
@@ -114,6 +135,23 @@ class DatasetReport:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def merge(self, other: DatasetReport) -> None:
+        """Add the report of a later part of the same file (see `data.parallel`)."""
+        self.num_rows += other.num_rows
+        self.num_examples += other.num_examples
+        for mine, theirs in ((self.errors, other.errors), (self.warnings, other.warnings)):
+            mine.merge(theirs)
+        for mine_h, theirs_h in ((self.tokens, other.tokens), (self.turns, other.turns)):
+            mine_h.merge(theirs_h)
+        for mine_d, theirs_d in ((self.roles, other.roles), (self.weights, other.weights)):
+            for key, count in theirs_d.items():
+                mine_d[key] = mine_d.get(key, 0) + count
+        self.truncated += other.truncated
+        self.removed_duplicates += other.removed_duplicates
+        for mine_f, theirs_f in ((self.duplicates, other.duplicates), (self.contamination, other.contamination),
+                                 (self.pii, other.pii)):
+            mine_f.merge(theirs_f)
 
     def summary(self) -> str:
         """One line for `status_details`: the first error, or nothing."""

@@ -170,3 +170,38 @@ def test_uploads_overlapping_a_platform_eval_set_are_flagged(env, tmp_path):
     assert report["contamination"]["counts"] == {"contamination": 1}
     assert report["contamination"]["first"][0]["line"] == 3
     assert report["contamination"]["first"][0]["source"] == "platform:golden"
+
+
+def test_create_returns_the_same_figures_as_estimate(env):
+    platform, http, sdk, auth, _other, scheduler = env
+    file_id = upload(sdk, jsonl([chat(i) for i in range(40)]))
+    body = {"model": "tiny", "training_file": file_id, "seed": 3,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 4}}}}
+    figures = http.post("/v1/fine_tuning/jobs/estimate", json=body, headers=auth).json()
+    created = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert created.status_code == 200, created.text
+    job = created.json()
+    assert job["status"] == "queued"  # small files are validated within the request
+    for key in ("training_tokens", "steps", "estimated_gpu_hours", "estimated_price", "train_examples"):
+        assert job["estimate"][key] == figures[key], key
+    assert job["data"]["dataset_id"] == figures["dataset_id"]
+
+    # over the inline limit, the scheduler validates and the figures appear then
+    platform.settings.inline_validation_max_bytes = 0
+    later = http.post("/v1/fine_tuning/jobs", json=body, headers=auth).json()
+    assert later["status"] == "validating_files" and later["estimate"] is None
+    scheduler._validate_new_jobs()
+    validated = http.get(f"/v1/fine_tuning/jobs/{later['id']}", headers=auth).json()
+    assert validated["status"] == "queued"
+    assert validated["estimate"]["training_tokens"] == figures["training_tokens"]
+
+
+def test_create_with_bad_data_for_the_model_fails_the_job_at_once(env):
+    _platform, http, sdk, auth, _other, _scheduler = env
+    rows = [chat(i) for i in range(12)]
+    rows[9] = chat(9, answer="word " * 400)
+    file_id = upload(sdk, jsonl(rows))
+    body = {"model": "tiny", "training_file": file_id, "data": {"long_examples": "reject"},
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"max_seq_length": 128}}}}
+    job = http.post("/v1/fine_tuning/jobs", json=body, headers=auth).json()
+    assert job["status"] == "failed" and job["error"]["code"] == "too_long" and "line 10" in job["error"]["message"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from typing import Iterator
@@ -15,18 +16,21 @@ from tuneforge.api import deps
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
 from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events as event_repo
+from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.tables import Tenant
+from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus, TERMINAL
 from tuneforge.services import artifacts, datasets
 from tuneforge.services import jobs as job_service
+from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 STREAM_POLL_S = 0.5
+_log = logging.getLogger(__name__)
 
 
 @router.post("")
@@ -39,8 +43,26 @@ def create_job(
 ) -> dict:
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
-    job, _created = job_service.create_job(session, platform.settings, tenant, body, idempotency_key)
+    job, created = job_service.create_job(session, platform.settings, tenant, body, idempotency_key)
+    if created:
+        _validate_small_job(session, platform, job)
     return job_object(job)
+
+
+def _validate_small_job(session: Session, platform: Platform, job: Job) -> None:
+    """Validate a job with small files now, in the create request's transaction
+    (the scheduler cannot see the job before it commits), so the job comes
+    back queued with its estimate, or failed with the data error."""
+    files = [file_id for file_id in (job.training_file, job.validation_file) if file_id]
+    size = sum(row.size_bytes for file_id in files if (row := file_repo.get(session, job.tenant_id, file_id)))
+    if size > platform.settings.inline_validation_max_bytes:
+        return
+    try:
+        with session.begin_nested():
+            validate_job(session, platform, job)
+    except Exception:  # noqa: BLE001 - e.g. a tokenizer that fails to load: the scheduler retries and reports
+        _log.exception("inline validation of %s failed; the scheduler will validate it", job.job_id)
+        session.refresh(job)
 
 
 @router.post("/estimate")
