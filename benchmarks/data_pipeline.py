@@ -8,7 +8,9 @@ its own process so peak RSS is that run's alone:
 
 - tuneforge: `data.pipeline.check_dataset` — streaming parse and validation,
   token counting with the base model's tokenizer and chat template, exact and
-  near (MinHash LSH, char 5-grams, Jaccard 0.9) dedup, PII scan, stats;
+  near (MinHash LSH, char 5-grams, Jaccard 0.9) dedup, PII scan, stats; on
+  one worker process per core (`data.parallel`), as an upload check runs;
+  its CPU time is reported for the main process and the workers;
 - baseline: per-row `json.loads`, per-row `apply_chat_template(tokenize=True)`
   and per-row `datasketch.MinHash` (128 permutations, char 5-grams) with
   `MinHashLSH` insert + query — what one writes by hand — on the first
@@ -72,11 +74,21 @@ def run_tuneforge(data: Path, model_dir: Path) -> dict:
 
     from tuneforge.data.pipeline import CheckOptions, check_dataset
 
+    import resource
+
+    from tuneforge.data.parallel import default_workers
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    before = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     report = check_dataset(data, CheckOptions(max_seq_length=512, min_examples=1), tokenizer=tokenizer)
     elapsed = time.perf_counter() - started
-    return {"rows": report.num_rows, "seconds": elapsed, "ok": report.ok,
+    after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = [(a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime) for a, b in zip(after, before)]
+    return {"rows": report.num_rows, "seconds": elapsed, "ok": report.ok, "workers": default_workers(),
+            "main_cpu_us_per_row": cpu[0] / report.num_rows * 1e6,
+            "worker_cpu_us_per_row": cpu[1] / report.num_rows * 1e6,
+            "worker_peak_rss_mib": after[1].ru_maxrss / 1024,  # the largest worker's
             "duplicates": report.duplicates.counts, "tokens": report.tokens.total}
 
 
@@ -143,6 +155,9 @@ def main() -> None:
     for name, result, rate in (("tuneforge", ours, ours_rate), ("baseline", base, base_rate)):
         print(f"{name:12}{result['rows']:>10}{result['seconds']:>10.1f}{rate:>10.0f}{result['peak_rss_mib']:>14.0f}")
     print(f"tuneforge duplicates found: {ours['duplicates']}; tokens counted: {ours['tokens']}")
+    print(f"tuneforge ran {ours['workers']} worker process(es); CPU per row: main "
+          f"{ours['main_cpu_us_per_row']:.1f} us, workers {ours['worker_cpu_us_per_row']:.1f} us; "
+          f"largest worker's peak RSS {ours['worker_peak_rss_mib']:.0f} MiB")
     print(f"speed-up over the baseline: {ours_rate / base_rate:.1f}x  (goal: >= 20,000 rows/s, < 2 GiB, >= 5x)")
 
 
