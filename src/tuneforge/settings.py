@@ -70,6 +70,18 @@ class Settings(BaseSettings):
                     "within the create request, so create returns the job with its estimate; larger ones are "
                     "validated by the scheduler (status validating_files) and show it once validated.",
     )
+    preempt_grace_s: float = Field(
+        default=90.0, description="After a preemption notice (SIGTERM) a trainer has this long to checkpoint "
+                                  "and exit before it is killed.")
+    max_attempt_failures: int = Field(
+        default=3, description="Platform failures (crash, lost host, launch error) after which a job fails.")
+    retry_backoff_s: float = Field(
+        default=10.0, description="Wait before retrying after the first platform failure; doubles each time.")
+    retry_backoff_max_s: float = Field(default=300.0, description="Longest wait between retries.")
+    divergence_loss_multiple: float = Field(
+        default=4.0, description="A loss above this multiple of its lowest value so far ...")
+    divergence_patience_steps: int = Field(
+        default=20, description="... for this many steps in a row stops the job as training_diverged.")
     min_training_examples: int = Field(
         default=10, description="A training file with fewer examples is rejected."
     )

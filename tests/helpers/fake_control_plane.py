@@ -82,6 +82,9 @@ class FakeControlPlane:
     def accepted_events(self) -> list[dict[str, Any]]:
         return [event for body in self.accepted("events") for event in body["events"]]
 
+    def accepted_events_with_attempt(self) -> list[tuple[dict[str, Any], int]]:
+        return [(event, int(body["attempt"])) for body in self.accepted("events") for event in body["events"]]
+
     def __enter__(self) -> FakeControlPlane:
         return self.start()
 

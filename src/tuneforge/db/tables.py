@@ -104,6 +104,8 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
     request_hash: Mapped[str] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    not_before: Mapped[float | None] = mapped_column(Float, nullable=True)  # retry backoff: not admitted before
     created_at: Mapped[int] = mapped_column(BigInteger)
     started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -132,6 +134,8 @@ class Attempt(Base):
     last_seq: Mapped[int] = mapped_column(Integer, default=0)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     failure: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # why it ended badly: "platform" (retried), "user" (not retried), "preempted", "out_of_memory"
+    failure_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

@@ -69,6 +69,8 @@ class TrainingType(_Strict):
 class Checkpointing(_Strict):
     every_steps: int | None = Field(None, ge=1, description="Checkpoint every N optimizer steps.")
     keep_last: int | None = Field(None, ge=1, le=100, description="Checkpoints kept.")
+    every_minutes: float | None = Field(None, gt=0, le=1440, description="Also checkpoint every M minutes.")
+    keep_on_cancel: bool | None = Field(None, description="Keep the checkpoints when the job is cancelled.")
 
 
 class DataOptions(_Strict):

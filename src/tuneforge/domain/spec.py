@@ -57,6 +57,8 @@ class Hyperparameters:
 class CheckpointPolicy:
     every_steps: int = 50
     keep_last: int = 3
+    every_minutes: float = 0.0  # also checkpoint when this long has passed since the last one (0: off)
+    keep_on_cancel: bool = False  # a cancelled job keeps its checkpoints
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class JobSpec:
     heartbeat_interval_s: float = 5.0
     cache_dir: str = ""  # local folder for base-model copies, keyed by SHA
     fine_tuned_model: str = ""
+    preempt_grace_s: float = 90.0  # after SIGTERM: checkpoint and exit within this
+    divergence_loss_multiple: float = 4.0
+    divergence_patience_steps: int = 20
     extra: dict[str, Any] = field(default_factory=dict)  # test hooks, future options
 
     def to_json(self) -> str:

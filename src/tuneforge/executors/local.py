@@ -12,6 +12,7 @@ import os
 import signal as signals
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,7 +86,21 @@ class LocalExecutor:
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
-            pass
+            return
+        if action == "preempt":  # the trainer has the grace period to checkpoint and exit; then it is killed
+            timer = threading.Timer(self.settings.preempt_grace_s, self._kill_if_still_there,
+                                    (pid, handle.get("spec_path", "")))
+            timer.daemon = True
+            timer.start()
+
+    def _kill_if_still_there(self, pid: int, spec_path: str) -> None:
+        proc = self._children.get(pid)
+        alive = proc.poll() is None if proc is not None else _is_our_process(pid, spec_path)
+        if alive:
+            try:
+                os.killpg(pid, signals.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str:
         path = Path(handle.get("log_path", ""))

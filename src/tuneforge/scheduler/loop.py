@@ -19,13 +19,13 @@ from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.status import AttemptStatus, JobStatus
 from tuneforge.executors.protocol import Executor, Placement, PollResult
 from tuneforge.scheduler.spec_builder import build_spec
+from tuneforge.services import artifacts
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
 from tuneforge.services.reports import token_hash
 from tuneforge.services.transitions import transition
 
 log = logging.getLogger("tuneforge.scheduler")
-MAX_ATTEMPT_FAILURES = 3
 
 
 class Scheduler:
@@ -70,12 +70,16 @@ class Scheduler:
             if handle:
                 self.executor.signal(handle, "cancel")
             _end_attempt(attempt, AttemptStatus.CANCELLED, None)
+            artifacts.discard_checkpoints(session, self.platform.store, job)
             return
+        if job.pause_requested and handle and not handle.get("preempt_sent"):
+            self.executor.signal(handle, "preempt")  # checkpoint and stop; the exit is handled below
+            attempt.handle = {**handle, "preempt_sent": time.time()}
         poll = self.executor.poll(handle) if handle else PollResult("unknown")
         if poll.state == "running":
             if time.time() - attempt.heartbeat_at > self.platform.settings.lease_timeout_s:
                 self.executor.signal(handle, "cancel")
-                _end_attempt(attempt, AttemptStatus.LOST, None)
+                _end_attempt(attempt, AttemptStatus.LOST, None, "platform")
                 self._retry_or_fail(session, job, attempt, "lease expired: no heartbeat")
             return
         if poll.state == "unknown" and time.time() - attempt.heartbeat_at <= self.platform.settings.lease_timeout_s:
@@ -85,31 +89,71 @@ class Scheduler:
     def _handle_exit(self, session: Session, job: Job, attempt: Attempt, poll: PollResult, handle: dict) -> None:
         code = poll.exit_code
         if code == TrainerExit.PREEMPTED:
-            _end_attempt(attempt, AttemptStatus.PREEMPTED, code)
+            _end_attempt(attempt, AttemptStatus.PREEMPTED, code, "preempted")
+            if job.pause_requested:
+                job.pause_requested = False
+                transition(session, job, JobStatus.PAUSED,
+                           f"Fine-tuning job paused after a checkpoint (attempt {attempt.number})",
+                           data={"attempt": attempt.number})
+                return
             transition(session, job, JobStatus.QUEUED,
                        f"Attempt {attempt.number} was preempted after a checkpoint; the job is requeued",
                        data={"code": "job_restarted", "attempt": attempt.number})
             return
         if code == TrainerExit.USER_ERROR:
-            _end_attempt(attempt, AttemptStatus.FAILED, code)
+            _end_attempt(attempt, AttemptStatus.FAILED, code, "user")
+            if job.status == JobStatus.FAILED.value:
+                return  # the trainer's failure report already failed the job with its code
             tail = self.executor.log_tail(handle, 1500)
             transition(session, job, JobStatus.FAILED, "Training failed on the data or diverged", level="error",
                        error={"code": "training_failed", "message": tail.strip()[-1000:], "param": None})
             return
-        _end_attempt(attempt, AttemptStatus.FAILED if code is not None else AttemptStatus.LOST, code)
+        if code == TrainerExit.OUT_OF_MEMORY:
+            _end_attempt(attempt, AttemptStatus.FAILED, code, "out_of_memory")
+            self._retry_smaller_or_fail(session, job, attempt)
+            return
+        _end_attempt(attempt, AttemptStatus.FAILED if code is not None else AttemptStatus.LOST, code, "platform")
         reason = f"trainer exited: {describe(code)}" if poll.state == "exited" else poll.detail
         self._retry_or_fail(session, job, attempt, reason, handle)
 
+    def _retry_smaller_or_fail(self, session: Session, job: Job, attempt: Attempt) -> None:
+        """Out of memory: the same effective batch in micro-batches half as large (twice the
+        gradient accumulation), down to 1; then the job fails with advice."""
+        resolved = dict(job.resolved or {})
+        hp = dict(resolved.get("hyperparameters") or {})
+        micro, batch = int(hp.get("micro_batch_size") or 1), int(hp.get("batch_size") or 1)
+        if micro > 1:
+            smaller = micro // 2
+            hp["micro_batch_size"] = smaller
+            hp["gradient_accumulation_steps"] = -(-batch // smaller)
+            resolved["hyperparameters"] = hp
+            job.resolved = resolved  # a new dict, so the JSON column is written
+            transition(session, job, JobStatus.QUEUED,
+                       f"Attempt {attempt.number} ran out of memory with micro-batch {micro}; retrying with "
+                       f"micro-batch {smaller} and gradient accumulation {-(-batch // smaller)} (same batch size "
+                       f"{batch})", level="warn",
+                       data={"code": "job_restarted", "attempt": attempt.number, "micro_batch_size": smaller})
+            return
+        max_seq = hp.get("max_seq_length")
+        message = (f"The training step does not fit in memory even with micro-batch 1 (batch size {batch}, "
+                   f"max_seq_length {max_seq}). Lower max_seq_length (long examples are truncated or rejected "
+                   "per data.long_examples), use a smaller LoRA rank or training_type qlora, or ask for GPUs "
+                   "with more memory (resources.gpu_memory_gb).")
+        transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {message}", level="error",
+                   error={"code": "out_of_memory", "message": message, "param": None})
+
     def _retry_or_fail(self, session: Session, job: Job, attempt: Attempt, reason: str,
                        handle: dict | None = None) -> None:
-        failures = sum(
-            1 for a in attempt_repo.for_job(session, job.job_id)
-            if a.status in (AttemptStatus.FAILED.value, AttemptStatus.LOST.value)
-        )
-        if failures < MAX_ATTEMPT_FAILURES:
+        """A platform failure: retried with exponential backoff up to the configured count."""
+        settings = self.platform.settings
+        failures = sum(1 for a in attempt_repo.for_job(session, job.job_id) if a.failure_class == "platform")
+        if failures < settings.max_attempt_failures:
+            delay = min(settings.retry_backoff_max_s, settings.retry_backoff_s * 2 ** (failures - 1))
+            job.not_before = time.time() + delay
             transition(session, job, JobStatus.QUEUED,
-                       f"Attempt {attempt.number} ended ({reason}); the job is requeued and resumes from its last checkpoint",
-                       level="warn", data={"code": "job_restarted", "attempt": attempt.number})
+                       f"Attempt {attempt.number} ended ({reason}); the job is requeued and resumes from its last "
+                       f"checkpoint in {delay:.0f} s", level="warn",
+                       data={"code": "job_restarted", "attempt": attempt.number, "retry_in_s": delay})
             return
         tail = self.executor.log_tail(handle or attempt.handle or {}, 1500).strip()
         transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed after {failures} attempts: {reason}",
@@ -117,8 +161,10 @@ class Scheduler:
                    error={"code": "platform_error", "message": f"{reason}. {tail[-800:]}".strip(), "param": None})
 
     def _admit_queued_jobs(self) -> None:
+        now = time.time()
         with self.platform.db.session() as session:
-            queued = [j.job_id for j in job_repo.with_status(session, [JobStatus.QUEUED.value])]
+            queued = [j.job_id for j in job_repo.with_status(session, [JobStatus.QUEUED.value])
+                      if not j.not_before or j.not_before <= now]  # retry backoff
             busy = {gpu for a in attempt_repo.active(session) for gpu in (a.placement or {}).get("gpu_ids", [])}
         total = self.executor.capacity().total_gpus
         free = [gpu for gpu in range(total) if gpu not in busy]
@@ -154,7 +200,7 @@ class Scheduler:
             with self.platform.db.session() as session:
                 job = job_repo.get_for_update(session, job_id)
                 attempt = attempt_repo.current(session, job_id, number)
-                _end_attempt(attempt, AttemptStatus.FAILED, None)
+                _end_attempt(attempt, AttemptStatus.FAILED, None, "platform")
                 self._retry_or_fail(session, job, attempt, f"launch failed: {exc}")
             return
         with self.platform.db.session() as session:
@@ -180,7 +226,9 @@ class Scheduler:
             self._thread.join(timeout_s)
 
 
-def _end_attempt(attempt: Attempt, status: AttemptStatus, exit_code: int | None) -> None:
+def _end_attempt(attempt: Attempt, status: AttemptStatus, exit_code: int | None,
+                 failure_class: str | None = None) -> None:
     attempt.status = status.value
     attempt.exit_code = exit_code
     attempt.ended_at = time.time()
+    attempt.failure_class = failure_class

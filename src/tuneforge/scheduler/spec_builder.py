@@ -49,6 +49,9 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         job_token=token,
         gpus=int(resolved.get("gpus", 1)),
         heartbeat_interval_s=settings.heartbeat_interval_s,
+        preempt_grace_s=settings.preempt_grace_s,
+        divergence_loss_multiple=settings.divergence_loss_multiple,
+        divergence_patience_steps=settings.divergence_patience_steps,
         cache_dir=str((settings.home / "cache" / "base-models").resolve()),
         extra=dict(resolved.get("extra") or {}),
     )

@@ -49,6 +49,8 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
     job.resolved = plan.resolved({
         "every_steps": (policy and policy.every_steps) or settings.default_checkpoint_every_steps,
         "keep_last": (policy and policy.keep_last) or settings.default_checkpoint_keep_last,
+        "every_minutes": (policy and policy.every_minutes) or 0.0,
+        "keep_on_cancel": bool(policy and policy.keep_on_cancel),
     })
     prepared = plan.prepared
     warnings = sum(item.get("count", 0) for item in prepared.report.get("warnings", {}).values())

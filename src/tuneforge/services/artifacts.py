@@ -77,3 +77,14 @@ def extract(archive: Path, into: Path) -> Path:
         tar.extractall(into, filter="data")
         roots = {m.name.split("/", 1)[0] for m in tar.getmembers()}
     return into / sorted(roots)[0]
+
+
+def discard_checkpoints(session: Session, store: ObjectStore, job: Job) -> int:
+    """A cancelled job's checkpoints, unless its policy keeps them: files and rows. Returns how many."""
+    if ((job.resolved or {}).get("checkpoint") or {}).get("keep_on_cancel"):
+        return 0
+    rows = checkpoint_repo.for_job(session, job.job_id)
+    store.delete_prefix(layout.checkpoints_prefix(job.tenant_id, job.job_id))
+    for row in rows:
+        session.delete(row)
+    return len(rows)

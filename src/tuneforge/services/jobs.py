@@ -23,12 +23,13 @@ from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus
-from tuneforge.services import estimates, hyperparams
+from tuneforge.services import artifacts, estimates, hyperparams
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import is_terminal, transition
 from tuneforge.settings import Settings
+from tuneforge.storage.store import ObjectStore
 
 SUPPORTED_METHODS = ("supervised",)
 SUPPORTED_TRAINING_TYPES = ("lora",)
@@ -193,13 +194,43 @@ def list_jobs(session: Session, tenant_id: str, *, metadata: dict[str, str], aft
     return job_repo.page(session, tenant_id, metadata=metadata, after=after, limit=limit)
 
 
-def cancel_job(session: Session, tenant_id: str, job_id: str) -> Job:
+def cancel_job(session: Session, tenant_id: str, job_id: str, store: ObjectStore | None = None) -> Job:
     job = get_job(session, tenant_id, job_id)
     if is_terminal(job):
         raise ApiError(
             400, f"Job {job_id} has already {job.status}; it cannot be cancelled",
             param="fine_tuning_job_id", code="job_not_cancellable",
         )
+    running = job.status == JobStatus.RUNNING.value
     job.cancel_requested = True
     transition(session, job, JobStatus.CANCELLED, "Fine-tuning job cancelled")
+    if not running and store is not None:  # a running trainer is stopped first; the scheduler discards then
+        artifacts.discard_checkpoints(session, store, job)
+    return job
+
+
+def pause_job(session: Session, tenant_id: str, job_id: str) -> Job:
+    """Queued: paused at once. Running: the trainer is asked to checkpoint and stop; the job
+    shows `paused` once it has. Anything else cannot be paused."""
+    job = get_job(session, tenant_id, job_id)
+    if job.status == JobStatus.QUEUED.value:
+        transition(session, job, JobStatus.PAUSED, "Fine-tuning job paused")
+    elif job.status == JobStatus.RUNNING.value:
+        if not job.pause_requested:
+            job.pause_requested = True
+            events.add(session, job.job_id, "Pause requested: the trainer checkpoints and stops")
+    elif job.status != JobStatus.PAUSED.value:
+        raise ApiError(400, f"Job {job_id} is {job.status}; only a queued or running job can be paused",
+                       param="fine_tuning_job_id", code="job_not_pausable")
+    return job
+
+
+def resume_job(session: Session, tenant_id: str, job_id: str) -> Job:
+    """A paused job goes back to the queue and continues from its newest checkpoint."""
+    job = get_job(session, tenant_id, job_id)
+    if job.status != JobStatus.PAUSED.value:
+        raise ApiError(400, f"Job {job_id} is {job.status}; only a paused job can be resumed",
+                       param="fine_tuning_job_id", code="job_not_resumable")
+    job.pause_requested = False
+    transition(session, job, JobStatus.QUEUED, "Fine-tuning job resumed; it continues from its newest checkpoint")
     return job

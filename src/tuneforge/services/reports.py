@@ -168,6 +168,7 @@ def fail(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> 
     _require_current(job, attempt)
     attempt.failure, attempt.last_seq = dict(body), seq
     attempt.status, attempt.ended_at = AttemptStatus.FAILED.value, time.time()
+    attempt.failure_class = "user"  # bad data or divergence: retrying the same job would fail again
     error = {"code": str(body.get("code") or "training_failed"), "message": str(body.get("message") or ""),
              "param": body.get("param")}
     transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",

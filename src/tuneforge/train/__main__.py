@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.spec import JobSpec
@@ -52,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         return TrainerExit.PLATFORM_ERROR
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+
+    def preempted(_signum: int, _frame: object) -> None:
+        stop.requested_at = time.monotonic()  # type: ignore[attr-defined] - the grace period counts from here
+        stop.set()
+
+    signal.signal(signal.SIGTERM, preempted)
 
     from tuneforge.settings import Settings
     from tuneforge.storage.store import open_store

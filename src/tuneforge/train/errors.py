@@ -4,13 +4,18 @@ from __future__ import annotations
 
 
 class TrainingDiverged(Exception):
-    """The loss or the gradient norm stopped being finite: a user error (code `divergence`)."""
+    """The loss stopped being finite or stayed far above its best: a user error
+    (code `training_diverged`); retrying the same job would diverge again."""
 
-    code = "divergence"
+    code = "training_diverged"
 
-    def __init__(self, step: int, what: str) -> None:
+    def __init__(self, step: int, what: str, *, learning_rate: float | None = None) -> None:
         self.step = step
-        super().__init__(f"training diverged at step {step}: {what} is not finite")
+        advice = ("Try a lower learning_rate_multiplier (half of it is a good first step), a larger batch_size, "
+                  "a lower max_grad_norm, or more warmup (warmup_ratio); check the training data for very long "
+                  "or garbled examples. The job keeps its last good checkpoint.")
+        lr = f" (learning rate {learning_rate:.3g})" if learning_rate is not None else ""
+        super().__init__(f"training diverged at step {step}{lr}: {what}. {advice}")
 
 
 class AttemptFenced(Exception):

@@ -45,7 +45,7 @@ class FakeExecutor:
 
 @pytest.fixture
 def setup(tmp_path, database_url, tiny_model_dir):
-    platform = make_platform(tmp_path, database_url, lease_timeout_s=5.0)
+    platform = make_platform(tmp_path, database_url, lease_timeout_s=5.0, retry_backoff_s=0.0)
     add_base_model(platform, "tiny-base", tiny_model_dir)
     key = add_tenant(platform, "alpha")
     http = TestClient(create_app(platform=platform))

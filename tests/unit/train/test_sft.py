@@ -173,7 +173,7 @@ def test_divergence_is_a_user_error(tmp_path: Path, tiny_model_dir: Path) -> Non
     reporter = RecordingReporter()
     assert run_attempt(spec, store, reporter) == TrainerExit.USER_ERROR
     failure = reporter.of_kind("failure")[0]
-    assert failure["code"] == "divergence"
+    assert failure["code"] == "training_diverged"
     assert "not finite" in failure["message"]
     assert not reporter.of_kind("result")
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
+from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events as event_repo
 from tuneforge.db.repos import files as file_repo
@@ -99,8 +100,22 @@ def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Se
 
 
 @router.post("/{job_id}/cancel")
-def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
-    return job_object(job_service.cancel_job(session, tenant.tenant_id, job_id))
+def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session),
+               platform: Platform = Depends(deps.platform)) -> dict:
+    """Stops the job; its checkpoints are removed unless `checkpointing.keep_on_cancel`."""
+    return job_object(job_service.cancel_job(session, tenant.tenant_id, job_id, platform.store))
+
+
+@router.post("/{job_id}/pause")
+def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+    """A running job checkpoints and stops (status `paused` once it has); a queued one pauses at once."""
+    return job_object(job_service.pause_job(session, tenant.tenant_id, job_id))
+
+
+@router.post("/{job_id}/resume")
+def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+    """A paused job is queued again and continues from its newest checkpoint."""
+    return job_object(job_service.resume_job(session, tenant.tenant_id, job_id))
 
 
 @router.get("/{job_id}/events", response_model=None)
@@ -182,3 +197,15 @@ def download(
         artifacts.iter_file(archive), media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
     )
+
+
+@router.get("/{job_id}/attempts")
+def list_attempts(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+    """Extension: every attempt of the job, with how it ended and why (failure_class: platform failures are
+    retried and not billed, user errors are not retried)."""
+    job = job_service.get_job(session, tenant.tenant_id, job_id)
+    rows = attempt_repo.for_job(session, job.job_id)
+    return {"object": "list", "has_more": False, "data": [
+        {"object": "fine_tuning.job.attempt", "number": a.number, "status": a.status, "exit_code": a.exit_code,
+         "failure_class": a.failure_class, "gpus": a.gpus, "started_at": a.started_at, "ended_at": a.ended_at}
+        for a in rows]}

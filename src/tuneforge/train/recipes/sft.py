@@ -18,10 +18,27 @@ multiplier into it. Each optimizer step takes `batch_size` examples in
 micro-batches of `micro_batch_size`; the loss is the mean over the target
 tokens of the whole step.
 
+Preemption (SIGTERM sets `stop`): the step in progress finishes, a checkpoint
+is written, the attempt exits `PREEMPTED` — unless finishing the step would
+not leave half of `spec.preempt_grace_s` for the checkpoint: then the step is
+abandoned (gradients dropped, data position and RNG states rewound to the
+step's start) and the checkpoint holds every completed step. Either way no
+completed step is lost, and the resumed run stays bit-identical.
+
+Divergence: a non-finite loss or gradient norm, or a loss above
+`spec.divergence_loss_multiple` times its lowest value so far for
+`spec.divergence_patience_steps` steps in a row, stops the job
+(`training_diverged`). No checkpoint is written during such a streak, so the
+newest checkpoint is a good one.
+
 Options in `spec.extra`:
   cpu_threads: int — CPU intra-op threads, overriding the size-based choice.
   stop_after_step: int — (tests) after that optimizer step, stop as on
                    SIGTERM (checkpoint, exit `PREEMPTED`).
+  preempt_during_step: int — (tests) SIGTERM arrives after the first
+                   micro-batch of that step.
+  simulate_oom_above_micro_batch: int — (tests) a micro-batch larger than
+                   this raises an out-of-memory error, as CUDA would.
 """
 
 from __future__ import annotations
@@ -81,6 +98,8 @@ class TrainerState:
     trained_tokens: int = 0  # real tokens fed to the model, every epoch counted
     num_examples: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)  # one row per step
+    best_loss: float | None = None  # lowest train loss so far (divergence guard)
+    bad_steps: int = 0  # steps in a row far above best_loss
 
 
 @dataclass
@@ -100,7 +119,21 @@ class Run:
     total_steps: int
     state: TrainerState = field(default_factory=TrainerState)
     last_checkpoint_step: int = -1
+    last_checkpoint_time: float = field(default_factory=time.monotonic)
     epoch_cache: tuple[int, list[int]] = (-1, [])
+
+
+class StepAbandoned(Exception):
+    """A preemption notice came mid-step and the step cannot finish within the grace period."""
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """Where a step starts: enough to undo it."""
+
+    epoch: int
+    index_in_epoch: int
+    rng: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -150,7 +183,12 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
         if reason := stop_reason(run):
             return stop_early(run, reason)
         ensure_current(run)
-        stats = train_step(run, next_batch(run))
+        mark = StepMark(run.state.epoch, run.state.index_in_epoch, ckpt.capture_rng_state())
+        try:
+            stats = train_step(run, next_batch(run))
+        except StepAbandoned:
+            rewind(run, mark)
+            return stop_early(run, "preempted")
         finish_step(run, stats)
 
     # ------------------------------------------------------------------ save
@@ -223,6 +261,10 @@ def resume_or_start(run: Run) -> TrainerState:
     root = layout.checkpoints_prefix(run.spec.tenant_id, run.spec.job_id)
     found = ckpt.latest_valid_checkpoint(run.store, root)
     if found is None:
+        broken = ckpt.checkpoint_dirs(run.store, root)
+        if broken:
+            ckpt.delete_checkpoints_after(run.store, root, -1)
+            _report_skipped(run, [step for step, _ in broken], None)
         return TrainerState(num_examples=len(run.train_set))
     state = TrainerState(**ckpt.restore_training_state(found.files, run.model, run.optimizer, run.scheduler))
     if state.num_examples != len(run.train_set):
@@ -231,7 +273,10 @@ def resume_or_start(run: Run) -> TrainerState:
             f"the training file now has {len(run.train_set)}"
         )
     # Newer folders failed to verify; a fresh checkpoint at their step must not meet their leftovers.
+    skipped = [step for step, _ in ckpt.checkpoint_dirs(run.store, root) if step > found.step]
     ckpt.delete_checkpoints_after(run.store, root, found.step)
+    if skipped:
+        _report_skipped(run, skipped, found.step)
     run.last_checkpoint_step = found.step
     run.reporter.report("events", message_event(
         f"resumed from the checkpoint at step {found.step}",
@@ -239,6 +284,14 @@ def resume_or_start(run: Run) -> TrainerState:
     ))
     log.info("resumed from %s", found.prefix)
     return state
+
+
+def _report_skipped(run: Run, steps: list[int], used: int | None) -> None:
+    fallback = f"resuming from the checkpoint at step {used}" if used is not None else "starting from step 0"
+    run.reporter.report("events", message_event(
+        f"checkpoint(s) at step {', '.join(map(str, sorted(steps)))} incomplete or corrupt: {fallback}",
+        level="warn", data={"skipped_steps": sorted(steps), "resumed_from_step": used},
+    ))
 
 
 # -- train loop ----------------------------------------------------------------
@@ -273,26 +326,45 @@ def next_batch(run: Run) -> list[int]:
     return indices
 
 
+def rewind(run: Run, mark: StepMark) -> None:
+    """Undo a step that was started but not finished: no trace of it remains."""
+    run.optimizer.zero_grad(set_to_none=True)
+    run.state.epoch, run.state.index_in_epoch = mark.epoch, mark.index_in_epoch
+    ckpt.restore_rng_state(mark.rng)
+
+
 def train_step(run: Run, indices: list[int]) -> StepStats:
     hp = run.spec.hyperparameters
     started = time.perf_counter()
     examples = [run.train_set[index] for index in indices]
     step_targets = max(1, sum(target_token_count(example) for example in examples))
     loss_sum, correct, counted, num_tokens = 0.0, 0, 0, 0
-    for chunk in micro_batches(examples, hp.micro_batch_size):
+    chunks = list(micro_batches(examples, hp.micro_batch_size))
+    oom_above = run.spec.extra.get("simulate_oom_above_micro_batch")
+    for done, chunk in enumerate(chunks):
+        if oom_above is not None and len(chunk) > int(oom_above):
+            raise torch.OutOfMemoryError(f"simulated: a micro-batch of {len(chunk)} does not fit "
+                                         f"(limit {int(oom_above)})")
         batch = collate(chunk, run.tokenizer.pad_token_id, run.device)
         scores = score_tokens(run.model, batch)
         if not torch.isfinite(scores.loss_sum):
-            raise TrainingDiverged(run.state.step + 1, "the loss")
+            raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
+                                   learning_rate=run.scheduler.get_last_lr()[0])
         (scores.loss_sum / step_targets).backward()
         loss_sum += float(scores.loss_sum.detach())
         correct, counted = correct + scores.correct, counted + scores.count
         num_tokens += batch.num_tokens
         ensure_current(run)
+        if run.spec.extra.get("preempt_during_step") == run.state.step + 1 and done == 0:
+            run.stop.requested_at = time.monotonic()  # type: ignore[attr-defined]
+            run.stop.set()
+        if run.stop.is_set() and done + 1 < len(chunks) and _would_overrun(run, started, done + 1, len(chunks)):
+            raise StepAbandoned()
     max_norm = hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
     if not math.isfinite(grad_norm):
-        raise TrainingDiverged(run.state.step + 1, "the gradient norm")
+        raise TrainingDiverged(run.state.step + 1, "the gradient norm is not finite",
+                               learning_rate=run.scheduler.get_last_lr()[0])
     learning_rate = run.scheduler.get_last_lr()[0]
     run.optimizer.step()
     run.scheduler.step()
@@ -304,6 +376,31 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
     )
 
 
+def _would_overrun(run: Run, started: float, done: int, total: int) -> bool:
+    """Whether finishing this step would eat into the half of the grace period kept for the checkpoint."""
+    now = time.monotonic()
+    since_notice = now - getattr(run.stop, "requested_at", now)
+    per_micro_batch = (time.perf_counter() - started) / max(1, done)
+    return since_notice + per_micro_batch * (total - done) > run.spec.preempt_grace_s / 2
+
+
+def check_divergence(run: Run, stats: StepStats) -> TrainingDiverged | None:
+    """Count steps far above the best loss; too many in a row is divergence (returned, raised by the caller)."""
+    state, spec = run.state, run.spec
+    if state.best_loss is None or stats.train_loss < state.best_loss:
+        state.best_loss = stats.train_loss
+    if state.best_loss > 0 and stats.train_loss > spec.divergence_loss_multiple * state.best_loss:
+        state.bad_steps += 1
+    else:
+        state.bad_steps = 0
+    if spec.divergence_patience_steps > 0 and state.bad_steps >= spec.divergence_patience_steps:
+        return TrainingDiverged(
+            state.step, f"the loss stayed above {spec.divergence_loss_multiple:g}x its lowest value "
+            f"({state.best_loss:.4f}) for {state.bad_steps} steps (now {stats.train_loss:.4f})",
+            learning_rate=stats.learning_rate)
+    return None
+
+
 def finish_step(run: Run, stats: StepStats) -> None:
     """Book the step: history, metrics event, and validation + checkpoint when due."""
     state = run.state
@@ -313,8 +410,11 @@ def finish_step(run: Run, stats: StepStats) -> None:
         "step": state.step, "train_loss": stats.train_loss, "train_accuracy": stats.train_accuracy,
         "valid_loss": None, "valid_mean_token_accuracy": None,
     }
-    every_steps = run.spec.checkpoint.every_steps
-    checkpoint_due = every_steps > 0 and state.step % every_steps == 0
+    diverged = check_divergence(run, stats)
+    policy = run.spec.checkpoint
+    checkpoint_due = (policy.every_steps > 0 and state.step % policy.every_steps == 0) or (
+        policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60)
+    checkpoint_due = checkpoint_due and state.bad_steps == 0  # never save a state that may be diverging
     if checkpoint_due and run.valid_set:
         row["valid_loss"], row["valid_mean_token_accuracy"] = validate(run)
     state.history.append(row)
@@ -330,6 +430,8 @@ def finish_step(run: Run, stats: StepStats) -> None:
     run.reporter.report("events", metrics_event(data))
     log.info("step %d/%d loss %.4f acc %.3f lr %.2e", state.step, run.total_steps,
              stats.train_loss, stats.train_accuracy, stats.learning_rate)
+    if diverged is not None:
+        raise diverged
     if checkpoint_due:
         save_checkpoint(run)
 
@@ -359,6 +461,7 @@ def save_checkpoint(run: Run) -> str:
         run.store, layout.checkpoints_prefix(spec.tenant_id, spec.job_id), spec.checkpoint.keep_last
     )
     run.last_checkpoint_step = state.step
+    run.last_checkpoint_time = time.monotonic()
     run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "metrics": _row_metrics(state.history[-1])})
     return prefix
 
