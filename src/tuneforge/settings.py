@@ -79,9 +79,11 @@ class Settings(BaseSettings):
         default=10.0, description="Wait before retrying after the first platform failure; doubles each time.")
     retry_backoff_max_s: float = Field(default=300.0, description="Longest wait between retries.")
     divergence_loss_multiple: float = Field(
-        default=4.0, description="A loss above this multiple of its lowest value so far ...")
+        default=4.0, description="A smoothed train loss above this multiple of its lowest value so far ...")
     divergence_patience_steps: int = Field(
         default=20, description="... for this many steps in a row stops the job as training_diverged.")
+    divergence_min_increase: float = Field(
+        default=1.0, description="... when it is also at least this many nats above the lowest value.")
     min_training_examples: int = Field(
         default=10, description="A training file with fewer examples is rejected."
     )

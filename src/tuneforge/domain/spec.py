@@ -85,6 +85,7 @@ class JobSpec:
     preempt_grace_s: float = 90.0  # after SIGTERM: checkpoint and exit within this
     divergence_loss_multiple: float = 4.0
     divergence_patience_steps: int = 20
+    divergence_min_increase: float = 1.0  # nats: a near-zero best loss times a multiple is still near zero
     extra: dict[str, Any] = field(default_factory=dict)  # test hooks, future options
 
     def to_json(self) -> str:

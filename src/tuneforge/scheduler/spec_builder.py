@@ -52,6 +52,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         preempt_grace_s=settings.preempt_grace_s,
         divergence_loss_multiple=settings.divergence_loss_multiple,
         divergence_patience_steps=settings.divergence_patience_steps,
+        divergence_min_increase=settings.divergence_min_increase,
         cache_dir=str((settings.home / "cache" / "base-models").resolve()),
         extra=dict(resolved.get("extra") or {}),
     )

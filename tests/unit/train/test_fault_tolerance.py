@@ -79,7 +79,7 @@ def test_notice_mid_step_loses_no_completed_step_and_resumes_exactly(
 def test_loss_far_above_its_best_stops_the_job_without_saving(tmp_path: Path, tiny_model_dir: Path) -> None:
     spec, store = stage_job(tmp_path, tiny_model_dir, checkpoint={"every_steps": 1})
     # a multiple below 1 makes every step "far above" the best: the guard must fire after `patience` steps
-    spec = replace(spec, divergence_loss_multiple=0.5, divergence_patience_steps=3)
+    spec = replace(spec, divergence_loss_multiple=0.5, divergence_patience_steps=3, divergence_min_increase=-1.0)
     reporter = RecordingReporter()
     assert run_attempt(spec, store, reporter) == TrainerExit.USER_ERROR
     failure = reporter.of_kind("failure")[0]

@@ -25,8 +25,9 @@ abandoned (gradients dropped, data position and RNG states rewound to the
 step's start) and the checkpoint holds every completed step. Either way no
 completed step is lost, and the resumed run stays bit-identical.
 
-Divergence: a non-finite loss or gradient norm, or a loss above
-`spec.divergence_loss_multiple` times its lowest value so far for
+Divergence: a non-finite loss or gradient norm, or a smoothed loss above
+`spec.divergence_loss_multiple` times its lowest value so far (and at least
+`spec.divergence_min_increase` nats above it) for
 `spec.divergence_patience_steps` steps in a row, stops the job
 (`training_diverged`). No checkpoint is written during such a streak, so the
 newest checkpoint is a good one.
@@ -98,7 +99,8 @@ class TrainerState:
     trained_tokens: int = 0  # real tokens fed to the model, every epoch counted
     num_examples: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)  # one row per step
-    best_loss: float | None = None  # lowest train loss so far (divergence guard)
+    loss_ema: float | None = None  # smoothed train loss (divergence guard)
+    best_loss: float | None = None  # lowest smoothed train loss so far
     bad_steps: int = 0  # steps in a row far above best_loss
 
 
@@ -384,19 +386,25 @@ def _would_overrun(run: Run, started: float, done: int, total: int) -> bool:
     return since_notice + per_micro_batch * (total - done) > run.spec.preempt_grace_s / 2
 
 
+LOSS_SMOOTHING = 0.9  # the guard watches an exponential moving average: one hard batch is not divergence
+
+
 def check_divergence(run: Run, stats: StepStats) -> TrainingDiverged | None:
-    """Count steps far above the best loss; too many in a row is divergence (returned, raised by the caller)."""
+    """Count steps whose smoothed loss is far above its best (by `divergence_loss_multiple` and by at
+    least `divergence_min_increase` nats); too many in a row is divergence (returned, raised by the caller)."""
     state, spec = run.state, run.spec
-    if state.best_loss is None or stats.train_loss < state.best_loss:
-        state.best_loss = stats.train_loss
-    if state.best_loss > 0 and stats.train_loss > spec.divergence_loss_multiple * state.best_loss:
-        state.bad_steps += 1
-    else:
-        state.bad_steps = 0
+    ema = stats.train_loss if state.loss_ema is None else \
+        LOSS_SMOOTHING * state.loss_ema + (1 - LOSS_SMOOTHING) * stats.train_loss
+    state.loss_ema = ema
+    if state.best_loss is None or ema < state.best_loss:
+        state.best_loss = ema
+    far_above = ema > spec.divergence_loss_multiple * state.best_loss and \
+        ema - state.best_loss > spec.divergence_min_increase
+    state.bad_steps = state.bad_steps + 1 if far_above else 0
     if spec.divergence_patience_steps > 0 and state.bad_steps >= spec.divergence_patience_steps:
         return TrainingDiverged(
-            state.step, f"the loss stayed above {spec.divergence_loss_multiple:g}x its lowest value "
-            f"({state.best_loss:.4f}) for {state.bad_steps} steps (now {stats.train_loss:.4f})",
+            state.step, f"the smoothed loss stayed above {spec.divergence_loss_multiple:g}x its lowest value "
+            f"({state.best_loss:.4f}) for {state.bad_steps} steps (now {ema:.4f})",
             learning_rate=stats.learning_rate)
     return None
 
