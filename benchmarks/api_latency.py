@@ -203,6 +203,8 @@ def prepare_home(home: BenchHome) -> str:
     """migrate, a tenant and a fake base model; returns the tenant's API key."""
     home.cli("migrate")
     api_key = home.cli("tenants", "create", "bench").strip().splitlines()[-1].strip()
+    # the load test creates thousands of jobs: lift the tier's queued-jobs limit
+    home.cli("tenants", "set-quota", "bench", "--max-queued-jobs", "unlimited")
     home.cli("base-models", "add", BENCH_MODEL, str(fake_model_dir(home.root / "models" / BENCH_MODEL)))
     return api_key
 

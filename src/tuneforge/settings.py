@@ -50,7 +50,16 @@ class Settings(BaseSettings):
         default=1,
         description="Slots of the local executor: GPUs on this host, or logical slots on a CPU-only host.",
     )
+    local_nodes: int = Field(
+        default=1, description="Logical nodes of the local executor, each with TUNEFORGE_LOCAL_GPUS slots "
+                               "(so gang placement across nodes can be exercised on one host).")
+    gpus_per_node: int = Field(default=8, description="GPUs per node assumed when sizing multi-node jobs.")
+    gpu_memory_gb: float = Field(default=80.0, description="Memory of one GPU, for default GPU counts.")
     scheduler_tick_s: float = Field(default=0.5, description="Seconds between scheduler ticks.")
+    scheduler_aging_s: float = Field(
+        default=3600.0, description="Queue aging: waiting this long is worth one tier (no job starves).")
+    premium_target_wait_s: float = Field(
+        default=300.0, description="A premium job waiting longer preempts lower-tier work (checkpoint, requeue).")
     lease_timeout_s: float = Field(
         default=60.0, description="An attempt whose last heartbeat is older than this is lost."
     )

@@ -6,7 +6,7 @@ from fastapi import FastAPI
 
 from tuneforge import __version__
 from tuneforge.api import errors
-from tuneforge.api.routes import files, internal, jobs, models
+from tuneforge.api.routes import files, internal, jobs, metrics, models, usage
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
@@ -17,11 +17,12 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app = FastAPI(title="tuneforge", version=__version__, summary="OpenAI-compatible fine-tuning platform")
     app.state.platform = platform
     errors.install(app)
-    for router in (files.router, jobs.router, models.router, internal.router):
+    for router in (files.router, jobs.router, models.router, usage.router, metrics.router, internal.router):
         app.include_router(router)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict:
-        return {"status": "ok", "version": __version__}
+        # scheduler: "leader" (this process schedules), "standby" (another one does), "off" (API only)
+        return {"status": "ok", "version": __version__, "scheduler": platform.scheduler_role}
 
     return app

@@ -1,7 +1,9 @@
-"""Admin commands that act on the metadata store directly: tenants, base models, migrate."""
+"""Admin commands that act on the metadata store directly: tenants (tiers, quotas, usage), base models,
+migrate."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
@@ -13,7 +15,9 @@ from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError
 from tuneforge.services import base_models as base_model_service
+from tuneforge.services import quotas
 from tuneforge.services import tenants as tenant_service
+from tuneforge.services import usage as usage_service
 from tuneforge.services.context import Platform
 from tuneforge.settings import get_settings
 
@@ -78,6 +82,74 @@ def tenants_set_tier(name: str, tier: str) -> None:
     except ApiError as exc:
         fail(exc)
     console.print(f"{name}: tier {tier}")
+
+
+_QUOTA_HELP = "a number, 'unlimited', or 'default' (the tier's)"
+
+
+def _quota_value(option: str, text: str) -> float | None:
+    """A quota as typed: a number, 'unlimited' (no limit) or 'default' (back to the tier's default)."""
+    word = text.strip().lower()
+    if word == "default":
+        return None
+    if word in ("unlimited", "none"):
+        return float(quotas.UNLIMITED)
+    try:
+        return float(word)
+    except ValueError:
+        console.print(f"[red]error:[/red] {option} must be {_QUOTA_HELP}; got {text!r}")
+        raise typer.Exit(code=2) from None
+
+
+def _shown(value: float | None) -> str:
+    return "unlimited" if value is None else f"{value:g}"
+
+
+@tenants_app.command("set-quota")
+def tenants_set_quota(
+    name: str,
+    max_concurrent_jobs: str = typer.Option(None, help=f"Jobs running at once: {_QUOTA_HELP}."),
+    max_queued_jobs: str = typer.Option(None, help=f"Jobs queued or validating at once: {_QUOTA_HELP}."),
+    gpu_hours_hard: str = typer.Option(None, help=f"Billable GPU-hours per month (UTC) after which new jobs are "
+                                                  f"refused: {_QUOTA_HELP}."),
+    gpu_hours_soft: str = typer.Option(None, help=f"Monthly GPU-hour allowance; usage past it is flagged, not "
+                                                  f"refused: {_QUOTA_HELP}."),
+) -> None:
+    """Override the tenant's tier quotas; options not given keep their value."""
+    given = {"max_concurrent_jobs": max_concurrent_jobs, "max_queued_jobs": max_queued_jobs,
+             "gpu_hours_hard": gpu_hours_hard, "gpu_hours_soft": gpu_hours_soft}
+    changes = {field: _quota_value("--" + field.replace("_", "-"), text)
+               for field, text in given.items() if text is not None}
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            limits = quotas.limits(tenant_service.set_quota(session, name, changes))
+    except ApiError as exc:
+        fail(exc)
+    console.print(f"{name}: " + ", ".join(f"{field} {_shown(getattr(limits, field))}"
+                                          for field in quotas.QUOTA_FIELDS))
+
+
+def usage(month: str = typer.Option(None, help="Calendar month YYYY-MM (UTC); default: this month.")) -> None:
+    """GPU-hours of every tenant in a month: billable, refunded, against allowance and cap."""
+    ctx = platform()
+    now = time.time()
+    try:
+        month = usage_service.parse_month(month) if month else usage_service.current_month(now)
+    except ApiError as exc:
+        fail(exc)
+    # "over": billable hours past the soft allowance (allowed, flagged); "hard": the cap new jobs stop at
+    table = Table("tenant", "tier", "GPU-h", "billable", "refunded", "soft", "over", "hard",
+                  title=f"GPU-hours {month} (UTC)")
+    with ctx.db.session() as session:
+        for row in tenant_service.usage_report(session, month, now):
+            table.add_row(row["tenant"], row["tier"], f"{row['gpu_hours']:.2f}", f"{row['billable_gpu_hours']:.2f}",
+                          f"{row['refunded_gpu_hours']:.2f}", _shown(row["gpu_hours_soft"]),
+                          "yes" if row["over_soft_allowance"] else "no", _shown(row["gpu_hours_hard"]))
+    Console().print(table)
+
+
+tenants_app.command("usage")(usage)
 
 
 @tenants_app.command("set-pii-policy")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tuneforge.cli import admin, client
+from tuneforge.cli import admin, client, queue_cmd
 
 app = typer.Typer(help="tuneforge: self-hosted, OpenAI-compatible fine-tuning.", no_args_is_help=True)
 app.add_typer(admin.tenants_app, name="tenants")
@@ -13,6 +13,8 @@ app.add_typer(admin.eval_sets_app, name="eval-sets")
 app.add_typer(client.files_app, name="files")
 app.add_typer(client.jobs_app, name="jobs")
 app.command("migrate")(admin.migrate)
+app.command("queue")(queue_cmd.show_queue)
+app.command("usage")(admin.usage)
 
 
 def _serve(host: str | None, port: int | None, scheduler: bool) -> None:

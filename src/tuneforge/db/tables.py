@@ -36,6 +36,11 @@ class Tenant(Base):
     tier: Mapped[str] = mapped_column(String(16), default="standard")
     pii_policy: Mapped[str] = mapped_column(String(16), default="warn", server_default="warn")
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # Quota overrides (services/quotas.py): NULL takes the tier's default, -1 means no limit.
+    max_concurrent_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpu_hours_hard: Mapped[float | None] = mapped_column(Float, nullable=True)  # per calendar month, UTC
+    gpu_hours_soft: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ApiKey(Base):

@@ -45,3 +45,13 @@ def conflict(message: str, param: str | None = None, code: str | None = None) ->
 
 def unauthorized(message: str, code: str = "invalid_api_key") -> ApiError:
     return ApiError(401, message, "invalid_request_error", None, code)
+
+
+def rate_limited(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """429: the same request may succeed later (e.g. once a queued job has started)."""
+    return ApiError(429, message, "rate_limit_error", param, code)
+
+
+def quota_exceeded(message: str, code: str = "quota_exceeded") -> ApiError:
+    """403: the tenant's quota refuses the request until it is raised or renewed."""
+    return ApiError(403, message, "insufficient_quota", None, code)

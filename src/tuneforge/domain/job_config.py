@@ -73,6 +73,12 @@ class Checkpointing(_Strict):
     keep_on_cancel: bool | None = Field(None, description="Keep the checkpoints when the job is cancelled.")
 
 
+class Resources(_Strict):
+    gpus: int | None = Field(None, ge=1, le=1024, description="GPUs for the job; default from model size.")
+    gpu_type: str | None = Field(None, max_length=64, description="GPU type, e.g. a100-80gb.")
+    gpu_memory_gb: float | None = Field(None, gt=0, le=1024, description="Least memory per GPU.")
+
+
 class DataOptions(_Strict):
     format: Literal["jsonl", "csv", "parquet", "hf_dataset"] | None = Field(
         None, description="Force the file format instead of detecting it.")
@@ -108,3 +114,4 @@ class JobCreate(_Strict):
     training_type: TrainingType | None = None
     checkpointing: Checkpointing | None = None
     data: DataOptions | None = None
+    resources: Resources | None = None

@@ -23,6 +23,10 @@ from tuneforge.settings import Settings
 NODE_NAME = "local"
 
 
+def node_name(index: int) -> str:
+    return NODE_NAME if index == 0 else f"{NODE_NAME}-{index}"
+
+
 def _storage_env(settings: Settings) -> dict[str, str]:
     env = {}
     for name in ("s3_endpoint_url", "s3_region", "s3_access_key_id", "s3_secret_access_key"):
@@ -30,6 +34,12 @@ def _storage_env(settings: Settings) -> dict[str, str]:
         if value:
             env[f"TUNEFORGE_{name.upper()}"] = str(value)
     return env
+
+
+def local_inventory(settings: Settings) -> Capacity:
+    """`local_nodes` logical nodes of `local_gpus` slots each."""
+    gpus = max(0, int(settings.local_gpus))
+    return Capacity(nodes=[NodeCapacity(node_name(i), gpus, gpus) for i in range(max(1, int(settings.local_nodes)))])
 
 
 class LocalExecutor:
@@ -41,8 +51,11 @@ class LocalExecutor:
         self._children: dict[int, subprocess.Popen] = {}
 
     def capacity(self) -> Capacity:
-        busy = sum(1 for proc in self._children.values() if proc.poll() is None)  # poll() also reaps
-        return Capacity(nodes=[NodeCapacity(NODE_NAME, self.total_gpus, max(0, self.total_gpus - busy))])
+        """`local_nodes` logical nodes of `local_gpus` slots each (free counts: the scheduler
+        knows which slots its attempts hold; this host cannot tell)."""
+        for proc in list(self._children.values()):
+            proc.poll()  # reaps finished children
+        return local_inventory(self.settings)
 
     def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
         stem = f"{spec.job_id}-attempt-{spec.attempt}"
@@ -55,6 +68,7 @@ class LocalExecutor:
         env = dict(os.environ)
         env.update(_storage_env(self.settings))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_ids)
+        env["TUNEFORGE_NODE"] = placement.node
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
@@ -63,7 +77,7 @@ class LocalExecutor:
                 env=env, cwd=str(self.workdir), start_new_session=True,
             )
         self._children[proc.pid] = proc
-        return {"pid": proc.pid, "spec_path": str(spec_path), "log_path": str(log_path), "node": NODE_NAME}
+        return {"pid": proc.pid, "spec_path": str(spec_path), "log_path": str(log_path), "node": placement.node}
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
         pid = int(handle["pid"])

@@ -31,11 +31,21 @@ class Capacity:
 
 @dataclass(frozen=True)
 class Placement:
+    """Where an attempt runs: `node` and its `gpu_ids`; a multi-node job also
+    lists every node it spans in `spans` (node -> GPU ids, `node` included)."""
+
     node: str
     gpu_ids: list[int] = field(default_factory=list)
+    spans: dict[str, list[int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "gpu_ids": list(self.gpu_ids)}
+        return {"node": self.node, "gpu_ids": list(self.gpu_ids),
+                "spans": {name: list(ids) for name, ids in (self.spans or {self.node: self.gpu_ids}).items()}}
+
+    @classmethod
+    def from_assignment(cls, assignment: dict[str, tuple[int, ...]]) -> "Placement":
+        first = sorted(assignment)[0]
+        return cls(first, list(assignment[first]), {name: list(ids) for name, ids in assignment.items()})
 
 
 @dataclass(frozen=True)

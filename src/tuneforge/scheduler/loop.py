@@ -9,17 +9,32 @@ import logging
 import secrets
 import threading
 import time
+from collections import Counter
 
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.status import AttemptStatus, JobStatus
 from tuneforge.executors.protocol import Executor, Placement, PollResult
+from tuneforge.scheduler.leader import LeaderLock
+from tuneforge.scheduler.policy import (
+    Node,
+    Plan,
+    PolicyConfig,
+    QueuedJob,
+    choose_victims,
+    order_queue,
+    plan,
+    waited_too_long,
+)
 from tuneforge.scheduler.spec_builder import build_spec
-from tuneforge.services import artifacts
+from tuneforge.scheduler.state import ClusterState, read_state
+from tuneforge.services import artifacts, quotas
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
 from tuneforge.services.reports import token_hash
@@ -29,11 +44,17 @@ log = logging.getLogger("tuneforge.scheduler")
 
 
 class Scheduler:
-    def __init__(self, platform: Platform, executor: Executor) -> None:
+    def __init__(self, platform: Platform, executor: Executor, policy: PolicyConfig | None = None) -> None:
         self.platform = platform
         self.executor = executor
+        settings = platform.settings
+        self.policy = policy or PolicyConfig(
+            aging_s=settings.scheduler_aging_s,
+            target_wait_s={"premium": settings.premium_target_wait_s, "standard": None, "free": None})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.leader = LeaderLock(settings.resolved_database_url, settings.home)
+        self._leading_since = 0.0  # when this process last became the one scheduling (0: tick() called directly)
 
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:
@@ -76,13 +97,16 @@ class Scheduler:
             self.executor.signal(handle, "preempt")  # checkpoint and stop; the exit is handled below
             attempt.handle = {**handle, "preempt_sent": time.time()}
         poll = self.executor.poll(handle) if handle else PollResult("unknown")
+        # a control plane that just started (or just took over) has heard no heartbeat yet:
+        # every lease counts from then at the earliest, so downtime alone never loses an attempt
+        heard = max(attempt.heartbeat_at, self._leading_since)
         if poll.state == "running":
-            if time.time() - attempt.heartbeat_at > self.platform.settings.lease_timeout_s:
+            if time.time() - heard > self.platform.settings.lease_timeout_s:
                 self.executor.signal(handle, "cancel")
                 _end_attempt(attempt, AttemptStatus.LOST, None, "platform")
                 self._retry_or_fail(session, job, attempt, "lease expired: no heartbeat")
             return
-        if poll.state == "unknown" and time.time() - attempt.heartbeat_at <= self.platform.settings.lease_timeout_s:
+        if poll.state == "unknown" and time.time() - heard <= self.platform.settings.lease_timeout_s:
             return  # launched by another process and maybe still alive: trust the lease
         self._handle_exit(session, job, attempt, poll, handle)
 
@@ -161,21 +185,65 @@ class Scheduler:
                    error={"code": "platform_error", "message": f"{reason}. {tail[-800:]}".strip(), "param": None})
 
     def _admit_queued_jobs(self) -> None:
+        """Order the queue, start what fits (gang placement, EASY backfill), and preempt
+        lower-tier work for a job that has waited past its tier's target."""
         now = time.time()
+        capacity = self.executor.capacity()
+        self.platform.inventory = capacity
         with self.platform.db.session() as session:
-            queued = [j.job_id for j in job_repo.with_status(session, [JobStatus.QUEUED.value])
-                      if not j.not_before or j.not_before <= now]  # retry backoff
-            busy = {gpu for a in attempt_repo.active(session) for gpu in (a.placement or {}).get("gpu_ids", [])}
-        total = self.executor.capacity().total_gpus
-        free = [gpu for gpu in range(total) if gpu not in busy]
-        for job_id in queued:
-            if not free:
-                return
-            gpu = free.pop(0)
+            state = read_state(session, capacity, now)
+            allowed = self._start_allowance(session, state)
+        ordered = order_queue(state.queued, self.policy, state.recent_gpu_hours)
+        decision = plan(ordered, state.nodes, state.running, now, self.policy,
+                        can_start=lambda job: allowed(job.tenant_id))
+        for job, assignment in decision.starts:
             try:
-                self._launch(job_id, Placement("local", [gpu]))
+                self._launch(job.job_id, Placement.from_assignment(assignment) if assignment
+                             else Placement("", []))
             except Exception:  # noqa: BLE001
-                log.exception("launching %s failed", job_id)
+                log.exception("launching %s failed", job.job_id)
+        head = decision.blocked
+        if head is not None and waited_too_long(head, now, self.policy):
+            self._preempt_for(head, decision, state, now)
+
+    def _start_allowance(self, session: Session, state: ClusterState):  # noqa: ANN202
+        """tenant -> may another of its jobs start now (concurrency caps), counting starts of this tick."""
+        running = Counter(job.tenant_id for job in state.running)
+        limits = {tenant.tenant_id: quotas.limits(tenant) for tenant in tenant_repo.list_all(session)}
+
+        def allowed(tenant_id: str) -> bool:
+            cap = limits[tenant_id].max_concurrent_jobs if tenant_id in limits else None
+            if cap is not None and running[tenant_id] >= cap:
+                return False
+            running[tenant_id] += 1  # plan() starts the job when this returns True and it fits
+            return True
+
+        return allowed
+
+    def _preempt_for(self, head: QueuedJob, decision: Plan, state: ClusterState, now: float) -> None:
+        # GPUs of jobs already asked to stop count as free: never preempt more than needed
+        nodes = [Node(n.name, n.total, set(n.free)) for n in decision.free]
+        by_name = {n.name: n for n in nodes}
+        for job in state.running:
+            if job.job_id in state.stopping:
+                for name, ids in job.placement.items():
+                    if name in by_name:
+                        by_name[name].free.update(ids)
+        candidates = [job for job in state.running if job.job_id not in state.stopping]
+        victims = choose_victims(head, nodes, candidates, now)
+        for victim in victims or []:
+            number, handle = state.handles[victim.job_id]
+            with self.platform.db.session() as session:
+                attempt = attempt_repo.current(session, victim.job_id, number)
+                if attempt is None or attempt.status not in ("starting", "running"):
+                    continue
+                if handle:
+                    self.executor.signal(handle, "preempt")
+                attempt.handle = {**(attempt.handle or {}), "preempt_sent": now}
+                events.add(session, victim.job_id,
+                           f"Preempting attempt {number} for a {head.tier} job that waited "
+                           f"{now - head.queued_at:.0f} s: checkpoint, then requeue",
+                           level="warn", data={"for_job": head.job_id}, attempt=number)
 
     def _launch(self, job_id: str, placement: Placement) -> None:
         token = secrets.token_urlsafe(32)
@@ -189,7 +257,8 @@ class Scheduler:
             now = time.time()
             attempt = Attempt(
                 job_id=job_id, number=number, status=AttemptStatus.STARTING.value, token_hash=token_hash(token),
-                gpus=len(placement.gpu_ids), placement=placement.to_dict(), heartbeat_at=now, started_at=now,
+                gpus=sum(len(ids) for ids in (placement.spans or {placement.node: placement.gpu_ids}).values()),
+                placement=placement.to_dict(), heartbeat_at=now, started_at=now,
             )
             session.add(attempt)
             transition(session, job, JobStatus.RUNNING, f"Fine-tuning job started (attempt {number})",
@@ -215,7 +284,12 @@ class Scheduler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.tick()
+                leading = self.leader.holds()  # another control plane on this database may be scheduling
+                if leading and self.platform.scheduler_role != "leader":
+                    self._leading_since = time.time()
+                self.platform.scheduler_role = "leader" if leading else "standby"
+                if leading:
+                    self.tick()
             except Exception:  # noqa: BLE001
                 log.exception("scheduler tick failed")
             self._stop.wait(self.platform.settings.scheduler_tick_s)
@@ -224,6 +298,8 @@ class Scheduler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self.leader.release()
+        self.platform.scheduler_role = "off"
 
 
 def _end_attempt(attempt: Attempt, status: AttemptStatus, exit_code: int | None,

@@ -19,6 +19,8 @@ from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import transition
+from tuneforge.executors.local import local_inventory
+from tuneforge.scheduler.policy import Node, QueuedJob, place
 from tuneforge.storage import layout
 
 
@@ -45,6 +47,10 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
         return
     platform.store.put_bytes(report_key, json.dumps(plan.prepared.report).encode())
     settings = platform.settings
+    unplaceable = _never_fits(platform, plan.resources)
+    if unplaceable:
+        _fail(session, job, "resources_unavailable", unplaceable, param="resources.gpus")
+        return
     policy = request.checkpointing
     job.resolved = plan.resolved({
         "every_steps": (policy and policy.every_steps) or settings.default_checkpoint_every_steps,
@@ -64,3 +70,17 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
 def _fail(session: Session, job: Job, code: str, message: str, param: str | None = "training_file") -> None:
     transition(session, job, JobStatus.FAILED, f"Validation failed: {message}", level="error",
                error={"code": code, "message": message, "param": param})
+
+
+def _never_fits(platform: Platform, resources: dict) -> str | None:
+    """Why the job could not be placed even on an idle inventory, or None."""
+    capacity = platform.inventory or local_inventory(platform.settings)
+    nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus))) for n in capacity.nodes]
+    probe = QueuedJob("probe", "probe", "standard", int(resources["gpus"]), 0.0, 0.0,
+                      int(resources.get("gpus_per_node") or 0))
+    if place(probe, nodes) is not None:
+        return None
+    sizes = sorted({n.total for n in nodes}, reverse=True)
+    return (f"resources.gpus = {probe.gpus} cannot be placed: the inventory has {len(nodes)} node(s) of "
+            f"{', '.join(map(str, sizes))} GPUs and a job's GPUs must be on one node (or whole nodes above "
+            f"{platform.settings.gpus_per_node} GPUs)")

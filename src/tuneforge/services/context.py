@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tuneforge.db.engine import Database
 from tuneforge.settings import Settings
@@ -14,6 +15,8 @@ class Platform:
     settings: Settings
     db: Database
     store: FsspecStore
+    inventory: Any = None  # the executor's last reported Capacity (set by the scheduler), for queue views
+    scheduler_role: str = "off"  # "leader" | "standby" | "off", set by the scheduler thread
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Platform":

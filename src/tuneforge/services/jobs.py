@@ -141,6 +141,9 @@ def create_job(
         if existing is not None:
             return _replay(existing, body_hash), False
     base, _training, _validation = _check_inputs(session, settings, tenant, request)
+    from tuneforge.services import quotas
+
+    quotas.check_admission(session, tenant)  # 403 quota_exceeded / 429 too_many_queued_jobs: nothing is created
     job = Job(
         job_id=new_id("ftjob"),
         tenant_id=tenant.tenant_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -12,6 +13,7 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import ApiKey, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, unauthorized
 from tuneforge.domain.ids import new_id
+from tuneforge.services import quotas, usage
 
 TIERS = ("free", "standard", "premium")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -88,3 +90,24 @@ def set_pii_policy(session: Session, name: str, policy: str) -> Tenant:
     tenant = _named(session, name)
     tenant.pii_policy = policy
     return tenant
+
+
+def set_quota(session: Session, name: str, changes: dict[str, float | None]) -> Tenant:
+    """Override some of the tenant's quotas (services/quotas.py): a limit >= 0, `quotas.UNLIMITED`,
+    or None to go back to the tier's default. Quotas not named keep their value."""
+    tenant = _named(session, name)
+    checked = {field: quotas.checked_override(field, value) for field, value in changes.items()}
+    for field, value in checked.items():  # all checked first: a bad value changes nothing
+        setattr(tenant, field, value)
+    return tenant
+
+
+def usage_report(session: Session, month: str, now: float) -> list[dict[str, Any]]:
+    """Every tenant's GPU-hours in `month` against its allowance and cap (admin view), by tenant creation."""
+    start, end = usage.month_bounds(month)
+    by_tenant = usage.usage_by_tenant(session, start, end, now)
+    return [
+        {"tenant": tenant.name, "tier": tenant.tier,
+         **quotas.totals(tenant, month, by_tenant.get(tenant.tenant_id, usage.Metered()))}
+        for tenant in tenant_repo.list_all(session)
+    ]

@@ -25,6 +25,9 @@ from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus, TERMINAL
 from tuneforge.services import artifacts, datasets
 from tuneforge.services import jobs as job_service
+from tuneforge.executors.local import local_inventory
+from tuneforge.scheduler.policy import PolicyConfig
+from tuneforge.scheduler.queue_view import queue_view
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
 
@@ -95,8 +98,24 @@ def list_jobs(
 
 
 @router.get("/{job_id}")
-def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
-    return job_object(job_service.get_job(session, tenant.tenant_id, job_id))
+def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session),
+                 platform: Platform = Depends(deps.platform)) -> dict:
+    job = job_service.get_job(session, tenant.tenant_id, job_id)
+    body = job_object(job)
+    if job.status == JobStatus.QUEUED.value:
+        body["queue"] = queue_place(session, platform, job.job_id)
+    return body
+
+
+def queue_place(session: Session, platform: Platform, job_id: str) -> dict | None:
+    """Extension: the job's position in the scheduling order and its estimated start (epoch seconds)."""
+    capacity = platform.inventory or local_inventory(platform.settings)
+    policy = PolicyConfig(aging_s=platform.settings.scheduler_aging_s)
+    for entry in queue_view(session, capacity, policy, time.time()):
+        if entry.job_id == job_id:
+            start = None if entry.estimated_start is None else int(entry.estimated_start)
+            return {"position": entry.position, "estimated_start": start}
+    return None  # waiting out a retry backoff
 
 
 @router.post("/{job_id}/cancel")

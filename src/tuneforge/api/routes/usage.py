@@ -1,0 +1,43 @@
+"""/v1/usage — the calling tenant's metered GPU time in a month, job by job (extension)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends
+from sqlalchemy.orm import Session
+
+from tuneforge.api import deps
+from tuneforge.db.tables import Tenant
+from tuneforge.services import quotas, usage
+
+router = APIRouter(prefix="/v1/usage", tags=["usage"])
+
+
+def usage_job_object(row: usage.JobUsage) -> dict:
+    return {
+        "object": "usage.job",
+        "job_id": row.job_id,
+        "model": row.model,
+        "status": row.status,
+        "gpu_seconds": round(row.metered.gpu_seconds, 3),
+        "billable_gpu_seconds": round(row.metered.billable_gpu_seconds, 3),
+        "refunded_gpu_seconds": round(row.metered.refunded_gpu_seconds, 3),
+        "attempts": row.metered.attempts,
+    }
+
+
+@router.get("")
+def get_usage(month: str | None = None, tenant: Tenant = Depends(deps.tenant),
+              session: Session = Depends(deps.session)) -> dict:
+    """GPU-seconds per job in `month` (YYYY-MM, UTC; default this month): attempts from launch to end,
+    queue time free, platform failures refunded; totals in GPU-hours against the tenant's allowance."""
+    now = time.time()
+    month = usage.parse_month(month) if month is not None else usage.current_month(now)
+    rows = usage.jobs_usage(session, tenant.tenant_id, month, now)
+    return {
+        "object": "list",
+        "data": [usage_job_object(row) for row in rows],
+        "has_more": False,
+        "totals": quotas.month_totals(session, tenant, month, now),
+    }

@@ -1,0 +1,34 @@
+"""`tuneforge queue`: the whole queue in scheduling order, for admins (reads the database directly)."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from tuneforge.cli.admin import platform as open_platform
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.executors.local import local_inventory
+from tuneforge.scheduler.policy import PolicyConfig
+from tuneforge.scheduler.queue_view import queue_view
+
+
+def show_queue() -> None:
+    """Queued jobs in the order they will start: tenant, tier, GPUs, wait so far and estimated start."""
+    platform = open_platform()
+    settings = platform.settings
+    now = time.time()
+    with platform.db.session() as session:
+        names = {t.tenant_id: t.name for t in tenant_repo.list_all(session)}
+        entries = queue_view(session, local_inventory(settings), PolicyConfig(aging_s=settings.scheduler_aging_s), now)
+    if not entries:
+        typer.echo("the queue is empty")
+        return
+    typer.echo(f"{'pos':>4}  {'job':<28}{'tenant':<16}{'tier':<10}{'gpus':>5}{'waiting':>10}  estimated start")
+    for entry in entries:
+        waited = f"{(now - entry.queued_at) / 60:.0f} min"
+        start = "never (larger than the inventory)" if entry.estimated_start is None else \
+            ("now" if entry.estimated_start <= now + 1 else
+             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(entry.estimated_start)))
+        typer.echo(f"{entry.position:>4}  {entry.job_id:<28}{names.get(entry.tenant_id, entry.tenant_id):<16}"
+                   f"{entry.tier:<10}{entry.gpus:>5}{waited:>10}  {start}")

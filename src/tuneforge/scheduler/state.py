@@ -1,0 +1,105 @@
+"""The cluster as the policy sees it, read from the database and the executor's inventory.
+
+The database is the truth about which GPUs are held (an attempt's placement
+is written before it is launched), so a restarted control plane sees the same
+picture; the executor only says which nodes exist and how many GPUs each has.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.tables import Attempt, Checkpoint, Job, Tenant
+from tuneforge.domain.status import JobStatus
+from tuneforge.executors.protocol import Capacity
+from tuneforge.scheduler.policy import Node, QueuedJob, RunningJob
+
+FAIR_SHARE_WINDOW_S = 24 * 3600.0
+
+
+@dataclass
+class ClusterState:
+    nodes: list[Node]
+    running: list[RunningJob]
+    queued: list[QueuedJob]
+    recent_gpu_hours: dict[str, float]  # tenant -> GPU-hours in the fair-share window
+    stopping: set[str]  # jobs whose attempt was asked to checkpoint and stop
+    handles: dict[str, tuple[int, dict[str, Any]]]  # running job -> (attempt number, handle)
+
+
+def placement_spans(placement: dict[str, Any] | None) -> dict[str, tuple[int, ...]]:
+    """node -> GPU ids of a stored placement (older rows hold one node only)."""
+    if not placement:
+        return {}
+    spans = placement.get("spans")
+    if spans:
+        return {name: tuple(ids) for name, ids in spans.items()}
+    return {placement.get("node", "local"): tuple(placement.get("gpu_ids", []))}
+
+
+def _estimate(job: Job) -> dict[str, Any]:
+    return (job.resolved or {}).get("estimate") or {}
+
+
+def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState:
+    nodes = {n.name: Node(n.name, n.total_gpus, set(range(n.total_gpus))) for n in capacity.nodes}
+    active = attempt_repo.active(session)
+    jobs = {j.job_id: j for j in session.scalars(select(Job).where(
+        Job.job_id.in_([a.job_id for a in active]) | (Job.status == JobStatus.QUEUED.value)))}
+    tiers = dict(session.execute(select(Tenant.tenant_id, Tenant.tier)).all())
+    checkpointed = dict(session.execute(
+        select(Checkpoint.job_id, func.max(Checkpoint.created_at)).group_by(Checkpoint.job_id)).all())
+
+    running: list[RunningJob] = []
+    stopping: set[str] = set()
+    handles: dict[str, tuple[int, dict[str, Any]]] = {}
+    for attempt in active:
+        spans = placement_spans(attempt.placement)
+        for name, ids in spans.items():
+            if name in nodes:
+                nodes[name].free.difference_update(ids)
+        job = jobs.get(attempt.job_id)
+        if job is None:
+            continue
+        runtime = float(_estimate(job).get("estimated_runtime_seconds") or 3600.0)
+        running.append(RunningJob(
+            job_id=job.job_id, tenant_id=job.tenant_id, tier=tiers.get(job.tenant_id, "standard"),
+            placement=spans, started_at=attempt.started_at, expected_end=attempt.started_at + runtime,
+            last_checkpoint_at=float(checkpointed.get(job.job_id) or attempt.started_at),
+            progress=min(1.0, (now - attempt.started_at) / runtime) if runtime > 0 else 0.0))
+        handles[job.job_id] = (attempt.number, attempt.handle or {})
+        if (attempt.handle or {}).get("preempt_sent"):
+            stopping.add(job.job_id)
+
+    queued = []
+    for job in jobs.values():
+        if job.status != JobStatus.QUEUED.value or (job.not_before and job.not_before > now):
+            continue
+        resolved = job.resolved or {}
+        resources = resolved.get("resources") or {}
+        queued.append(QueuedJob(
+            job_id=job.job_id, tenant_id=job.tenant_id, tier=tiers.get(job.tenant_id, "standard"),
+            gpus=int(resolved.get("gpus") or 1), queued_at=float(job.created_at),
+            runtime_s=float(_estimate(job).get("estimated_runtime_seconds") or 3600.0),
+            gpus_per_node=int(resources.get("gpus_per_node") or 0)))
+    return ClusterState(list(nodes.values()), running, queued, recent_usage(session, now), stopping, handles)
+
+
+def recent_usage(session: Session, now: float, window_s: float = FAIR_SHARE_WINDOW_S) -> dict[str, float]:
+    """GPU-hours each tenant used in the last `window_s` seconds (running attempts up to now)."""
+    since = now - window_s
+    rows = session.execute(
+        select(Job.tenant_id, Attempt.gpus, Attempt.started_at, Attempt.ended_at)
+        .join(Job, Job.job_id == Attempt.job_id)
+        .where((Attempt.ended_at.is_(None)) | (Attempt.ended_at > since))).all()
+    usage: dict[str, float] = defaultdict(float)
+    for tenant_id, gpus, started, ended in rows:
+        seconds = max(0.0, min(ended or now, now) - max(started or now, since))
+        usage[tenant_id] += (gpus or 0) * seconds / 3600
+    return dict(usage)

@@ -1,0 +1,225 @@
+"""Metering: GPU-seconds per attempt, job, tenant and month; the platform's gauges.
+
+An attempt is metered from its launch (`started_at`) to its end (`ended_at`,
+or now while it runs), times its GPUs; time in the queue is free. Every figure
+is computed from the attempt rows, never accumulated on the side: a report the
+trainer retries, or a reconcile that runs twice, cannot count an attempt
+twice, and each attempt is one row (unique job and number), so it is metered
+exactly once.
+
+Refunds are one rule, `is_refunded`: an attempt that ended by the platform's
+fault (`failure_class` "platform": crash, lost host, launch error; or status
+"lost") is metered but not billed. A preempted attempt is billed: the trainer
+checkpoints before it stops, so the work it paid for is kept and the job
+resumes from there. User errors and out-of-memory attempts are billed.
+
+Months are calendar months in UTC. An attempt that spans a month boundary is
+split at it, so each month holds exactly the GPU-time spent within it.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.tables import Attempt, Job, JobEvent, Tenant
+from tuneforge.domain.errors import invalid
+from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
+
+REFUNDED_FAILURE_CLASSES = frozenset({"platform"})
+_ACTIVE = tuple(status.value for status in ATTEMPT_ACTIVE)
+_MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+_IN_CHUNK = 1000  # ids per IN (...) list: far below SQLite's and PostgreSQL's parameter limits
+
+
+# ---- months ------------------------------------------------------------------
+def current_month(now: float) -> str:
+    """The calendar month (UTC) that `now` falls in, as YYYY-MM."""
+    return datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m")
+
+
+def parse_month(text: str) -> str:
+    """A client's `month`, checked: YYYY-MM from 1970 on."""
+    match = _MONTH.match(text.strip())
+    if match is None or int(match.group(1)) < 1970:
+        raise invalid(f"month must be a calendar month as YYYY-MM, e.g. 2026-11; got {text!r}",
+                      param="month", code="invalid_value")
+    return match.group(0)
+
+
+def month_bounds(month: str) -> tuple[float, float]:
+    """[start, end) of a calendar month in UTC, as unix seconds."""
+    year, number = int(month[:4]), int(month[5:7])
+    start = calendar.timegm((year, number, 1, 0, 0, 0))
+    year, number = (year + 1, 1) if number == 12 else (year, number + 1)
+    return float(start), float(calendar.timegm((year, number, 1, 0, 0, 0)))
+
+
+# ---- one attempt ---------------------------------------------------------------
+def is_refunded(attempt: Attempt) -> bool:
+    """An attempt the platform lost is not billed (the job retries it at the platform's expense)."""
+    return attempt.failure_class in REFUNDED_FAILURE_CLASSES or attempt.status == AttemptStatus.LOST.value
+
+
+def attempt_end(attempt: Attempt, now: float) -> float:
+    """When the attempt stopped holding its GPUs: its end; now while it is active; for an
+    attempt closed without an end time, its last heartbeat (the last moment it was alive)."""
+    if attempt.ended_at is not None:
+        return attempt.ended_at
+    if attempt.status in _ACTIVE:
+        return now
+    return attempt.heartbeat_at
+
+
+def gpu_seconds(attempt: Attempt, now: float, start: float = float("-inf"), end: float = float("inf")) -> float:
+    """GPUs x the attempt's time inside [start, end)."""
+    held_s = min(attempt_end(attempt, now), end) - max(attempt.started_at, start)
+    return max(0.0, held_s) * max(0, attempt.gpus)
+
+
+def _overlaps(attempt: Attempt, now: float, start: float, end: float) -> bool:
+    # an attempt that ended the instant it started (a failed launch) still belongs to its month
+    return attempt.started_at < end and attempt_end(attempt, now) >= start
+
+
+@dataclass
+class Metered:
+    """GPU-seconds of some attempts, split into billed and refunded."""
+
+    billable_gpu_seconds: float = 0.0
+    refunded_gpu_seconds: float = 0.0
+    attempts: int = 0
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.billable_gpu_seconds + self.refunded_gpu_seconds
+
+    def add(self, attempt: Attempt, now: float, start: float, end: float) -> None:
+        seconds = gpu_seconds(attempt, now, start, end)
+        if is_refunded(attempt):
+            self.refunded_gpu_seconds += seconds
+        else:
+            self.billable_gpu_seconds += seconds
+        self.attempts += 1
+
+
+@dataclass
+class JobUsage:
+    job_id: str
+    model: str
+    status: str
+    metered: Metered = field(default_factory=Metered)
+
+
+# ---- sums ------------------------------------------------------------------------
+def _attempts_between(session: Session, start: float, end: float,
+                      tenant_id: str | None = None) -> list[tuple[Attempt, Job]]:
+    stmt = (
+        select(Attempt, Job)
+        .join(Job, Job.job_id == Attempt.job_id)
+        .where(Attempt.started_at < end, or_(Attempt.ended_at.is_(None), Attempt.ended_at >= start))
+        .order_by(Job.pk.desc(), Attempt.number)
+    )
+    if tenant_id is not None:
+        stmt = stmt.where(Job.tenant_id == tenant_id)
+    return [(attempt, job) for attempt, job in session.execute(stmt)]
+
+
+def jobs_usage(session: Session, tenant_id: str, month: str, now: float) -> list[JobUsage]:
+    """The tenant's jobs that held GPUs in `month`, newest job first, each with its GPU-seconds there."""
+    start, end = month_bounds(month)
+    by_job: dict[str, JobUsage] = {}
+    for attempt, job in _attempts_between(session, start, end, tenant_id):
+        if _overlaps(attempt, now, start, end):
+            usage = by_job.setdefault(job.job_id, JobUsage(job.job_id, job.model, job.status))
+            usage.metered.add(attempt, now, start, end)
+    return list(by_job.values())  # insertion order is the query's: newest job first
+
+
+def usage_by_tenant(session: Session, start: float, end: float, now: float) -> dict[str, Metered]:
+    """Every tenant's GPU-seconds in [start, end); tenants without any are absent.
+    Also the input of fair share over a sliding window (start = now - window)."""
+    totals: dict[str, Metered] = {}
+    for attempt, job in _attempts_between(session, start, end):
+        if _overlaps(attempt, now, start, end):
+            totals.setdefault(job.tenant_id, Metered()).add(attempt, now, start, end)
+    return totals
+
+
+def tenant_usage(session: Session, tenant_id: str, start: float, end: float, now: float) -> Metered:
+    metered = Metered()
+    for attempt, _job in _attempts_between(session, start, end, tenant_id):
+        if _overlaps(attempt, now, start, end):
+            metered.add(attempt, now, start, end)
+    return metered
+
+
+# ---- platform gauges (/metrics) --------------------------------------------------------
+@dataclass(frozen=True)
+class Snapshot:
+    queue_depth: dict[str, int]  # tier -> queued jobs
+    oldest_wait_s: dict[str, float]  # tier -> time in the queue of its longest-waiting job (0 when none)
+    running_jobs: int
+    gpus_total: int
+    gpus_busy: int  # GPUs held by starting or running attempts
+    preemptions: int  # attempts ever preempted
+    jobs_by_status: dict[str, int]
+
+    @property
+    def gpu_utilization(self) -> float:
+        return self.gpus_busy / self.gpus_total if self.gpus_total > 0 else 0.0
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
+    for offset in range(0, len(items), size):
+        yield items[offset:offset + size]
+
+
+def queued_since(session: Session, created_at: dict[str, float]) -> dict[str, float]:
+    """When each job (job_id -> created_at) last entered the queue: its newest transition to
+    `queued` (after validation, a restart or a resume), else its creation. A restarted job
+    waits from its requeue, not from its creation."""
+    latest: dict[str, float] = {}
+    for chunk in _chunks(list(created_at), _IN_CHUNK):
+        rows = session.execute(
+            select(JobEvent.job_id, func.max(JobEvent.created_at))
+            .where(
+                JobEvent.job_id.in_(chunk),
+                JobEvent.seq.is_(None),  # control-plane events; trainer reports carry a seq
+                JobEvent.data["status"].as_string() == JobStatus.QUEUED.value,
+            )
+            .group_by(JobEvent.job_id)
+        )
+        latest.update({job_id: float(at) for job_id, at in rows})
+    return {job_id: latest.get(job_id, float(created)) for job_id, created in created_at.items()}
+
+
+def snapshot(session: Session, tiers: Sequence[str], gpus_total: int, now: float) -> Snapshot:
+    queued = session.execute(
+        select(Job.job_id, Job.created_at, Tenant.tier)
+        .join(Tenant, Tenant.tenant_id == Job.tenant_id)
+        .where(Job.status == JobStatus.QUEUED.value)
+    ).all()
+    since = queued_since(session, {job_id: float(created) for job_id, created, _tier in queued})
+    depth = {tier: 0 for tier in tiers}
+    oldest = {tier: 0.0 for tier in tiers}
+    for job_id, _created, tier in queued:
+        depth[tier] = depth.get(tier, 0) + 1
+        oldest[tier] = max(oldest.get(tier, 0.0), now - since[job_id])
+    by_status = {status.value: 0 for status in JobStatus}
+    by_status.update(job_repo.count_by_status(session))
+    busy = session.scalar(select(func.coalesce(func.sum(Attempt.gpus), 0)).where(Attempt.status.in_(_ACTIVE)))
+    preempted = session.scalar(
+        select(func.count()).select_from(Attempt).where(Attempt.status == AttemptStatus.PREEMPTED.value))
+    return Snapshot(
+        queue_depth=depth, oldest_wait_s=oldest, running_jobs=by_status[JobStatus.RUNNING.value],
+        gpus_total=gpus_total, gpus_busy=int(busy or 0), preemptions=int(preempted or 0),
+        jobs_by_status=by_status,
+    )

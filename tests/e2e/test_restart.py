@@ -1,0 +1,220 @@
+"""Killing and restarting the control plane while a job trains loses no job and no metric.
+
+The control plane runs as a real `tuneforge serve` process. Once the job's
+trainer has reported its first steps, that process is SIGKILLed: the trainer,
+started in its own session by the local executor, keeps training and queues
+its reports. A new control plane on the same port, database and home finds the
+trainer again through /proc (`tuneforge.executors.local`), the queued reports
+arrive (de-duplicated by `seq`), and the job finishes in its first attempt with
+every step's metrics exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers.net import free_port, wait_for_http
+from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
+
+pytestmark = pytest.mark.e2e
+
+START_TIMEOUT_S = 60.0
+JOB_TIMEOUT_S = 120.0
+OUTAGE_S = 3.0  # how long the control plane stays dead while the trainer keeps going
+STOP_TIMEOUT_S = 15.0
+
+# 48 examples in batches of 2 for 20 epochs: 480 short steps (10-15 s here), so
+# the trainer is still mid-run when the new control plane comes up.
+N_KEYS = 48
+HYPERPARAMETERS = {"n_epochs": 20, "batch_size": 2, "learning_rate_multiplier": 1.0}
+TOTAL_STEPS = HYPERPARAMETERS["n_epochs"] * N_KEYS // HYPERPARAMETERS["batch_size"]
+CHECKPOINTING = {"every_steps": 25, "keep_last": 2}
+STEP_LINE = re.compile(r"tuneforge\.train\.recipes\.sft: step (\d+)/(\d+) ")
+
+
+class ServeProcess:
+    """`python -m tuneforge.cli.main serve` configured through TUNEFORGE_* variables."""
+
+    def __init__(self, env: dict[str, str], port: int, log_path: Path) -> None:
+        self.env, self.port, self.log_path = env, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tuneforge.cli.main", "serve"],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        try:
+            wait_for_http(f"{self.url}/healthz", START_TIMEOUT_S, alive=self.alive)
+        except (TimeoutError, RuntimeError) as exc:
+            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL to the server's pid alone: no chance to clean up, trainers untouched."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT_S)
+
+    def log_tail(self, max_bytes: int = 3000) -> str:
+        try:
+            return self.log_path.read_bytes()[-max_bytes:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def trainer_pids(home: Path) -> list[int]:
+    """Live trainer processes whose spec lies under `home` (zombies have an empty cmdline)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if "tuneforge.train" in cmdline and str(home) in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def metrics_steps(sdk: openai.OpenAI, job_id: str) -> list[int]:
+    return [e.data["step"] for e in sdk.fine_tuning.jobs.list_events(job_id, limit=100) if e.type == "metrics"]
+
+
+def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def test_killing_and_restarting_the_control_plane_loses_no_job_and_no_metric(
+    tmp_path, database_url, tiny_model_dir
+):
+    home = tmp_path / "home"
+    platform = make_platform(tmp_path, database_url)  # migrates; home is tmp_path/"home" as below
+    try:
+        key = add_tenant(platform, "acme")
+        add_base_model(platform, "tiny-chat", tiny_model_dir)
+    finally:
+        platform.db.dispose()
+
+    port = free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TUNEFORGE_")}
+    env.update({
+        "TUNEFORGE_HOME": str(home),
+        "TUNEFORGE_DATABASE_URL": database_url,
+        "TUNEFORGE_HOST": "127.0.0.1",
+        "TUNEFORGE_PORT": str(port),
+        "TUNEFORGE_SCHEDULER_TICK_S": "0.2",
+        "TUNEFORGE_HEARTBEAT_INTERVAL_S": "1",
+        "TUNEFORGE_LEASE_TIMEOUT_S": "60",  # far longer than the outage: the lease must not lapse
+        "TUNEFORGE_LOCAL_GPUS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    plane = ServeProcess(env, port, tmp_path / "serve.log")
+    plane.start()
+    try:
+        sdk = openai.OpenAI(base_url=f"{plane.url}/v1", api_key=key, max_retries=2,
+                            http_client=httpx.Client(trust_env=False, timeout=30))
+        files = write_demo_files(tmp_path / "data", n_keys=N_KEYS)
+        training = sdk.files.create(file=files.training_path.open("rb"), purpose="fine-tune")
+        job = sdk.fine_tuning.jobs.create(
+            model="tiny-chat", training_file=training.id, seed=1234,
+            method={"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}},
+            extra_body={"training_type": {"type": "lora", **DEMO_LORA}, "checkpointing": CHECKPOINTING},
+        )
+
+        # running, and the trainer has reported its first steps
+        seen = wait_until(lambda: metrics_steps(sdk, job.id), JOB_TIMEOUT_S, "the first metrics event")
+        [trainer] = trainer_pids(home)
+        assert parent_pid(trainer) == plane.proc.pid
+        plane.kill()
+        killed_at_step = max(seen)
+
+        # the trainer trains on without anyone to report to
+        time.sleep(OUTAGE_S)
+        assert trainer in trainer_pids(home), "the trainer died with its control plane"
+
+        plane.start()
+        assert parent_pid(trainer) != plane.proc.pid  # not relaunched: the same process, adopted
+        trainer_log = home / "attempts" / f"{job.id}-attempt-1.log"
+        logged = [int(m.group(1)) for m in STEP_LINE.finditer(trainer_log.read_text(errors="replace"))]
+        assert max(logged, default=0) > killed_at_step, "the trainer did not train during the outage"
+        assert max(logged) < TOTAL_STEPS, "training ended before the new control plane was up"
+
+        done = wait_until(
+            lambda: (j := sdk.fine_tuning.jobs.retrieve(job.id)).status in ("succeeded", "failed", "cancelled") and j,
+            JOB_TIMEOUT_S, "the job to end", interval_s=0.3,
+        )
+        assert done.status == "succeeded", done.error
+
+        events = list(sdk.fine_tuning.jobs.list_events(job.id, limit=100))
+        metrics = [e.data for e in events if e.type == "metrics"]
+        assert {m["total_steps"] for m in metrics} == {TOTAL_STEPS}
+        assert killed_at_step < TOTAL_STEPS
+        assert sorted(m["step"] for m in metrics) == list(range(1, TOTAL_STEPS + 1)), \
+            "a step's metrics are missing or duplicated"
+
+        # adopted, not restarted: one attempt from start to finish
+        assert done.attempt == 1
+        response = httpx.get(f"{plane.url}/v1/fine_tuning/jobs/{job.id}/attempts",
+                             headers={"Authorization": f"Bearer {key}"}, timeout=30, trust_env=False)
+        attempts = response.json()["data"]
+        assert [(a["number"], a["status"], a["failure_class"]) for a in attempts] == [(1, "succeeded", None)]
+
+        assert not [e for e in events if (e.data or {}).get("code") == "job_restarted"]
+        assert not [e for e in events if e.message.startswith("resumed from the checkpoint")]
+
+        # the trainer did report into the outage, and those reports arrived later
+        assert "not delivered" in trainer_log.read_text(errors="replace")
+
+        results = sdk.files.content(done.result_files[0]).read().decode().splitlines()
+        assert len(results) == TOTAL_STEPS + 1  # header + one row per step
+    finally:
+        plane.stop()
+        for pid in trainer_pids(home):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -1,0 +1,112 @@
+"""Two control planes on one database: exactly one schedules; the other takes over when it dies.
+
+Both are real `tuneforge serve` processes sharing the database, the object
+store and the home folder (as two hosts share a database and a bucket). The
+first to start holds the scheduler lock (a PostgreSQL advisory lock, or a file
+lock on SQLite). Jobs are created through the standby's API; the leader runs
+them. The leader is SIGKILLed mid-training: the standby takes the lock within
+seconds, lets the orphaned attempts' leases run out, stops them, and runs the
+jobs again from their checkpoints. No job ever has two live attempts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.test_restart import ServeProcess, trainer_pids, wait_until
+from tests.helpers.net import free_port
+from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
+
+pytestmark = pytest.mark.e2e
+
+HYPERPARAMETERS = {"n_epochs": 20, "batch_size": 2, "learning_rate_multiplier": 1.0}
+LEASE_S = 15.0  # above a trainer's start-up (imports) before its first heartbeat
+
+
+def _role(plane: ServeProcess) -> str | None:
+    try:
+        return httpx.get(f"{plane.url}/healthz", timeout=5, trust_env=False).json().get("scheduler")
+    except httpx.HTTPError:
+        return None
+
+
+def test_one_leader_schedules_and_the_standby_takes_over(tmp_path, database_url, tiny_model_dir):
+    home = tmp_path / "home"
+    platform = make_platform(tmp_path, database_url)
+    try:
+        key = add_tenant(platform, "acme")
+        add_base_model(platform, "tiny-chat", tiny_model_dir)
+    finally:
+        platform.db.dispose()
+    base = {name: value for name, value in os.environ.items() if not name.startswith("TUNEFORGE_")}
+    base.update({
+        "TUNEFORGE_HOME": str(home), "TUNEFORGE_DATABASE_URL": database_url, "TUNEFORGE_HOST": "127.0.0.1",
+        "TUNEFORGE_SCHEDULER_TICK_S": "0.2", "TUNEFORGE_HEARTBEAT_INTERVAL_S": "0.5",
+        "TUNEFORGE_LEASE_TIMEOUT_S": str(LEASE_S), "TUNEFORGE_RETRY_BACKOFF_S": "0",
+        "TUNEFORGE_LOCAL_GPUS": "2", "TOKENIZERS_PARALLELISM": "false",
+    })
+    planes = []
+    for name in ("first", "second"):
+        port = free_port()
+        planes.append(ServeProcess({**base, "TUNEFORGE_PORT": str(port)}, port, tmp_path / f"{name}.log"))
+    leader, standby = planes
+    try:
+        leader.start()
+        wait_until(lambda: _role(leader) == "leader", 20, "the first control plane to lead")
+        standby.start()
+        time.sleep(1.0)
+        assert (_role(leader), _role(standby)) == ("leader", "standby")
+
+        sdk = openai.OpenAI(base_url=f"{standby.url}/v1", api_key=key, max_retries=2,
+                            http_client=httpx.Client(trust_env=False, timeout=30))
+        files = write_demo_files(tmp_path / "data", n_keys=24)
+        training = sdk.files.create(file=files.training_path.open("rb"), purpose="fine-tune")
+        jobs = [sdk.fine_tuning.jobs.create(
+            model="tiny-chat", training_file=training.id, seed=seed,
+            method={"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}},
+            extra_body={"training_type": {"type": "lora", **DEMO_LORA}, "checkpointing": {"every_steps": 20}},
+        ).id for seed in (1, 2)]
+
+        def attempts(job_id):
+            return httpx.get(f"{standby.url}/v1/fine_tuning/jobs/{job_id}/attempts", trust_env=False,
+                             headers={"Authorization": f"Bearer {key}"}, timeout=30).json()["data"]
+
+        def stepped(job_id):
+            return any(e.type == "metrics" for e in sdk.fine_tuning.jobs.list_events(job_id, limit=5))
+
+        wait_until(lambda: all(stepped(j) for j in jobs), 120, "both jobs to train")
+        assert [len(attempts(j)) for j in jobs] == [1, 1]
+
+        leader.kill()
+        killed_at = time.monotonic()
+        wait_until(lambda: _role(standby) == "leader", 15, "the standby to take over")
+        took_over_s = time.monotonic() - killed_at
+
+        def ended(job_id):
+            return sdk.fine_tuning.jobs.retrieve(job_id).status in ("succeeded", "failed", "cancelled")
+
+        wait_until(lambda: all(ended(j) for j in jobs), 180, "both jobs to end", interval_s=0.5)
+        for job_id in jobs:
+            done = sdk.fine_tuning.jobs.retrieve(job_id)
+            assert done.status == "succeeded", done.error
+            rows = attempts(job_id)
+            # the orphaned attempt was declared lost once, then one new attempt finished the job
+            assert [(a["number"], a["status"]) for a in rows] == [(1, "lost"), (2, "succeeded")]
+            assert rows[0]["ended_at"] <= rows[1]["started_at"]  # never two live attempts
+            assert rows[0]["failure_class"] == "platform"
+        assert took_over_s < 10, f"took {took_over_s:.1f} s"
+    finally:
+        for plane in planes:
+            plane.stop()
+        for pid in trainer_pids(home):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

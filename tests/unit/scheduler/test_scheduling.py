@@ -1,0 +1,103 @@
+"""The scheduler loop with the policy: gang placement over nodes, preemption for premium, queue view."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
+from tests.unit.scheduler.test_loop import FakeExecutor
+from tuneforge.api.app import create_app
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.executors.protocol import Capacity, NodeCapacity, PollResult
+from tuneforge.scheduler.loop import Scheduler
+
+
+class NodesExecutor(FakeExecutor):
+    def __init__(self, nodes: int, gpus: int) -> None:
+        super().__init__(gpus=nodes * gpus)
+        self.layout = [(f"node-{i}", gpus) for i in range(nodes)]
+        self.placements = []
+
+    def capacity(self) -> Capacity:
+        return Capacity([NodeCapacity(name, gpus, gpus) for name, gpus in self.layout])
+
+    def launch(self, spec, placement):
+        self.placements.append(placement)
+        return super().launch(spec, placement)
+
+
+@pytest.fixture
+def world(tmp_path, database_url, tiny_model_dir):
+    platform = make_platform(tmp_path, database_url, retry_backoff_s=0.0, premium_target_wait_s=300.0)
+    add_base_model(platform, "tiny-base", tiny_model_dir)
+    keys = {tier: add_tenant(platform, f"{tier}-co", tier) for tier in ("free", "standard", "premium")}
+    http = TestClient(create_app(platform=platform))
+    executor = NodesExecutor(nodes=2, gpus=2)
+    scheduler = Scheduler(platform, executor)
+    platform.inventory = executor.capacity()  # as the running scheduler reports it
+    files = {}
+    for tier, key in keys.items():
+        files[tier] = http.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(chat_lines(20)))},
+                                data={"purpose": "fine-tune"}, headers={"Authorization": f"Bearer {key}"}).json()["id"]
+
+    def create(tier: str, gpus: int) -> str:
+        body = {"model": "tiny-base", "training_file": files[tier], "resources": {"gpus": gpus}}
+        response = http.post("/v1/fine_tuning/jobs", json=body, headers={"Authorization": f"Bearer {keys[tier]}"})
+        assert response.status_code == 200, response.text
+        return response.json()["id"]
+
+    def get(tier: str, job_id: str) -> dict:
+        return http.get(f"/v1/fine_tuning/jobs/{job_id}", headers={"Authorization": f"Bearer {keys[tier]}"}).json()
+
+    yield platform, scheduler, executor, create, get
+    http.close()
+    platform.db.dispose()
+
+
+def test_gang_placement_over_two_nodes_never_splits_a_job(world):
+    _platform, scheduler, executor, create, get = world
+    first, second, third = create("standard", 2), create("standard", 2), create("standard", 1)
+    scheduler.tick()
+    assert get("standard", first)["status"] == "running" and get("standard", second)["status"] == "running"
+    assert {p.node for p in executor.placements} == {"node-0", "node-1"}
+    assert all(len(p.gpu_ids) == 2 and list(p.spans) == [p.node] for p in executor.placements)
+    waiting = get("standard", third)
+    assert waiting["status"] == "queued"
+    assert waiting["queue"]["position"] == 1 and waiting["queue"]["estimated_start"] > time.time()
+
+
+def test_a_premium_job_past_its_target_preempts_lower_tier_work(world):
+    platform, scheduler, executor, create, get = world
+    low = [create("free", 2), create("standard", 2)]
+    scheduler.tick()
+    assert all(get(tier, job)["status"] == "running" for tier, job in zip(("free", "standard"), low))
+    urgent = create("premium", 2)
+    scheduler.tick()
+    assert executor.signals == []  # within its target wait: no preemption yet
+    with platform.db.session() as session:
+        job_repo.get_for_update(session, urgent).created_at -= 400  # waited past the 300 s target
+    free_pid = 1 + [spec.job_id for spec in executor.launched].index(low[0])
+    scheduler.tick()
+    assert executor.signals == [(free_pid, "preempt")]  # the free-tier job, and only one
+    scheduler.tick()
+    assert executor.signals == [(free_pid, "preempt")]  # not asked twice while it checkpoints
+    executor.states[free_pid] = PollResult("exited", int(TrainerExit.PREEMPTED))
+    scheduler.tick()
+    assert get("premium", urgent)["status"] == "running"
+    assert get("free", low[0])["status"] == "queued"  # requeued, resumes later from its checkpoint
+    with platform.db.session() as session:
+        assert attempt_repo.current(session, low[0], 1).failure_class == "preempted"
+
+
+def test_a_job_larger_than_any_node_is_rejected_at_validation(world):
+    _platform, _scheduler, _executor, create, get = world
+    job_id = create("standard", 3)  # nodes have 2 GPUs; below the multi-node size, so it needs one node
+    failed = get("standard", job_id)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "resources_unavailable"
+    assert "resources.gpus" in failed["error"]["message"]
