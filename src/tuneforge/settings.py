@@ -45,6 +45,8 @@ class Settings(BaseSettings):
         description="URL trainers use to reach the control plane; default http://HOST:PORT.",
     )
 
+    admin_api_key: str | None = Field(
+        default=None, description="Bearer key of the admin API (/v1/admin/...); unset: the admin API is off.")
     executor: str = Field(default="local", description="Executor: 'local' (subprocesses).")
     local_gpus: int = Field(
         default=1,

@@ -1,0 +1,109 @@
+"""/v1/admin — tenants, tiers, quotas, usage across tenants and the whole queue, for operators.
+
+Authenticated by `TUNEFORGE_ADMIN_API_KEY` (Bearer); without one configured the
+admin API is off and answers 404, so a default install exposes nothing.
+The same operations exist in the CLI (`tuneforge tenants ...`, `usage`, `queue`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from tuneforge.api import deps
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.domain.errors import ApiError, unauthorized
+from tuneforge.executors.local import local_inventory
+from tuneforge.scheduler.policy import PolicyConfig
+from tuneforge.scheduler.queue_view import queue_view
+from tuneforge.services import quotas, usage
+from tuneforge.services import tenants as tenant_service
+from tuneforge.services.context import Platform
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+Limit = float | Literal["unlimited", "default"] | None
+
+
+def admin(authorization: str | None = Header(default=None), platform: Platform = Depends(deps.platform)) -> None:
+    expected = platform.settings.admin_api_key
+    if not expected:
+        raise ApiError(404, "the admin API is off (set TUNEFORGE_ADMIN_API_KEY)", code="not_found")
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise unauthorized("invalid admin API key")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantCreate(_Strict):
+    name: str
+    tier: str = "standard"
+
+
+class TierChange(_Strict):
+    tier: str
+
+
+class QuotaChange(_Strict):
+    max_concurrent_jobs: Limit = Field(None, description="a number, 'unlimited' or 'default'; absent: unchanged")
+    max_queued_jobs: Limit = None
+    gpu_hours_hard: Limit = None
+    gpu_hours_soft: Limit = None
+
+
+def _tenant_object(tenant: Any) -> dict[str, Any]:
+    limits = quotas.limits(tenant)
+    return {"object": "tenant", "id": tenant.tenant_id, "name": tenant.name, "tier": tenant.tier,
+            "pii_policy": tenant.pii_policy, "created_at": tenant.created_at,
+            "quotas": {name: getattr(limits, name) for name in quotas.QUOTA_FIELDS}}
+
+
+@router.post("/tenants", dependencies=[Depends(admin)])
+def create_tenant(body: TenantCreate, session: Session = Depends(deps.session)) -> dict:
+    """The tenant and its first API key (shown once)."""
+    tenant, api_key = tenant_service.create_tenant(session, body.name, body.tier)
+    return {**_tenant_object(tenant), "api_key": api_key}
+
+
+@router.get("/tenants", dependencies=[Depends(admin)])
+def list_tenants(session: Session = Depends(deps.session)) -> dict:
+    return {"object": "list", "has_more": False, "data": [_tenant_object(t) for t in tenant_repo.list_all(session)]}
+
+
+@router.post("/tenants/{name}/tier", dependencies=[Depends(admin)])
+def set_tier(name: str, body: TierChange, session: Session = Depends(deps.session)) -> dict:
+    return _tenant_object(tenant_service.set_tier(session, name, body.tier))
+
+
+@router.post("/tenants/{name}/quota", dependencies=[Depends(admin)])
+def set_quota(name: str, body: QuotaChange, session: Session = Depends(deps.session)) -> dict:
+    changes: dict[str, float | None] = {}
+    for field in body.model_fields_set:
+        value = getattr(body, field)
+        changes[field] = quotas.UNLIMITED if value == "unlimited" else None if value == "default" else value
+    return _tenant_object(tenant_service.set_quota(session, name, changes))
+
+
+@router.get("/usage", dependencies=[Depends(admin)])
+def usage_all(month: str | None = Query(default=None), session: Session = Depends(deps.session)) -> dict:
+    now = time.time()
+    chosen = month or usage.current_month(now)
+    return {"object": "list", "month": chosen, "data": tenant_service.usage_report(session, chosen, now)}
+
+
+@router.get("/queue", dependencies=[Depends(admin)])
+def whole_queue(session: Session = Depends(deps.session), platform: Platform = Depends(deps.platform)) -> dict:
+    capacity = platform.inventory or local_inventory(platform.settings)
+    entries = queue_view(session, capacity, PolicyConfig(aging_s=platform.settings.scheduler_aging_s), time.time())
+    return {"object": "list", "data": [
+        {"position": e.position, "job_id": e.job_id, "tenant_id": e.tenant_id, "tier": e.tier, "gpus": e.gpus,
+         "queued_at": int(e.queued_at),
+         "estimated_start": None if e.estimated_start is None else int(e.estimated_start)} for e in entries]}
