@@ -28,7 +28,7 @@ from tuneforge.scheduler.policy import (
     PolicyConfig,
     QueuedJob,
     choose_victims,
-    order_queue,
+    iter_queue,
     plan,
     waited_too_long,
 )
@@ -193,7 +193,7 @@ class Scheduler:
         with self.platform.db.session() as session:
             state = read_state(session, capacity, now)
             allowed = self._start_allowance(session, state)
-        ordered = order_queue(state.queued, self.policy, state.recent_gpu_hours)
+        ordered = iter_queue(state.queued, self.policy, state.recent_gpu_hours)  # lazily: plan reads a prefix
         decision = plan(ordered, state.nodes, state.running, now, self.policy,
                         can_start=lambda job: allowed(job.tenant_id))
         for job, assignment in decision.starts:

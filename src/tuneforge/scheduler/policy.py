@@ -24,9 +24,10 @@ time. Every rule is one function:
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 TIER_RANK = {"premium": 0, "standard": 1, "free": 2}
 
@@ -85,9 +86,34 @@ def queue_key(job: QueuedJob, config: PolicyConfig, recent_gpu_hours: dict[str, 
     return TIER_RANK.get(job.tier, 2) * config.aging_s + job.queued_at + penalty
 
 
+def _keyed(jobs: Iterable[QueuedJob], config: PolicyConfig,
+           recent_gpu_hours: dict[str, float]) -> list[tuple[float, int, QueuedJob]]:
+    """(queue_key, arrival index, job) for every job, with the per-tier and per-tenant parts looked up once."""
+    tier_part = {tier: rank * config.aging_s for tier, rank in TIER_RANK.items()}
+    lowest = 2 * config.aging_s
+    penalty = {tenant: min(config.fair_share_max_s, hours * config.fair_share_s_per_gpu_hour)
+               for tenant, hours in recent_gpu_hours.items()}
+    return [(tier_part.get(job.tier, lowest) + job.queued_at + penalty.get(job.tenant_id, 0.0), index, job)
+            for index, job in enumerate(jobs)]
+
+
 def order_queue(jobs: Iterable[QueuedJob], config: PolicyConfig,
                 recent_gpu_hours: dict[str, float]) -> list[QueuedJob]:
-    return sorted(jobs, key=lambda job: queue_key(job, config, recent_gpu_hours))
+    """The whole queue in the order jobs start (see `queue_key`)."""
+    keyed = _keyed(jobs, config, recent_gpu_hours)
+    keyed.sort()
+    return [job for _key, _index, job in keyed]
+
+
+def iter_queue(jobs: Iterable[QueuedJob], config: PolicyConfig,
+               recent_gpu_hours: dict[str, float]) -> Iterator[QueuedJob]:
+    """The same order, produced lazily: a tick reads the head and a bounded
+    number of jobs behind it, so it pays a heap build (linear) instead of a
+    full sort."""
+    keyed = _keyed(jobs, config, recent_gpu_hours)
+    heapq.heapify(keyed)
+    while keyed:
+        yield heapq.heappop(keyed)[2]
 
 
 def place(job: QueuedJob, nodes: Sequence[Node]) -> Assignment | None:
@@ -96,10 +122,14 @@ def place(job: QueuedJob, nodes: Sequence[Node]) -> Assignment | None:
     if job.gpus <= 0:
         return {}
     if not job.gpus_per_node:
-        fits = [node for node in nodes if len(node.free) >= job.gpus]
-        if not fits:
+        best: Node | None = None
+        best_free = 0
+        for node in nodes:  # one pass: this runs for every candidate of every tick
+            free = len(node.free)
+            if free >= job.gpus and (best is None or free < best_free or (free == best_free and node.name < best.name)):
+                best, best_free = node, free
+        if best is None:
             return None
-        best = min(fits, key=lambda node: (len(node.free), node.name))
         return {best.name: tuple(sorted(best.free)[: job.gpus])}
     count = math.ceil(job.gpus / job.gpus_per_node)
     fits = sorted((node for node in nodes if len(node.free) >= job.gpus_per_node),
@@ -203,22 +233,51 @@ def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[Runn
                    now: float, quantum_s: float = 60.0) -> list[RunningJob] | None:
     """The running jobs to preempt (checkpoint, then requeue) so that `job` fits
     now, losing the least work; None when preempting every lower-tier job would
-    not be enough. Time since the last checkpoint is compared in `quantum_s`
-    steps, so seconds apart do not outweigh the tier."""
+    not be enough; [] when it fits already.
+
+    Loss of a victim: time since its last checkpoint (in `quantum_s` steps, so
+    seconds apart do not outweigh the tier), then lowest tier, then least
+    progress. A single-node job is seated on the node where the victims it
+    needs cost least — fewest GPUs taken from others (a 4-node job is never
+    sent back to seat a 2-GPU job when a node of small jobs would do), then
+    least loss; a multi-node job frees victims in loss order until it fits."""
     if place(job, nodes) is not None:
         return []
     rank = TIER_RANK.get(job.tier, 2)
     candidates = [r for r in running if TIER_RANK.get(r.tier, 2) > rank]
-    candidates.sort(key=lambda r: ((now - r.last_checkpoint_at) // quantum_s, -TIER_RANK.get(r.tier, 2), r.progress))
+
+    def loss(victim: RunningJob) -> tuple[float, int, float]:
+        return ((now - victim.last_checkpoint_at) // quantum_s, -TIER_RANK.get(victim.tier, 2), victim.progress)
+
+    candidates.sort(key=loss)
+    if not job.gpus_per_node:
+        best: tuple[tuple, list[RunningJob]] | None = None
+        for node in nodes:
+            if node.total < job.gpus:
+                continue
+            free, chosen = len(node.free), []
+            for victim in candidates:
+                if free >= job.gpus:
+                    break
+                held = len(victim.placement.get(node.name, ()))
+                if held:
+                    chosen.append(victim)
+                    free += held
+            if free < job.gpus:
+                continue
+            cost = (sum(v.gpus for v in chosen), [loss(v) for v in chosen])
+            if best is None or cost < best[0]:
+                best = (cost, chosen)
+        return None if best is None else best[1]
     future = _copy(nodes)
-    chosen: list[RunningJob] = []
+    chosen = []
     for victim in candidates:
         if place(job, future) is not None:
             break
         _give(future, victim.placement)
         chosen.append(victim)
-    if place(job, future) is None:
+    landing = place(job, future)
+    if landing is None:
         return None
-    # drop victims that turned out unnecessary (an earlier pick freed the node the job lands on)
-    landing = place(job, future) or {}
+    # drop victims that turned out unnecessary (an earlier pick freed a node the job does not land on)
     return [v for v in chosen if _overlaps(v.placement, landing)]

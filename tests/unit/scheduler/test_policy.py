@@ -114,3 +114,28 @@ def test_victims_lose_the_least_work_and_only_as_many_as_needed():
     assert sorted(v.job_id for v in victims) == ["free-old-ckpt", "std-fresh-ckpt"]  # one whole node
     assert choose_victims(job("p", "standard", gpus=8), inventory, busy, now) is None  # only free-tier victims
     assert choose_victims(job("p", "premium", gpus=1), nodes(1, 0), busy, now) == []  # fits already
+
+
+def test_a_small_job_never_sends_a_multi_node_job_back_when_small_victims_would_do():
+    inventory = nodes(0, 0, 0)
+    now = 1000.0
+    busy = [
+        # a 2-node job checkpointed just now: cheapest by time, but it holds 16 GPUs
+        running("big", {"n0": tuple(range(8)), "n1": tuple(range(8))}, end=9e9, tier="free", checkpoint_at=999.0),
+        running("small-a", {"n2": (0, 1, 2, 3)}, end=9e9, tier="standard", checkpoint_at=400.0),
+        running("small-b", {"n2": (4, 5, 6, 7)}, end=9e9, tier="standard", checkpoint_at=300.0),
+    ]
+    victims = choose_victims(job("p", "premium", gpus=2), inventory, busy, now)
+    assert [v.job_id for v in victims] == ["small-a"]  # 4 GPUs taken, not 16
+
+
+def test_lazy_order_equals_the_sorted_order():
+    import random
+
+    rng = random.Random(3)
+    queue = [job(f"j{i}", rng.choice(["free", "standard", "premium"]), queued_at=rng.uniform(0, 1e4),
+                 tenant=f"t{rng.randrange(5)}") for i in range(500)]
+    usage = {f"t{i}": rng.uniform(0, 50) for i in range(5)}
+    from tuneforge.scheduler.policy import iter_queue
+
+    assert list(iter_queue(queue, CONFIG, usage)) == order_queue(queue, CONFIG, usage)
