@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     gpu_memory_gb: float = Field(default=80.0, description="Memory of one GPU, for default GPU counts.")
     scheduler_tick_s: float = Field(default=0.5, description="Seconds between scheduler ticks.")
     scheduler_aging_s: float = Field(
-        default=3600.0, description="Queue aging: waiting this long is worth one tier (no job starves).")
+        default=43200.0, description="Queue aging: waiting this long is worth one tier (no job starves).")
     premium_target_wait_s: float = Field(
         default=300.0, description="A premium job waiting longer preempts lower-tier work (checkpoint, requeue).")
     lease_timeout_s: float = Field(

@@ -30,6 +30,7 @@ from tuneforge.scheduler.policy import (
     choose_victims,
     iter_queue,
     plan,
+    queue_key,
     waited_too_long,
 )
 from tuneforge.scheduler.spec_builder import build_spec
@@ -202,9 +203,14 @@ class Scheduler:
                              else Placement("", []))
             except Exception:  # noqa: BLE001
                 log.exception("launching %s failed", job.job_id)
-        head = decision.blocked
-        if head is not None and waited_too_long(head, now, self.policy):
-            self._preempt_for(head, decision, state, now)
+        # the first job in queue order that is past its tier's target may preempt, not only the head:
+        # an aged standard head must not keep an overdue premium job behind it from making room
+        started = {job.job_id for job, _ in decision.starts}
+        overdue = [job for job in state.queued
+                   if job.job_id not in started and waited_too_long(job, now, self.policy)]
+        if overdue:
+            first = min(overdue, key=lambda job: queue_key(job, self.policy, state.recent_gpu_hours))
+            self._preempt_for(first, decision, state, now)
 
     def _start_allowance(self, session: Session, state: ClusterState):  # noqa: ANN202
         """tenant -> may another of its jobs start now (concurrency caps), counting starts of this tick."""
@@ -230,7 +236,7 @@ class Scheduler:
                     if name in by_name:
                         by_name[name].free.update(ids)
         candidates = [job for job in state.running if job.job_id not in state.stopping]
-        victims = choose_victims(head, nodes, candidates, now)
+        victims = choose_victims(head, nodes, candidates, now, config=self.policy)
         for victim in victims or []:
             number, handle = state.handles[victim.job_id]
             with self.platform.db.session() as session:

@@ -34,7 +34,7 @@ TIER_RANK = {"premium": 0, "standard": 1, "free": 2}
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    aging_s: float = 3600.0  # waiting this long is worth one tier
+    aging_s: float = 43200.0  # waiting this long is worth one tier (12 h: see docs/benchmarks-scheduler.md)
     fair_share_s_per_gpu_hour: float = 60.0  # each recent GPU-hour of a tenant delays its jobs this much
     fair_share_max_s: float = 1800.0
     target_wait_s: dict[str, float | None] = field(
@@ -63,6 +63,7 @@ class RunningJob:
     expected_end: float
     last_checkpoint_at: float
     progress: float = 0.0  # 0..1
+    queued_at: float = 0.0  # where it would rank if requeued (a requeued job keeps its queue time)
 
     @property
     def gpus(self) -> int:
@@ -230,7 +231,8 @@ def waited_too_long(job: QueuedJob, now: float, config: PolicyConfig) -> bool:
 
 
 def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[RunningJob],
-                   now: float, quantum_s: float = 60.0) -> list[RunningJob] | None:
+                   now: float, quantum_s: float = 60.0,
+                   config: PolicyConfig | None = None) -> list[RunningJob] | None:
     """The running jobs to preempt (checkpoint, then requeue) so that `job` fits
     now, losing the least work; None when preempting every lower-tier job would
     not be enough; [] when it fits already.
@@ -240,11 +242,18 @@ def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[Runn
     progress. A single-node job is seated on the node where the victims it
     needs cost least — fewest GPUs taken from others (a 4-node job is never
     sent back to seat a 2-GPU job when a node of small jobs would do), then
-    least loss; a multi-node job frees victims in loss order until it fits."""
+    least loss; a multi-node job frees victims in loss order until it fits.
+
+    With `config`, a job that would rank ahead of `job` once requeued (an
+    aged lower-tier job) is never a victim: it would take its GPUs back at the
+    next tick and the preemption would achieve nothing."""
     if place(job, nodes) is not None:
         return []
     rank = TIER_RANK.get(job.tier, 2)
     candidates = [r for r in running if TIER_RANK.get(r.tier, 2) > rank]
+    if config is not None:
+        mine = rank * config.aging_s + job.queued_at
+        candidates = [r for r in candidates if TIER_RANK.get(r.tier, 2) * config.aging_s + r.queued_at > mine]
 
     def loss(victim: RunningJob) -> tuple[float, int, float]:
         return ((now - victim.last_checkpoint_at) // quantum_s, -TIER_RANK.get(victim.tier, 2), victim.progress)

@@ -72,7 +72,8 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
             job_id=job.job_id, tenant_id=job.tenant_id, tier=tiers.get(job.tenant_id, "standard"),
             placement=spans, started_at=attempt.started_at, expected_end=attempt.started_at + runtime,
             last_checkpoint_at=float(checkpointed.get(job.job_id) or attempt.started_at),
-            progress=min(1.0, (now - attempt.started_at) / runtime) if runtime > 0 else 0.0))
+            progress=min(1.0, (now - attempt.started_at) / runtime) if runtime > 0 else 0.0,
+            queued_at=float(job.created_at)))
         handles[job.job_id] = (attempt.number, attempt.handle or {})
         if (attempt.handle or {}).get("preempt_sent"):
             stopping.add(job.job_id)

@@ -139,3 +139,16 @@ def test_lazy_order_equals_the_sorted_order():
     from tuneforge.scheduler.policy import iter_queue
 
     assert list(iter_queue(queue, CONFIG, usage)) == order_queue(queue, CONFIG, usage)
+
+
+def test_a_job_that_would_outrank_the_waiting_job_is_never_a_victim():
+    inventory = nodes(0)
+    now = 10_000.0
+    # a standard job queued at 0 ranks like a premium job queued at 3600: ahead of a premium job queued at 9000
+    aged = RunningJob("aged-std", "t9", "standard", {"n0": tuple(range(8))}, 5000.0, 9e9, 9999.0, 0.1,
+                      queued_at=0.0)
+    urgent = job("p", "premium", gpus=8, queued_at=9000.0)
+    assert choose_victims(urgent, inventory, [aged], now, config=CONFIG) is None  # it would take the GPUs back
+    fresh = RunningJob("fresh-std", "t9", "standard", {"n0": tuple(range(8))}, 9500.0, 9e9, 9999.0, 0.1,
+                       queued_at=9500.0)
+    assert [v.job_id for v in choose_victims(urgent, inventory, [fresh], now, config=CONFIG)] == ["fresh-std"]

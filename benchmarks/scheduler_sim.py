@@ -1,0 +1,832 @@
+"""Scheduling policy in simulated time: tuneforge against FIFO and strict priority.
+
+    python benchmarks/scheduler_sim.py [--days 7] [--seed 0] [--queue-size 10000] [--ticks 50]
+
+A discrete-event simulation of a GPU cluster (default 41 nodes of 8 GPUs,
+328 GPUs). Events are job arrivals, job ends and preempted jobs' exits; the
+scheduling policy runs after every event time, on a fixed tick (every
+`--tick-s`, 60 simulated seconds) whenever jobs are queued, and when a job
+with a target wait becomes overdue.
+
+The trace (seeded, `--seed`): `--jobs-per-day` arrivals (500) as a Poisson
+process whose rate is `--burst-factor` times higher (4x) during one hour of
+every day (`--burst-hour`, 14:00-15:00); the daily total stays at 500, so
+the base rate is 500 / (23 + 4) = 18.5 jobs/h and the burst hour 74 jobs/h.
+Job classes: 70% small LoRA (1 GPU, mean 15 min), 20% medium LoRA (2 GPUs,
+2 h), 9% 70B LoRA (4 GPUs, 4 h), 1% full fine-tune (32 GPUs as 4 whole
+nodes, 24 h). True runtimes are lognormal around those means (sigma
+`--runtime-sigma`, 0.5; the mean is kept); the policy only sees an estimate,
+the true runtime times a lognormal factor of median 1 (sigma
+`--estimate-sigma`, 0.3: about a third of the estimates are more than 1.35x
+too long or too short).
+20 tenants: 4 premium (25% of the jobs), 12 standard (60%), 4 free (15%);
+inside a tier a tenant's share is proportional to 1/k (k = 1, 2, ...), so
+each tier has heavy and light users. A job's class does not depend on its
+tenant.
+
+Policies, each on the same trace:
+
+- fifo: queue order by arrival; jobs start in order while they fit
+  (`policy.place`, gang placement); the first one that does not fit blocks
+  everything behind it. No backfill, no preemption.
+- strict: order by tier, then arrival; otherwise as fifo (no aging, no
+  backfill, no preemption).
+- tuneforge: what the scheduler loop does every tick
+  (`Scheduler._admit_queued_jobs`): `policy.iter_queue` (`order_queue` if
+  the policy has no lazy order; tier with aging, fair share from each
+  tenant's GPU-hours in the last 24 simulated hours, FIFO) into
+  `policy.plan` (start in order, then EASY backfill behind the first
+  blocked job); when that blocked head has waited past its tier's target
+  (`waited_too_long`), `choose_victims` among the running jobs not already
+  stopping, the GPUs of those stopping counted as free. A victim gets
+  SIGTERM, writes a checkpoint (no training is lost) and exits `--stop-s`
+  (30 s) later, its GPUs held meanwhile; it is then queued again, and a
+  restart spends `--restore-s` (90 s) loading the model and the checkpoint:
+  2 minutes of GPU time lost per preemption. The inputs are built as
+  `scheduler/state.py` builds them: a queued job's time is its creation
+  time (requeues included) and its runtime the whole estimate; a running
+  job's expected end is its attempt's start plus the whole estimate, its
+  progress the attempt's elapsed time over the estimate, its last checkpoint
+  the job's newest (every `--checkpoint-every-s`, 30 min, of training, and
+  the one written on SIGTERM), else the attempt's start. The loop ticks every
+  0.5 s; here the policy runs at every event, on a 60 s tick, and at the
+  moment each job with a target wait becomes overdue.
+- tuneforge-hold: the same, but when the victims have exited their GPUs go
+  to the job they were freed for before anything else is started.
+- tuneforge-hold-any: as tuneforge-hold, and the job that may preempt is the
+  first overdue job in queue order that did not start, not only the blocked
+  head. These two are not what the loop does; they show what each of the
+  two changes would give.
+
+Figures per policy: GPU utilization (busy GPU-hours / GPUs x simulated
+hours) next to the trace's offered load (GPU-seconds the arrivals could have
+used inside the simulated window, each job's runtime cut at the end of the
+window, over the same capacity), useful work (busy minus the stop and
+restore time of preemptions) as a fraction of the offered load, wait from
+arrival to first start per tier and per class (p50, p95, max; a job still
+queued at the end counts with its wait so far), the longest time any job
+spent queued (requeues included), preemptions and lost GPU-hours (stop +
+restore), jobs finished, and diagnostics: how often the blocked head's
+reservation said "now" although the head did not fit, how often a job was
+overdue while the head was not, how many victims were back on GPUs before
+the job they made room for.
+
+Then the tuneforge decision time per tick at scale: a full cluster of
+running jobs drawn from the trace's mix and `--queue-size` (10,000) queued
+jobs with the trace's mix that arrived over the last 24 hours; for `--ticks`
+ticks one minute apart (jobs end, the decision is applied, new arrivals keep
+the queue full; victims are requeued at the next tick) the time of the
+ordering + `plan` + the preemption check (`waited_too_long` on the head,
+then `choose_victims`) is measured, wall clock and CPU, and a full
+`order_queue` sort for comparison; building the inputs, which the scheduler
+loop reads from its tables, is not. If the goal is missed, or with
+`--profile`, the same ticks run again under cProfile and the functions where
+the time goes are printed.
+
+The issue's goals are printed next to the figures as met / NOT met; nothing
+is asserted. Figures go to docs/benchmarks-scheduler.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import hashlib
+import heapq
+import io
+import math
+import os
+import platform
+import pstats
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tuneforge.scheduler import policy
+from tuneforge.scheduler.policy import (
+    TIER_RANK,
+    Node,
+    PolicyConfig,
+    QueuedJob,
+    Reservation,
+    RunningJob,
+    choose_victims,
+    order_queue,
+    queue_key,
+    place,
+    plan,
+    waited_too_long,
+)
+
+# the scheduler loop orders the queue lazily (plan reads only a prefix) where the policy offers it
+ORDER = getattr(policy, "iter_queue", order_queue)
+
+DAY = 86400.0
+HOUR = 3600.0
+NODE_GPUS = 8
+
+
+@dataclass(frozen=True)
+class JobClass:
+    name: str
+    share: float
+    gpus: int
+    gpus_per_node: int
+    mean_s: float
+
+
+CLASSES = (
+    JobClass("small-lora", 0.70, 1, 0, 15 * 60.0),
+    JobClass("medium-lora", 0.20, 2, 0, 2 * HOUR),
+    JobClass("70b-lora", 0.09, 4, 0, 4 * HOUR),
+    JobClass("full-ft", 0.01, 32, NODE_GPUS, 24 * HOUR),
+)
+TIERS = ("premium", "standard", "free")
+TIER_SHARES = {"premium": 0.25, "standard": 0.60, "free": 0.15}
+TENANTS_PER_TIER = {"premium": 4, "standard": 12, "free": 4}
+
+
+def tenants() -> list[tuple[str, str, float]]:
+    """(tenant, tier, share of all jobs): within a tier a tenant's share is proportional to 1/k."""
+    out = []
+    for tier in TIERS:
+        count = TENANTS_PER_TIER[tier]
+        weights = [1.0 / k for k in range(1, count + 1)]
+        for k, weight in enumerate(weights, start=1):
+            out.append((f"{tier[0]}{k:02d}", tier, TIER_SHARES[tier] * weight / sum(weights)))
+    return out
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    job_id: str
+    tenant: str
+    tier: str
+    cls: str
+    gpus: int
+    gpus_per_node: int
+    arrival: float
+    work_s: float  # true runtime
+    estimate_s: float  # what the policy is told
+
+
+class JobDrawer:
+    """Draws jobs with the trace's class, tier/tenant and runtime mix."""
+
+    def __init__(self, rng: random.Random, runtime_sigma: float, estimate_sigma: float) -> None:
+        self.rng = rng
+        self.runtime_sigma = runtime_sigma
+        self.estimate_sigma = estimate_sigma
+        self.tenants = tenants()
+        self.count = 0
+
+    def draw(self, arrival: float) -> TraceJob:
+        rng = self.rng
+        cls = rng.choices(CLASSES, weights=[c.share for c in CLASSES])[0]
+        tenant, tier, _ = rng.choices(self.tenants, weights=[t[2] for t in self.tenants])[0]
+        sigma = self.runtime_sigma
+        work = rng.lognormvariate(math.log(cls.mean_s) - sigma * sigma / 2, sigma)
+        estimate = work * rng.lognormvariate(0.0, self.estimate_sigma)
+        self.count += 1
+        return TraceJob(f"j{self.count:06d}", tenant, tier, cls.name, cls.gpus, cls.gpus_per_node, arrival,
+                        work, estimate)
+
+
+def build_trace(args: argparse.Namespace) -> list[TraceJob]:
+    """A Poisson process with a piecewise-constant rate (thinning from the burst rate)."""
+    rng = random.Random(args.seed)
+    drawer = JobDrawer(rng, args.runtime_sigma, args.estimate_sigma)
+    base = args.jobs_per_day / (24 - 1 + args.burst_factor) / HOUR  # per second
+    peak = base * args.burst_factor
+    end = args.days * DAY
+    jobs, now = [], 0.0
+    while True:
+        now += rng.expovariate(peak)
+        if now >= end:
+            return jobs
+        rate = peak if int(now // HOUR) % 24 == args.burst_hour else base
+        if rng.random() < rate / peak:
+            jobs.append(drawer.draw(now))
+
+
+# ---- cluster bookkeeping (the simulator's own; the policy never mutates its inputs) ----
+
+def new_nodes(count: int) -> list[Node]:
+    return [Node(f"n{i:02d}", NODE_GPUS, set(range(NODE_GPUS))) for i in range(count)]
+
+
+def allocate(by_name: dict[str, Node], assignment: dict[str, tuple[int, ...]]) -> None:
+    for name, ids in assignment.items():
+        node = by_name[name]
+        missing = set(ids) - node.free
+        if missing:
+            raise RuntimeError(f"GPUs {sorted(missing)} on {name} are not free")
+        node.free.difference_update(ids)
+
+
+def release(by_name: dict[str, Node], assignment: dict[str, tuple[int, ...]]) -> None:
+    for name, ids in assignment.items():
+        by_name[name].free.update(ids)
+
+
+def snapshot(nodes: Sequence[Node]) -> list[Node]:
+    return [Node(node.name, node.total, set(node.free)) for node in nodes]
+
+
+# ---- the three policies: queue, nodes, running jobs -> starts (+ jobs to preempt) ----
+
+@dataclass
+class Decision:
+    starts: list[tuple[QueuedJob, dict]] = field(default_factory=list)
+    victims: list[RunningJob] = field(default_factory=list)  # to checkpoint and stop, for `for_job`
+    for_job: QueuedJob | None = None
+    blocked: QueuedJob | None = None
+    reservation: Reservation | None = None
+
+
+def in_order_until_blocked(ordered: Sequence[QueuedJob], nodes: Sequence[Node]) -> Decision:
+    """Start jobs in the given order while they fit; the first that does not blocks the rest."""
+    free = snapshot(nodes)
+    by_name = {node.name: node for node in free}
+    decision = Decision()
+    for job in ordered:
+        assignment = place(job, free)
+        if assignment is None:
+            decision.blocked = job
+            break
+        allocate(by_name, assignment)
+        decision.starts.append((job, assignment))
+    return decision
+
+
+def decide_fifo(queue, nodes, running, stopping, now, usage, config, fresh=None, timings=None) -> Decision:
+    return in_order_until_blocked(sorted(queue, key=lambda j: (j.queued_at, j.job_id)), nodes)
+
+
+def decide_strict(queue, nodes, running, stopping, now, usage, config, fresh=None, timings=None) -> Decision:
+    return in_order_until_blocked(
+        sorted(queue, key=lambda j: (TIER_RANK.get(j.tier, 2), j.queued_at, j.job_id)), nodes)
+
+
+def decide_tuneforge(queue: Sequence[QueuedJob], nodes: Sequence[Node], running: Sequence[RunningJob],
+                     stopping: set[str], now: float, usage: dict[str, float], config: PolicyConfig,
+                     fresh: Callable[[], list[RunningJob]] | None = None,
+                     timings: dict[str, list[float]] | None = None, any_overdue: bool = True) -> Decision:
+    """One tick of the scheduler loop (`Scheduler._admit_queued_jobs`): `iter_queue` (or
+    `order_queue`) into `plan`, and when the blocked head has waited past its tier's target,
+    `choose_victims` among the running jobs not already stopping, the GPUs of those stopping
+    counted as free.
+
+    `running` may carry stale checkpoint and progress fields (plan reads only placements and
+    expected ends); `fresh()` gives current ones, and is called only when the head is overdue."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    result = plan(ORDER(queue, config, usage), nodes, running, now, config)
+    t2 = time.perf_counter()
+    decision = Decision(starts=list(result.starts), blocked=result.blocked, reservation=result.reservation)
+    head = result.blocked
+    if any_overdue:  # the first overdue job in queue order that did not start, not only the head
+        started = {job.job_id for job, _ in result.starts}
+        overdue = [job for job in queue if job.job_id not in started and waited_too_long(job, now, config)]
+        head = min(overdue, key=lambda job: queue_key(job, config, usage)) if overdue else None  # as the loop does
+    if head is not None and waited_too_long(head, now, config):
+        views = fresh() if fresh is not None else list(running)
+        free = snapshot(result.free)
+        by_name = {node.name: node for node in free}
+        for view in views:
+            if view.job_id in stopping:
+                release(by_name, view.placement)
+        victims = choose_victims(head, free, [v for v in views if v.job_id not in stopping], now, config=config)
+        decision.victims = victims or []
+        decision.for_job = head
+    t3, c3 = time.perf_counter(), time.thread_time()
+    if timings is not None:
+        timings["order + plan"].append(t2 - t0)
+        timings["preemption check"].append(t3 - t2)
+        timings["total"].append(t3 - t0)
+        timings["total (CPU)"].append(c3 - c0)
+    return decision
+
+
+# Variants of what the loop does with the policy's answers (the loop does neither today):
+# -hold: the GPUs that preemption frees go to the job they were freed for when the victims exit;
+# -any: the first overdue job in queue order may preempt, not only the blocked head.
+POLICIES = {"fifo": decide_fifo, "strict": decide_strict, "tuneforge": decide_tuneforge,
+            "tuneforge-hold": functools.partial(decide_tuneforge, any_overdue=False),
+            "tuneforge-hold-any": decide_tuneforge}
+
+
+# ---- the simulation ----
+
+@dataclass
+class JobState:
+    trace: TraceJob
+    done_s: float = 0.0  # training done so far (checkpointed)
+    first_start: float | None = None
+    finished_at: float | None = None
+    enqueued_at: float = 0.0  # when it last entered the queue
+    queued_total: float = 0.0  # time spent queued, requeues included
+    preemptions: int = 0
+    attempt: int = 0
+    checkpoint_at: float | None = None  # the checkpoint an earlier attempt wrote on SIGTERM
+    preempted_for: str | None = None  # the queued job its last preemption made room for
+
+
+@dataclass
+class Attempt:
+    job: JobState
+    number: int
+    placement: dict
+    start: float
+    restore_s: float  # loading the model and the checkpoint before training resumes
+    view: RunningJob  # what plan sees: placement, start + estimate
+    stop_at: float | None = None  # SIGTERM received: training stopped, checkpointing until the exit
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(ids) for ids in self.placement.values())
+
+    def trained(self, now: float) -> float:
+        until = now if self.stop_at is None else min(now, self.stop_at)
+        return max(0.0, until - self.start - self.restore_s)
+
+    def end_time(self) -> float:
+        return self.start + self.restore_s + (self.job.trace.work_s - self.job.done_s)
+
+    def last_checkpoint(self, now: float, every: float) -> float:
+        """As `scheduler/state.py` reads it: the job's newest checkpoint, else the attempt's start."""
+        trained = self.trained(now)
+        if trained >= every:
+            return self.start + self.restore_s + (trained // every) * every
+        return self.job.checkpoint_at if self.job.checkpoint_at is not None else self.start
+
+
+class UsageWindow:
+    """Each tenant's GPU-hours in the last 24 h of simulated time."""
+
+    def __init__(self) -> None:
+        self.segments: list[tuple[str, int, float, float]] = []  # tenant, gpus, start, end
+
+    def add(self, tenant: str, gpus: int, start: float, end: float) -> None:
+        self.segments.append((tenant, gpus, start, end))
+
+    def at(self, now: float, running: Sequence[Attempt]) -> dict[str, float]:
+        since = now - DAY
+        if self.segments and self.segments[0][3] < since - DAY:
+            self.segments = [s for s in self.segments if s[3] > since]
+        usage: dict[str, float] = {}
+        for tenant, gpus, start, end in self.segments:
+            if end > since:
+                usage[tenant] = usage.get(tenant, 0.0) + gpus * (end - max(start, since)) / HOUR
+        for attempt in running:
+            tenant = attempt.job.trace.tenant
+            usage[tenant] = usage.get(tenant, 0.0) + attempt.gpus * (now - max(attempt.start, since)) / HOUR
+        return usage
+
+
+# at one instant: ends and exits first, then arrivals, deadlines and the tick
+END, EXIT, ARRIVAL, DEADLINE, TICK = range(5)
+
+
+def simulate(name: str, trace: Sequence[TraceJob], args: argparse.Namespace, config: PolicyConfig) -> dict:
+    decide = POLICIES[name]
+    ours = name.startswith("tuneforge")
+    hold = name.startswith("tuneforge-hold")
+    handoffs: dict[str, set[str]] = {}  # (hold) waiting job -> victims still stopping
+    horizon = args.days * DAY
+    nodes = new_nodes(args.nodes)
+    by_name = {node.name: node for node in nodes}
+    jobs = {t.job_id: JobState(t) for t in trace}
+    queue: dict[str, QueuedJob] = {}
+    running: dict[str, Attempt] = {}
+    usage = UsageWindow()
+    events: list[tuple[float, int, int, str, int]] = []
+    seq = 0
+
+    def push(at: float, kind: int, job_id: str = "", number: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (at, kind, seq, job_id, number))
+
+    for t in trace:
+        push(t.arrival, ARRIVAL, t.job_id)
+        target = config.target_wait_s.get(t.tier)
+        if ours and target is not None:  # the loop ticks every 0.5 s: be there when it is due
+            push(t.arrival + target + 1e-3, DEADLINE, t.job_id)
+    push(args.tick_s, TICK)
+    busy = lost = 0.0  # GPU-seconds inside the window
+    decision_s: list[float] = []
+    diag = {"blocked": 0, "no_reservation": 0, "reservation_past": 0, "preemptions": 0, "rounds": 0,
+            "victim_gpus": 0, "preempting_gpus": 0, "multi_node_victims": 0, "restarted_ahead": 0,
+            "overdue_behind_head": 0}
+    policy_calls = 0
+
+    def enqueue(state: JobState, now: float) -> None:
+        t = state.trace
+        # as scheduler/state.py builds it: queued since the job was created, the whole estimate
+        queue[t.job_id] = QueuedJob(t.job_id, t.tenant, t.tier, t.gpus, t.arrival, t.estimate_s, t.gpus_per_node)
+        state.enqueued_at = now
+
+    def start(job_id: str, assignment: dict, now: float) -> None:
+        state = jobs[job_id]
+        del queue[job_id]
+        allocate(by_name, assignment)
+        state.queued_total += now - state.enqueued_at
+        if state.first_start is None:
+            state.first_start = now
+        if state.preempted_for is not None and state.preempted_for in queue:
+            diag["restarted_ahead"] += 1  # back on GPUs before the job it made room for
+        state.preempted_for = None
+        state.attempt += 1
+        restore = args.restore_s if state.preemptions else 0.0
+        view = RunningJob(job_id, state.trace.tenant, state.trace.tier, assignment, now,
+                          now + state.trace.estimate_s, now, 0.0, queued_at=state.trace.arrival)
+        attempt = Attempt(state, state.attempt, assignment, now, restore, view)
+        running[job_id] = attempt
+        push(attempt.end_time(), END, job_id, attempt.number)
+
+    def finish_attempt(attempt: Attempt, now: float) -> None:
+        nonlocal busy, lost
+        del running[attempt.job.trace.job_id]
+        release(by_name, attempt.placement)
+        trained = attempt.trained(now)
+        busy += attempt.gpus * (now - attempt.start)
+        lost += attempt.gpus * (now - attempt.start - trained)
+        attempt.job.done_s = min(attempt.job.trace.work_s, attempt.job.done_s + trained)
+        usage.add(attempt.job.trace.tenant, attempt.gpus, attempt.start, now)
+
+    def fresh_views(now: float) -> Callable[[], list[RunningJob]]:
+        def build() -> list[RunningJob]:
+            return [replace(a.view, last_checkpoint_at=a.last_checkpoint(now, args.checkpoint_every_s),
+                            progress=min(1.0, (now - a.start) / a.job.trace.estimate_s))
+                    for a in running.values()]
+        return build
+
+    started_wall = time.perf_counter()
+    while events and events[0][0] <= horizon:
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, kind, _, job_id, number = heapq.heappop(events)
+            attempt = running.get(job_id)
+            if kind == ARRIVAL:
+                enqueue(jobs[job_id], now)
+            elif kind == END and attempt is not None and attempt.number == number and attempt.stop_at is None:
+                finish_attempt(attempt, now)
+                attempt.job.finished_at = now
+            elif kind == EXIT and attempt is not None and attempt.number == number:
+                finish_attempt(attempt, now)  # checkpointed: requeued, resumes from here
+                attempt.job.checkpoint_at = now
+                enqueue(attempt.job, now)
+                head = attempt.job.preempted_for
+                if hold and head in handoffs:
+                    handoffs[head].discard(job_id)
+                    if not handoffs[head]:
+                        del handoffs[head]
+                        assignment = place(queue[head], nodes) if head in queue else None
+                        if assignment is not None:
+                            start(head, assignment, now)
+            elif kind == TICK:
+                push(now + args.tick_s, TICK)
+        if not queue:
+            continue
+        usage_now = usage.at(now, list(running.values())) if ours else {}
+        stopping = {job_id for job_id, a in running.items() if a.stop_at is not None}
+        views = [a.view for a in running.values()]
+        began = time.perf_counter()
+        decision = decide(list(queue.values()), nodes, views, stopping, now, usage_now, config, fresh_views(now))
+        decision_s.append(time.perf_counter() - began)
+        policy_calls += 1
+        if ours:
+            started = {job.job_id for job, _ in decision.starts}
+            if any(waited_too_long(job, now, config) for job in queue.values() if job.job_id not in started) and \
+                    not (decision.blocked is not None and waited_too_long(decision.blocked, now, config)):
+                diag["overdue_behind_head"] += 1
+        if decision.blocked is not None:
+            diag["blocked"] += 1
+            if ours and decision.reservation is None:
+                diag["no_reservation"] += 1
+            elif decision.reservation is not None and decision.reservation.start <= now:
+                diag["reservation_past"] += 1  # due now by the estimates, yet it does not fit
+        for job, assignment in decision.starts:
+            start(job.job_id, assignment, now)
+        if decision.victims:
+            diag["rounds"] += 1
+            diag["preempting_gpus"] += decision.for_job.gpus
+            if hold:
+                handoffs[decision.for_job.job_id] = {victim.job_id for victim in decision.victims}
+        for victim in decision.victims:
+            attempt = running[victim.job_id]
+            attempt.stop_at = now
+            attempt.job.preemptions += 1
+            attempt.job.preempted_for = decision.for_job.job_id
+            push(now + args.stop_s, EXIT, victim.job_id, attempt.number)
+            diag["preemptions"] += 1
+            diag["victim_gpus"] += attempt.gpus
+            diag["multi_node_victims"] += len(attempt.placement) > 1
+    for attempt in list(running.values()):  # count what runs at the end up to the horizon
+        trained = attempt.trained(horizon)
+        busy += attempt.gpus * (horizon - attempt.start)
+        lost += attempt.gpus * (horizon - attempt.start - trained)
+    wall = time.perf_counter() - started_wall
+
+    capacity = args.nodes * NODE_GPUS * horizon
+    offered = sum(t.gpus * min(t.work_s, horizon - t.arrival) for t in trace)
+    waits: dict[str, list[float]] = {}
+    class_waits: dict[str, list[float]] = {}
+    max_queued = (0.0, "")
+    for state in jobs.values():
+        t = state.trace
+        wait = (state.first_start if state.first_start is not None else horizon) - t.arrival
+        waits.setdefault(t.tier, []).append(wait)
+        class_waits.setdefault(t.cls, []).append(wait)
+        queued = state.queued_total + (horizon - state.enqueued_at if t.job_id in queue else 0.0)
+        max_queued = max(max_queued, (queued, t.job_id))
+    return {
+        "name": name, "wall_s": wall, "policy_calls": policy_calls,
+        "utilization": busy / capacity, "useful_utilization": (busy - lost) / capacity,
+        "offered": offered / capacity, "lost_gpu_h": lost / HOUR, "preemptions": diag["preemptions"],
+        "max_preemptions_one_job": max(s.preemptions for s in jobs.values()),
+        "finished": sum(1 for s in jobs.values() if s.finished_at is not None),
+        "running_at_end": len(running), "queued_at_end": len(queue), "arrived": len(trace),
+        "never_started": sum(1 for s in jobs.values() if s.first_start is None),
+        "waits": waits, "class_waits": class_waits, "max_queued": max_queued,
+        "decision_s": decision_s, "diag": diag, "longest": describe(jobs[max_queued[1]]),
+    }
+
+
+def describe(state: JobState) -> str:
+    t = state.trace
+    start = f"first start after {duration(state.first_start - t.arrival)}" if state.first_start is not None \
+        else "never started"
+    return (f"{t.job_id}: {t.tier} {t.cls} ({t.gpus} GPUs) of {t.tenant}, arrived at "
+            f"day {t.arrival // DAY:.0f} {(t.arrival % DAY) / HOUR:05.2f} h, {start}, preempted {state.preemptions}x")
+
+
+# ---- decision time at scale ----
+
+PARTS = ("order + plan", "preemption check", "total", "total (CPU)", "order_queue alone")
+
+
+def decision_bench(args: argparse.Namespace, config: PolicyConfig, profiler: cProfile.Profile | None = None) -> dict:
+    """A full cluster, `--queue-size` queued jobs; `--ticks` ticks one minute apart."""
+    rng = random.Random(args.seed + 1)
+    drawer = JobDrawer(rng, args.runtime_sigma, args.estimate_sigma)
+    nodes = new_nodes(args.nodes)
+    by_name = {node.name: node for node in nodes}
+    now = 30 * DAY
+    running: dict[str, tuple[TraceJob, RunningJob, float]] = {}  # id -> job, view, true end
+    misses = 0
+    while misses < 200:  # fill the cluster: draw until 200 draws in a row do not fit
+        job = drawer.draw(now)
+        assignment = place(QueuedJob(job.job_id, job.tenant, job.tier, job.gpus, now, job.estimate_s,
+                                     job.gpus_per_node), nodes)
+        if assignment is None:
+            misses += 1
+            continue
+        misses = 0
+        allocate(by_name, assignment)
+        began = now - rng.uniform(0.0, job.work_s)
+        view = RunningJob(job.job_id, job.tenant, job.tier, assignment, began, began + job.estimate_s, began, 0.0,
+                          queued_at=job.arrival)
+        running[job.job_id] = (job, view, began + job.work_s)
+    queue: dict[str, QueuedJob] = {}
+    work: dict[str, TraceJob] = {}
+
+    def add_queued(job: TraceJob) -> None:
+        work[job.job_id] = job
+        queue[job.job_id] = QueuedJob(job.job_id, job.tenant, job.tier, job.gpus, job.arrival, job.estimate_s,
+                                      job.gpus_per_node)
+
+    for arrival in sorted(now - rng.uniform(0.0, DAY) for _ in range(args.queue_size)):
+        add_queued(drawer.draw(arrival))
+    setup = {"running": len(running), "busy_gpus": sum(NODE_GPUS - len(node.free) for node in nodes),
+             "queued": len(queue),
+             "overdue": sum(1 for j in queue.values() if waited_too_long(j, now + args.tick_s, config))}
+    timings: dict[str, list[float]] = {part: [] for part in PARTS}
+    started = preempted = 0
+    stopping: set[str] = set()
+    for _ in range(args.ticks):
+        now += args.tick_s
+        for job_id in sorted(stopping):  # checkpointed and exited since the last tick: requeued
+            job, view, _ = running.pop(job_id)
+            release(by_name, view.placement)
+            add_queued(job)
+        stopping = set()
+        for job_id, (job, view, end) in list(running.items()):
+            if end <= now:
+                release(by_name, view.placement)
+                del running[job_id]
+        while len(queue) < args.queue_size:
+            add_queued(drawer.draw(now))
+        usage: dict[str, float] = {}
+        views = []
+        for job, view, _ in running.values():
+            ran = now - view.started_at
+            usage[job.tenant] = usage.get(job.tenant, 0.0) + \
+                sum(len(ids) for ids in view.placement.values()) * min(ran, DAY) / HOUR
+            views.append(replace(view, last_checkpoint_at=view.started_at + (ran // args.checkpoint_every_s)
+                                 * args.checkpoint_every_s, progress=min(1.0, ran / job.estimate_s)))
+        queued = list(queue.values())
+        if profiler is not None:
+            profiler.enable()
+        decision = decide_tuneforge(queued, nodes, views, stopping, now, usage, config, None, timings)
+        if profiler is not None:
+            profiler.disable()
+        else:  # the full sort, for comparison with the lazy order the loop uses
+            began = time.perf_counter()
+            order_queue(queued, config, usage)
+            timings["order_queue alone"].append(time.perf_counter() - began)
+        for job, assignment in decision.starts:
+            del queue[job.job_id]
+            trace_job = work.pop(job.job_id)
+            allocate(by_name, assignment)
+            view = RunningJob(job.job_id, job.tenant_id, job.tier, assignment, now, now + job.runtime_s, now, 0.0,
+                              queued_at=job.queued_at)
+            running[job.job_id] = (trace_job, view, now + trace_job.work_s)
+            started += 1
+        stopping = {victim.job_id for victim in decision.victims}
+        preempted += len(stopping)
+    return {"setup": setup, "timings": timings, "started": started, "preempted": preempted}
+
+
+# ---- output ----
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * HOUR:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / HOUR:.1f} h"
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def machine() -> str:
+    cpu = platform.processor()
+    memory = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+        kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal"))
+        memory = f", {kib / 2**20:.1f} GiB"
+    except (OSError, StopIteration):
+        pass
+    load = ", load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    return f"{os.cpu_count()} cores, {cpu}{memory}; Python {platform.python_version()}{load}"
+
+
+def print_results(results: list[dict]) -> None:
+    names = [r["name"] for r in results]
+    width = 20
+    head = f"{'':34}" + "".join(f"{name:>{width}}" for name in names)
+    print(head)
+
+    def row(label: str, values: list[str]) -> None:
+        print(f"{label:34}" + "".join(f"{value:>{width}}" for value in values))
+
+    row("GPU utilization", [f"{r['utilization']:.1%}" for r in results])
+    row("  useful (minus stop + restore)", [f"{r['useful_utilization']:.1%}" for r in results])
+    row("offered load", [f"{r['offered']:.1%}" for r in results])
+    row("useful / offered", [f"{r['useful_utilization'] / r['offered']:.1%}" for r in results])
+    for tier in TIERS:
+        for q in (50, 95):
+            row(f"wait p{q} {tier}", [duration(pct(r["waits"][tier], q)) for r in results])
+        row(f"wait max {tier}", [duration(max(r["waits"][tier])) for r in results])
+    for cls in CLASSES:
+        row(f"wait p95 {cls.name}", [duration(pct(r["class_waits"][cls.name], 95)) for r in results])
+        row(f"wait max {cls.name}", [duration(max(r["class_waits"][cls.name])) for r in results])
+    row("longest time queued (any job)", [duration(r["max_queued"][0]) for r in results])
+    row("preemptions", [str(r["preemptions"]) for r in results])
+    row("  most of one job", [str(r["max_preemptions_one_job"]) for r in results])
+    row("lost GPU-hours (stop + restore)", [f"{r['lost_gpu_h']:.1f}" for r in results])
+    row("jobs arrived", [str(r["arrived"]) for r in results])
+    row("jobs finished", [str(r["finished"]) for r in results])
+    row("running / queued at the end", [f"{r['running_at_end']} / {r['queued_at_end']}" for r in results])
+    row("never started", [str(r["never_started"]) for r in results])
+    row("policy calls", [str(r["policy_calls"]) for r in results])
+    row("decision ms p50 (this trace)", [f"{pct(r['decision_s'], 50) * 1e3:.2f}" for r in results])
+    row("decision ms p95 (this trace)", [f"{pct(r['decision_s'], 95) * 1e3:.2f}" for r in results])
+    row("decision ms max (this trace)", [f"{max(r['decision_s']) * 1e3:.2f}" for r in results])
+    row("calls with a blocked head", [str(r["diag"]["blocked"]) for r in results])
+    row("  head reserved 'now' but not free", [str(r["diag"]["reservation_past"]) for r in results])
+    row("  head without a reservation", [str(r["diag"]["no_reservation"]) for r in results])
+    row("calls: overdue job, head not", [str(r["diag"]["overdue_behind_head"]) for r in results])
+    row("preemption rounds", [str(r["diag"]["rounds"]) for r in results])
+    row("  victims back before their job", [str(r["diag"]["restarted_ahead"]) for r in results])
+    row("GPUs preempted / of preemptors", [f"{r['diag']['victim_gpus']} / {r['diag']['preempting_gpus']}"
+                                           for r in results])
+    row("  victims that were multi-node", [str(r["diag"]["multi_node_victims"]) for r in results])
+    row("simulated in (wall s)", [f"{r['wall_s']:.1f}" for r in results])
+    print("longest time queued:")
+    for r in results:
+        print(f"  {r['name']:18} {duration(r['max_queued'][0])}, {r['longest']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--days", type=float, default=7.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--nodes", type=int, default=41, help="8-GPU nodes")
+    parser.add_argument("--jobs-per-day", type=float, default=500.0)
+    parser.add_argument("--burst-factor", type=float, default=4.0)
+    parser.add_argument("--burst-hour", type=int, default=14)
+    parser.add_argument("--runtime-sigma", type=float, default=0.5)
+    parser.add_argument("--estimate-sigma", type=float, default=0.3)
+    parser.add_argument("--tick-s", type=float, default=60.0)
+    parser.add_argument("--stop-s", type=float, default=30.0, help="SIGTERM to exit: checkpoint (GPUs held)")
+    parser.add_argument("--restore-s", type=float, default=90.0, help="restart: load the model and the checkpoint")
+    parser.add_argument("--checkpoint-every-s", type=float, default=1800.0)
+    parser.add_argument("--policies", default="fifo,strict,tuneforge,tuneforge-hold,tuneforge-hold-any")
+    parser.add_argument("--aging-s", type=float, default=PolicyConfig().aging_s,
+                        help="queue aging: waiting this long is worth one tier (TUNEFORGE_SCHEDULER_AGING_S)")
+    parser.add_argument("--queue-size", type=int, default=10_000)
+    parser.add_argument("--ticks", type=int, default=50)
+    parser.add_argument("--profile", action="store_true", help="profile the decision ticks even if the goal is met")
+    args = parser.parse_args()
+    config = PolicyConfig(aging_s=args.aging_s)
+
+    print(f"machine: {machine()}")
+    source = Path(policy.__file__)
+    print(f"policy: {source} (sha256 {hashlib.sha256(source.read_bytes()).hexdigest()[:12]}), "
+          f"queue order by {ORDER.__name__}")
+    trace = build_trace(args)
+    per_class = {c.name: sum(1 for t in trace if t.cls == c.name) for c in CLASSES}
+    per_tier = {tier: sum(1 for t in trace if t.tier == tier) for tier in TIERS}
+    print(f"trace: seed {args.seed}, {args.days:g} days, {len(trace)} jobs ({len(trace) / args.days:.0f}/day), "
+          f"burst {args.burst_factor:g}x at {args.burst_hour:02d}:00; classes {per_class}; tiers {per_tier}")
+    print(f"cluster: {args.nodes} nodes x {NODE_GPUS} GPUs = {args.nodes * NODE_GPUS} GPUs; tick {args.tick_s:g} s; "
+          f"preemption: {args.stop_s:g} s to checkpoint and exit + {args.restore_s:g} s to restore; "
+          f"checkpoints every {args.checkpoint_every_s:g} s")
+    print(f"policy config: aging {config.aging_s:g} s per tier, fair share {config.fair_share_s_per_gpu_hour:g} "
+          f"s per GPU-hour (max {config.fair_share_max_s:g} s), targets {config.target_wait_s}, "
+          f"backfill depth {config.backfill_depth}")
+    print()
+    results = [simulate(name, trace, args, config) for name in args.policies.split(",")]
+    print_results(results)
+
+    print()
+    print(f"decision time: {args.queue_size} queued jobs, a full cluster, {args.ticks} ticks")
+    bench = decision_bench(args, config)
+    setup = bench["setup"]
+    print(f"  start: {setup['running']} running jobs on {setup['busy_gpus']} busy GPUs, {setup['queued']} queued "
+          f"({setup['overdue']} already past their tier's target wait); over the ticks {bench['started']} "
+          f"started, {bench['preempted']} preempted")
+    print(f"  {'ms per tick':24}{'p50':>10}{'p95':>10}{'max':>10}")
+    for part in PARTS:
+        values = bench["timings"][part]
+        print(f"  {part:24}" + "".join(f"{v * 1e3:>10.2f}" for v in (pct(values, 50), pct(values, 95), max(values))))
+    decision_p50 = pct(bench["timings"]["total"], 50)
+    decision_p95 = pct(bench["timings"]["total"], 95)
+
+    print()
+    print("goals (from the issue):")
+    print(f"  {'':44}" + "".join(f"{r['name']:>22}" for r in results))
+    premium = [pct(r["waits"]["premium"], 95) for r in results]
+    print(f"  {'premium p95 wait < 5 min':44}"
+          + "".join(f"{f'{duration(v)} {met(v < 300)}':>22}" for v in premium))
+    ratios = [r["useful_utilization"] / r["offered"] for r in results]
+    print(f"  {'useful utilization >= 90% of offered load':44}"
+          + "".join(f"{f'{v:.1%} {met(v >= 0.9)}':>22}" for v in ratios))
+    longest = [max(max(max(w) for w in r["waits"].values()), r["max_queued"][0]) for r in results]
+    print(f"  {'no job waits (queued) over 24 h':44}"
+          + "".join(f"{f'{duration(v)} {met(v <= DAY)}':>22}" for v in longest))
+    goal_ok = decision_p95 < 0.010
+    print(f"  tuneforge decision < 10 ms per tick at {args.queue_size} queued jobs: p50 {decision_p50 * 1e3:.1f} ms, "
+          f"p95 {decision_p95 * 1e3:.1f} ms -> {met(goal_ok)} (judged on the p95)")
+    if not goal_ok or args.profile:
+        print()
+        print(f"where the decision time goes (cProfile over the same {args.ticks} ticks, by own time):")
+        profiler = cProfile.Profile()
+        decision_bench(args, config, profiler)
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(14)
+        print_stats_table(out.getvalue())
+        print("the policy's functions, by cumulative time:")
+        out = io.StringIO()
+        stats.stream = out
+        stats.sort_stats("cumulative").print_stats(r"scheduler[/\\]policy\.py", 10)
+        print_stats_table(out.getvalue())
+
+
+def print_stats_table(text: str) -> None:
+    lines = text.splitlines()
+    start_at = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    for line in lines[start_at:]:
+        if line.strip():
+            print("  " + line.replace(str(Path.cwd()) + "/", ""))
+
+
+if __name__ == "__main__":
+    main()
