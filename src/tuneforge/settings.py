@@ -66,6 +66,9 @@ class Settings(BaseSettings):
         default=60.0, description="An attempt whose last heartbeat is older than this is lost."
     )
     heartbeat_interval_s: float = Field(default=5.0, description="Trainer heartbeat period.")
+    start_timeout_s: float = Field(
+        default=300.0, description="An attempt that has not sent its first heartbeat this long after launch "
+                                   "is lost (imports and start-up on a busy host take a while).")
     max_upload_bytes: int = Field(
         default=8 * 1024 * 1024 * 1024, description="Largest accepted file upload in bytes (premium tier)."
     )

@@ -101,13 +101,17 @@ class Scheduler:
         # a control plane that just started (or just took over) has heard no heartbeat yet:
         # every lease counts from then at the earliest, so downtime alone never loses an attempt
         heard = max(attempt.heartbeat_at, self._leading_since)
+        settings = self.platform.settings
+        # before its first heartbeat a trainer is importing and loading: it gets the start timeout
+        limit = settings.lease_timeout_s if attempt.status == "running" else \
+            max(settings.lease_timeout_s, settings.start_timeout_s)
         if poll.state == "running":
-            if time.time() - heard > self.platform.settings.lease_timeout_s:
+            if time.time() - heard > limit:
                 self.executor.signal(handle, "cancel")
                 _end_attempt(attempt, AttemptStatus.LOST, None, "platform")
                 self._retry_or_fail(session, job, attempt, "lease expired: no heartbeat")
             return
-        if poll.state == "unknown" and time.time() - heard <= self.platform.settings.lease_timeout_s:
+        if poll.state == "unknown" and time.time() - heard <= limit:
             return  # launched by another process and maybe still alive: trust the lease
         self._handle_exit(session, job, attempt, poll, handle)
 

@@ -146,7 +146,9 @@ def test_lost_lease_requeues_and_repeated_crashes_fail_the_job(setup):
     job_id = create_job()
     scheduler.tick()
     with platform.db.session() as session:
-        attempt_repo.current(session, job_id, 1).heartbeat_at = time.time() - 60
+        attempt = attempt_repo.current(session, job_id, 1)
+        attempt.heartbeat_at = time.time() - 60  # it had heartbeated, then went silent
+        attempt.status = "running"
     scheduler.tick()
     assert (1, "cancel") in executor.signals
     assert job(job_id)["attempt"] == 2 and job(job_id)["status"] == "running"
@@ -168,3 +170,17 @@ def test_cancel_signals_the_running_attempt(setup):
     scheduler.tick()
     assert executor.signals == [(1, "cancel")]
     assert job(job_id)["status"] == "cancelled"
+
+
+def test_a_trainer_still_starting_gets_the_start_timeout_not_the_lease(setup):
+    platform, _http, scheduler, executor, create_job, job, _auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    with platform.db.session() as session:
+        attempt_repo.current(session, job_id, 1).heartbeat_at = time.time() - 60  # launched 60 s ago, no heartbeat
+    scheduler.tick()
+    assert executor.signals == [] and job(job_id)["attempt"] == 1
+    with platform.db.session() as session:
+        attempt_repo.current(session, job_id, 1).heartbeat_at = time.time() - platform.settings.start_timeout_s - 1
+    scheduler.tick()
+    assert (1, "cancel") in executor.signals and job(job_id)["attempt"] == 2
