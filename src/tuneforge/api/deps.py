@@ -21,8 +21,15 @@ def session(request: Request) -> Iterator[Session]:
         yield db_session
 
 
+# The session's unit of work ends (commit) before the response goes out: a
+# client that was answered 200 can rely on the write being stored, even if
+# this process dies right after answering (the default "request" scope would
+# commit after the response has been sent).
+SESSION = Depends(session, scope="function")
+
+
 def tenant(
     authorization: str | None = Header(default=None),
-    db_session: Session = Depends(session),
+    db_session: Session = SESSION,
 ) -> Tenant:
     return tenant_service.authenticate(db_session, authorization)

@@ -34,6 +34,23 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=True)
 
 
+@contextmanager
+def savepoint(session: Session) -> Iterator[None]:
+    """`session.begin_nested()` that stays nested on SQLite too.
+
+    Python's sqlite3 driver opens its transaction only at the first write, so a
+    SAVEPOINT issued before any write starts SQLite's transaction itself, and
+    releasing it commits everything: the enclosing unit of work would be
+    committed half-way. Opening the transaction first (IMMEDIATE: a write is
+    coming) keeps the savepoint inside it."""
+    if session.get_bind().dialect.name == "sqlite":
+        dbapi_connection = session.connection().connection.dbapi_connection
+        if not dbapi_connection.in_transaction:
+            session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+    with session.begin_nested():
+        yield
+
+
 class Database:
     """The engine plus a session factory; one per process."""
 

@@ -88,8 +88,12 @@ class LocalExecutor:
                 return PollResult("running")
             self._children.pop(pid, None)
             return PollResult("exited", code)
-        if _is_our_process(pid, handle.get("spec_path", "")):
+        spec_path = handle.get("spec_path", "")
+        if _is_our_process(pid, spec_path):
             return PollResult("running", detail="adopted from an earlier control plane")
+        code = _exit_code_left_by(spec_path)
+        if code is not None:  # launched by an earlier control plane; the trainer left its exit code
+            return PollResult("exited", code)
         return PollResult("unknown", None, "process not found (exit code unknown)")
 
     def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None:
@@ -123,6 +127,16 @@ class LocalExecutor:
         with open(path, "rb") as log:
             log.seek(max(0, path.stat().st_size - max_bytes))
             return log.read().decode("utf-8", "replace")
+
+
+def _exit_code_left_by(spec_path: str) -> int | None:
+    """The exit code a trainer wrote beside its spec as its last act (absent after a SIGKILL)."""
+    if not spec_path:
+        return None
+    try:
+        return int(Path(spec_path).with_suffix(".exit").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _is_our_process(pid: int, spec_path: str) -> bool:

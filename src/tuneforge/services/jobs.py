@@ -12,6 +12,7 @@ from dataclasses import asdict
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tuneforge.db.engine import savepoint
 from tuneforge.db.pagination import Page
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import events
@@ -163,7 +164,7 @@ def create_job(
         created_at=int(time.time()),
     )
     try:
-        with session.begin_nested():
+        with savepoint(session):
             session.add(job)
             session.flush()
     except IntegrityError:

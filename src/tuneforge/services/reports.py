@@ -10,6 +10,7 @@ per attempt and are delivered in order, so `seq <= attempts.last_seq` means
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import Any
 
@@ -21,11 +22,13 @@ from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Checkpoint, FineTunedModel, Job
-from tuneforge.domain.errors import ApiError, unauthorized
+from tuneforge.domain.errors import ApiError, invalid, unauthorized
+from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.ids import new_id, short_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.services import files as file_service
 from tuneforge.services.transitions import transition
+from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
 
@@ -117,6 +120,45 @@ def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: dict[str,
                data={"step": step, "checkpoint": row.checkpoint_id}, attempt=attempt.number, seq=seq)
     attempt.last_seq = seq
     _forget_pruned(session, job, step)
+
+
+def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: dict[str, Any]) -> int:
+    """An attempt resumed from the checkpoint at `step`. Reports of the attempt that
+    wrote it may have died with that trainer (queued while the control plane was
+    away, then SIGKILLed): the checkpoint's own history fills in every step up to
+    `step` that has no metrics event, and the checkpoint is listed if it is not.
+    Returns how many steps' metrics were recovered."""
+    _require_current(job, attempt)
+    seq = int(body["seq"])
+    if _already_applied(attempt, seq):
+        return 0
+    attempt.last_seq = seq
+    step, prefix = int(body["step"]), str(body.get("prefix") or "")
+    if prefix != layout.checkpoint_prefix(job.tenant_id, job.job_id, step):
+        raise invalid(f"'prefix' must be this job's checkpoint at step {step}", param="prefix")
+    try:
+        state = json.loads(store.get_bytes(f"{prefix}/{layout.TRAINER_STATE_NAME}"))
+        history = {int(row["step"]): row for row in state["history"] if int(row["step"]) <= step}
+    except (OSError, KeyError, TypeError, ValueError) as exc:  # the trainer just read it; a race with a delete
+        events.add(session, job.job_id, f"could not read the history of the checkpoint at step {step}: {exc}",
+                   level="warn", attempt=attempt.number)
+        return 0
+    total_steps = int(body.get("total_steps") or attempt.total_steps or 0)
+    if step in history and checkpoint_repo.at_step(session, job.job_id, step) is None:
+        session.add(Checkpoint(
+            checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number, prefix=prefix,
+            metrics={"step": float(step), **checkpoint_metrics(history[step])}, created_at=int(time.time()),
+        ))
+    have = {int((row.data or {}).get("step", -1)) for row in events.metrics_rows(session, job.job_id)}
+    missing = sorted(set(history) - have)
+    for number in missing:
+        events.add(session, job.job_id, f"step {number}", event_type="metrics", attempt=attempt.number,
+                   data={**metrics_data(history[number], total_steps), "recovered_from_checkpoint": True})
+    if missing:
+        events.add(session, job.job_id,
+                   f"metrics of {len(missing)} step(s) recovered from the checkpoint at step {step}",
+                   data={"steps": missing[:50], "count": len(missing)}, attempt=attempt.number)
+    return len(missing)
 
 
 def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:

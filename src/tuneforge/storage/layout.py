@@ -16,6 +16,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # A whole last segment "step-N": "laststep-3" or "step-3.tmp" are not checkpoints.
 CHECKPOINT_DIR = re.compile(r"(?:^|/)step-(\d+)$")
 MANIFEST_NAME = "manifest.json"
+TRAINER_STATE_NAME = "trainer_state.json"  # in a checkpoint: step, data position, history
 
 
 def _part(value: str) -> str:

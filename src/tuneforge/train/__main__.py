@@ -45,13 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tuneforge.train", description=__doc__)
     parser.add_argument("spec", help="path of the JobSpec JSON file")
     args = parser.parse_args(argv)
-    _configure_process()
-    try:
-        spec = JobSpec.read(args.spec)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.error("cannot read the job spec %s: %s", args.spec, exc)
-        return TrainerExit.PLATFORM_ERROR
-
+    # The handler goes in before anything slow (imports, logging set-up): a
+    # preemption notice that arrives while the process starts is still a notice.
     stop = threading.Event()
 
     def preempted(_signum: int, _frame: object) -> None:
@@ -59,6 +54,37 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, preempted)
+    code = _main(args.spec, stop)
+    _write_exit_file(args.spec, code)
+    return code
+
+
+def exit_file(spec_path: str) -> str:
+    """Where the trainer leaves its exit code: beside its spec, so an executor that did
+    not launch it (a restarted control plane) can still tell how it ended."""
+    base, _ext = os.path.splitext(spec_path)
+    return base + ".exit"
+
+
+def _write_exit_file(spec_path: str, code: int) -> None:
+    path = exit_file(spec_path)
+    try:
+        with open(path + ".tmp", "w") as handle:
+            handle.write(f"{int(code)}\n")
+        os.replace(path + ".tmp", path)
+    except OSError as exc:  # the executor then knows no more than without the file
+        log.warning("cannot write the exit code to %s: %s", path, exc)
+
+
+def _main(spec_path: str, stop: threading.Event) -> int:
+    _configure_process()
+    try:
+        spec = JobSpec.read(spec_path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("cannot read the job spec %s: %s", spec_path, exc)
+        return TrainerExit.PLATFORM_ERROR
+    if stop.is_set():
+        log.info("a preemption notice came during start-up")
 
     from tuneforge.settings import Settings
     from tuneforge.storage.store import open_store

@@ -39,7 +39,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 RNG_STATE = "rng_state.pt"
-TRAINER_STATE = "trainer_state.json"
+TRAINER_STATE = layout.TRAINER_STATE_NAME
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ never lets the lease lapse. `RecordingReporter` keeps reports in a list for
 tests.
 
 A report is `(kind, body)`: kind `events` takes one event (use
-`message_event` / `metrics_event`), kinds `checkpoints`, `result` and
+`message_event` / `metrics_event`), kinds `checkpoints`, `resumed`, `result` and
 `failure` take their protocol body. The reporter adds `seq` (unique and
 increasing within the attempt) and `attempt`.
 """
@@ -27,7 +27,7 @@ import httpx
 
 log = logging.getLogger(__name__)
 
-REPORT_KINDS = ("events", "checkpoints", "result", "failure")
+REPORT_KINDS = ("events", "checkpoints", "resumed", "result", "failure")
 FENCED_STATUSES = (401, 409)  # the attempt is no longer current, or its token is bad
 _MAX_EVENTS_PER_REQUEST = 100
 

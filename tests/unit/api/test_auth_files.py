@@ -81,3 +81,22 @@ def test_another_tenants_file_answers_404_everywhere(world):
         theirs.files.delete(mine.id)
     assert theirs.files.list().data == []
     assert world.sdk(world.key_a).files.retrieve(mine.id).id == mine.id
+
+
+def test_a_write_is_committed_before_the_answer(world, monkeypatch):
+    """A client answered 200 may rely on the write being stored: the request's unit of
+    work commits before the response is sent, so a failing commit is never a 200."""
+    from sqlalchemy.orm import Session
+
+    def failing_commit(self):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(Session, "commit", failing_commit)
+    response = world.http.post(
+        "/v1/files", headers=world.headers(world.key_a),
+        files={"file": ("train.jsonl", chat_lines(12))}, data={"purpose": "fine-tune"},
+    )
+    assert response.status_code == 500
+    monkeypatch.undo()
+    listed = world.http.get("/v1/files", headers=world.headers(world.key_a)).json()
+    assert listed["data"] == []

@@ -184,3 +184,48 @@ def test_a_trainer_still_starting_gets_the_start_timeout_not_the_lease(setup):
         attempt_repo.current(session, job_id, 1).heartbeat_at = time.time() - platform.settings.start_timeout_s - 1
     scheduler.tick()
     assert (1, "cancel") in executor.signals and job(job_id)["attempt"] == 2
+
+
+def test_a_resumed_attempt_recovers_the_metrics_its_predecessor_never_delivered(setup):
+    """Attempt 1 trained steps 1-6 and checkpointed at 6, but only steps 1-2 and 5 reached
+    the control plane before it died; attempt 2 says it resumed from step 6: the
+    checkpoint's history fills in steps 3, 4 and 6 once, and the checkpoint is listed."""
+    import json
+
+    platform, http, scheduler, executor, create_job, job, auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    first = executor.launched[0]
+    delivered = [{"seq": i, "type": "metrics", "level": "info", "message": f"step {step}",
+                  "data": {"step": step, "total_steps": 10, "train_loss": 3.0 - step / 10}}
+                 for i, step in enumerate([1, 2, 5], start=1)]
+    assert _report(http, first, "events", {"events": delivered}).json() == {"applied": 3}
+    prefix = f"tenants/{first.tenant_id}/jobs/{job_id}/checkpoints/step-6"
+    history = [{"step": s, "train_loss": 3.0 - s / 10, "train_accuracy": 0.1 * s, "valid_loss": None,
+                "valid_mean_token_accuracy": None, "learning_rate": 1e-4, "grad_norm": 0.5,
+                "tokens_per_second": 100.0} for s in range(1, 8)]  # step 7 is past the checkpoint
+    platform.store.put_bytes(f"{prefix}/trainer_state.json", json.dumps({"step": 6, "history": history}).encode())
+    with platform.db.session() as session:  # then it went silent: SIGKILLed
+        attempt = attempt_repo.current(session, job_id, 1)
+        attempt.heartbeat_at = time.time() - 60
+        attempt.status = "running"
+    scheduler.tick()
+    second = executor.launched[1]
+    assert second.attempt == 2
+    body = {"seq": 1, "step": 6, "prefix": prefix, "total_steps": 10}
+    assert _report(http, second, "resumed", body).json() == {"recovered_steps": 3}
+    assert _report(http, second, "resumed", body).json() == {"recovered_steps": 0}  # retried: applied once
+    foreign = {**body, "seq": 2, "prefix": "tenants/other/jobs/x/checkpoints/step-6"}
+    answer = _report(http, second, "resumed", foreign)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "prefix"
+
+    events = http.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=auth).json()["data"]
+    metrics = {e["data"]["step"]: e["data"] for e in events if e["type"] == "metrics"}
+    assert sorted(metrics) == [1, 2, 3, 4, 5, 6]
+    assert [e["data"]["step"] for e in events if e["type"] == "metrics"].count(5) == 1
+    assert metrics[4]["train_loss"] == pytest.approx(2.6) and metrics[4]["train_mean_token_accuracy"] == pytest.approx(0.4)
+    assert metrics[4]["learning_rate"] == 1e-4 and metrics[4]["total_steps"] == 10
+    assert metrics[4]["recovered_from_checkpoint"] is True and "recovered_from_checkpoint" not in metrics[5]
+    checkpoints = http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=auth).json()["data"]
+    assert [c["step_number"] for c in checkpoints] == [6]
+    assert checkpoints[0]["metrics"]["train_loss"] == pytest.approx(2.4)

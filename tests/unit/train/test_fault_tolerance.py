@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -19,6 +20,7 @@ import tuneforge
 from tests.helpers.fake_control_plane import FakeControlPlane
 from tests.helpers.tiny import TENANT_ID, next_attempt, stage_job
 from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.domain.metrics import metrics_data
 from tuneforge.storage import layout
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train.reporter import RecordingReporter
@@ -118,13 +120,22 @@ def test_simulated_oom_exits_out_of_memory(tmp_path: Path, tiny_model_dir: Path)
 
 def test_a_corrupt_newest_checkpoint_is_reported_on_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
     first, store = stage_job(tmp_path, tiny_model_dir, checkpoint={"every_steps": 2}, extra={"stop_after_step": 4})
-    assert run_attempt(first, store, RecordingReporter()) == TrainerExit.PREEMPTED
+    reporter = RecordingReporter()
+    assert run_attempt(first, store, reporter) == TrainerExit.PREEMPTED
+    step2 = layout.checkpoint_prefix(TENANT_ID, first.job_id, 2)
     step4 = layout.checkpoint_prefix(TENANT_ID, first.job_id, 4)
+    # the checkpoint's history rebuilds each step's metrics event exactly (what the
+    # control plane uses to recover reports lost with a killed trainer)
+    history = json.loads(store.get_bytes(f"{step2}/{layout.TRAINER_STATE_NAME}"))["history"]
+    sent = {e["data"]["step"]: e["data"] for e in reporter.events("metrics")}
+    assert [metrics_data(row, sent[1]["total_steps"]) for row in history] == [sent[1], sent[2]]
     store.put_bytes(f"{step4}/adapter_model.safetensors", b"truncated")
     second = RecordingReporter(attempt=2)
     assert run_attempt(replace(next_attempt(first), extra={}), store, second) == TrainerExit.SUCCESS
     warning = [e for e in second.events("message") if "corrupt" in e["message"]]
     assert warning and warning[0]["data"] == {"skipped_steps": [4], "resumed_from_step": 2}
+    [told] = second.of_kind("resumed")
+    assert (told["step"], told["prefix"], told["total_steps"]) == (2, step2, sent[1]["total_steps"])
 
 
 def _start(spec_path: Path) -> subprocess.Popen:

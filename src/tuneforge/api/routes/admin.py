@@ -67,24 +67,24 @@ def _tenant_object(tenant: Any) -> dict[str, Any]:
 
 
 @router.post("/tenants", dependencies=[Depends(admin)])
-def create_tenant(body: TenantCreate, session: Session = Depends(deps.session)) -> dict:
+def create_tenant(body: TenantCreate, session: Session = deps.SESSION) -> dict:
     """The tenant and its first API key (shown once)."""
     tenant, api_key = tenant_service.create_tenant(session, body.name, body.tier)
     return {**_tenant_object(tenant), "api_key": api_key}
 
 
 @router.get("/tenants", dependencies=[Depends(admin)])
-def list_tenants(session: Session = Depends(deps.session)) -> dict:
+def list_tenants(session: Session = deps.SESSION) -> dict:
     return {"object": "list", "has_more": False, "data": [_tenant_object(t) for t in tenant_repo.list_all(session)]}
 
 
 @router.post("/tenants/{name}/tier", dependencies=[Depends(admin)])
-def set_tier(name: str, body: TierChange, session: Session = Depends(deps.session)) -> dict:
+def set_tier(name: str, body: TierChange, session: Session = deps.SESSION) -> dict:
     return _tenant_object(tenant_service.set_tier(session, name, body.tier))
 
 
 @router.post("/tenants/{name}/quota", dependencies=[Depends(admin)])
-def set_quota(name: str, body: QuotaChange, session: Session = Depends(deps.session)) -> dict:
+def set_quota(name: str, body: QuotaChange, session: Session = deps.SESSION) -> dict:
     changes: dict[str, float | None] = {}
     for field in body.model_fields_set:
         value = getattr(body, field)
@@ -93,14 +93,14 @@ def set_quota(name: str, body: QuotaChange, session: Session = Depends(deps.sess
 
 
 @router.get("/usage", dependencies=[Depends(admin)])
-def usage_all(month: str | None = Query(default=None), session: Session = Depends(deps.session)) -> dict:
+def usage_all(month: str | None = Query(default=None), session: Session = deps.SESSION) -> dict:
     now = time.time()
     chosen = month or usage.current_month(now)
     return {"object": "list", "month": chosen, "data": tenant_service.usage_report(session, chosen, now)}
 
 
 @router.get("/queue", dependencies=[Depends(admin)])
-def whole_queue(session: Session = Depends(deps.session), platform: Platform = Depends(deps.platform)) -> dict:
+def whole_queue(session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     capacity = platform.inventory or local_inventory(platform.settings)
     entries = queue_view(session, capacity, PolicyConfig(aging_s=platform.settings.scheduler_aging_s), time.time())
     return {"object": "list", "data": [

@@ -23,7 +23,7 @@ def create_file(
     file: UploadFile | None = None,
     purpose: str | None = Form(default=None),
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
     if file is None:
@@ -46,14 +46,14 @@ def list_files(
     limit: int = Query(default=100, ge=1, le=10000),
     order: str = "desc",
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
 ) -> dict:
     page = file_service.list_files(session, tenant.tenant_id, purpose=purpose, after=after, limit=limit, order=order)
     return list_object(page.rows, file_object, page.has_more)
 
 
 @router.get("/{file_id}")
-def retrieve_file(file_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+def retrieve_file(file_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     return file_object(file_service.get(session, tenant.tenant_id, file_id))
 
 
@@ -61,7 +61,7 @@ def retrieve_file(file_id: str, tenant: Tenant = Depends(deps.tenant), session: 
 def file_validation(
     file_id: str,
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
     """Extension: the full validation report of a fine-tune file."""
@@ -74,7 +74,7 @@ def file_validation(
 def delete_file(
     file_id: str,
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
     row = file_service.delete(session, platform.store, tenant.tenant_id, file_id)
@@ -85,7 +85,7 @@ def delete_file(
 def file_content(
     file_id: str,
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> StreamingResponse:
     row = file_service.get(session, tenant.tenant_id, file_id)

@@ -28,7 +28,7 @@ def report(
     kind: str,
     body: dict[str, Any] = Body(...),
     authorization: str | None = Header(default=None),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
     job, attempt = reports.authorize(session, job_id, _attempt(body), authorization)
@@ -38,6 +38,8 @@ def report(
         return {"applied": reports.add_events(session, job, attempt, body)}
     if kind == "checkpoints":
         reports.add_checkpoint(session, job, attempt, body)
+    elif kind == "resumed":
+        return {"recovered_steps": reports.resumed(session, platform.store, job, attempt, body)}
     elif kind == "result":
         reports.complete(session, platform.store, job, attempt, body)
     elif kind == "failure":

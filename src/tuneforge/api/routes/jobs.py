@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
+from tuneforge.db.engine import savepoint
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events as event_repo
@@ -42,7 +43,7 @@ def create_job(
     body: JobCreate,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
@@ -62,7 +63,7 @@ def _validate_small_job(session: Session, platform: Platform, job: Job) -> None:
     if size > platform.settings.inline_validation_max_bytes:
         return
     try:
-        with session.begin_nested():
+        with savepoint(session):
             validate_job(session, platform, job)
     except Exception:  # noqa: BLE001 - e.g. a tokenizer that fails to load: the scheduler retries and reports
         _log.exception("inline validation of %s failed; the scheduler will validate it", job.job_id)
@@ -73,7 +74,7 @@ def _validate_small_job(session: Session, platform: Platform, job: Job) -> None:
 def estimate_job(
     body: JobCreate,
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
     """Extension: tokens, steps, GPU-hours, price and queue position for this body; creates nothing."""
@@ -86,7 +87,7 @@ def list_jobs(
     after: str | None = None,
     limit: int = Query(default=20, ge=1, le=100),
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
 ) -> dict:
     metadata = {}
     for key, value in request.query_params.multi_items():
@@ -98,7 +99,7 @@ def list_jobs(
 
 
 @router.get("/{job_id}")
-def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session),
+def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                  platform: Platform = Depends(deps.platform)) -> dict:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
     body = job_object(job)
@@ -119,20 +120,20 @@ def queue_place(session: Session, platform: Platform, job_id: str) -> dict | Non
 
 
 @router.post("/{job_id}/cancel")
-def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session),
+def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> dict:
     """Stops the job; its checkpoints are removed unless `checkpointing.keep_on_cancel`."""
     return job_object(job_service.cancel_job(session, tenant.tenant_id, job_id, platform.store))
 
 
 @router.post("/{job_id}/pause")
-def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     """A running job checkpoints and stops (status `paused` once it has); a queued one pauses at once."""
     return job_object(job_service.pause_job(session, tenant.tenant_id, job_id))
 
 
 @router.post("/{job_id}/resume")
-def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     """A paused job is queued again and continues from its newest checkpoint."""
     return job_object(job_service.resume_job(session, tenant.tenant_id, job_id))
 
@@ -144,7 +145,7 @@ def list_events(
     limit: int = Query(default=20, ge=1, le=100),
     stream: bool = False,
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict | StreamingResponse:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
@@ -179,7 +180,7 @@ def _event_stream(platform: Platform, job_id: str) -> Iterator[bytes]:
 def job_validation(
     job_id: str,
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
     """Extension: the data report of the job's validation against its base model."""
@@ -194,7 +195,7 @@ def list_checkpoints(
     after: str | None = None,
     limit: int = Query(default=10, ge=1, le=100),
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
 ) -> dict:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
     page = checkpoint_repo.page(session, job.job_id, after=after, limit=limit)
@@ -207,7 +208,7 @@ def download(
     artifact: str = "adapter",
     step: int | None = Query(default=None, ge=0),
     tenant: Tenant = Depends(deps.tenant),
-    session: Session = Depends(deps.session),
+    session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> Response:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
@@ -219,7 +220,7 @@ def download(
 
 
 @router.get("/{job_id}/attempts")
-def list_attempts(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+def list_attempts(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     """Extension: every attempt of the job, with how it ended and why (failure_class: platform failures are
     retried and not billed, user errors are not retried)."""
     job = job_service.get_job(session, tenant.tenant_id, job_id)

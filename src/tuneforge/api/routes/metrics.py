@@ -79,6 +79,6 @@ def gpus_total(platform: Platform) -> int:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(session: Session = Depends(deps.session), platform: Platform = Depends(deps.platform)) -> Response:
+def metrics(session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> Response:
     snap = usage.snapshot(session, TIERS, gpus_total(platform), time.time())
     return Response(render(snap), media_type=CONTENT_TYPE)

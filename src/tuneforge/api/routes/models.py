@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
 @router.get("")
-def list_models(tenant: Tenant = Depends(deps.tenant), session: Session = Depends(deps.session)) -> dict:
+def list_models(tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     data = [base_model_object(row) for row in base_model_repo.list_all(session)]
     data += [fine_tuned_model_object(row) for row in model_repo.list_for_tenant(session, tenant.tenant_id)]
     return {"object": "list", "data": data}
@@ -24,7 +24,7 @@ def list_models(tenant: Tenant = Depends(deps.tenant), session: Session = Depend
 
 @router.get("/{model_id:path}")
 def retrieve_model(model_id: str, tenant: Tenant = Depends(deps.tenant),
-                   session: Session = Depends(deps.session)) -> dict:
+                   session: Session = deps.SESSION) -> dict:
     base = base_model_repo.by_name(session, model_id)
     if base is not None:
         return base_model_object(base)

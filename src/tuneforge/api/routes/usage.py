@@ -29,7 +29,7 @@ def usage_job_object(row: usage.JobUsage) -> dict:
 
 @router.get("")
 def get_usage(month: str | None = None, tenant: Tenant = Depends(deps.tenant),
-              session: Session = Depends(deps.session)) -> dict:
+              session: Session = deps.SESSION) -> dict:
     """GPU-seconds per job in `month` (YYYY-MM, UTC; default this month): attempts from launch to end,
     queue time free, platform failures refunded; totals in GPU-hours against the tenant's allowance."""
     now = time.time()

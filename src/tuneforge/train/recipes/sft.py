@@ -62,6 +62,7 @@ import torch
 
 from tuneforge.data.tokenize import TokenizedExample
 from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.spec import Hyperparameters, JobSpec
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
@@ -284,6 +285,9 @@ def resume_or_start(run: Run) -> TrainerState:
         f"resumed from the checkpoint at step {found.step}",
         data={"step": found.step, "prefix": found.prefix},
     ))
+    # Reports of the attempt that wrote this checkpoint may have died with it:
+    # the control plane fills in what it is missing from the checkpoint itself.
+    run.reporter.report("resumed", {"step": found.step, "prefix": found.prefix, "total_steps": run.total_steps})
     log.info("resumed from %s", found.prefix)
     return state
 
@@ -417,6 +421,8 @@ def finish_step(run: Run, stats: StepStats) -> None:
     row: dict[str, Any] = {
         "step": state.step, "train_loss": stats.train_loss, "train_accuracy": stats.train_accuracy,
         "valid_loss": None, "valid_mean_token_accuracy": None,
+        "learning_rate": stats.learning_rate, "grad_norm": stats.grad_norm,
+        "tokens_per_second": stats.num_tokens / max(stats.elapsed_s, 1e-9),
     }
     diverged = check_divergence(run, stats)
     policy = run.spec.checkpoint
@@ -427,15 +433,7 @@ def finish_step(run: Run, stats: StepStats) -> None:
         row["valid_loss"], row["valid_mean_token_accuracy"] = validate(run)
     state.history.append(row)
     run.reporter.progress(state.step, run.total_steps)
-    data = {
-        "step": state.step, "total_steps": run.total_steps, "train_loss": stats.train_loss,
-        "train_mean_token_accuracy": stats.train_accuracy, "learning_rate": stats.learning_rate,
-        "grad_norm": stats.grad_norm, "tokens_per_second": stats.num_tokens / max(stats.elapsed_s, 1e-9),
-    }
-    if row["valid_loss"] is not None:
-        data["valid_loss"] = row["valid_loss"]
-        data["valid_mean_token_accuracy"] = row["valid_mean_token_accuracy"]
-    run.reporter.report("events", metrics_event(data))
+    run.reporter.report("events", metrics_event(metrics_data(row, run.total_steps)))
     log.info("step %d/%d loss %.4f acc %.3f lr %.2e", state.step, run.total_steps,
              stats.train_loss, stats.train_accuracy, stats.learning_rate)
     if diverged is not None:
@@ -470,7 +468,7 @@ def save_checkpoint(run: Run) -> str:
     )
     run.last_checkpoint_step = state.step
     run.last_checkpoint_time = time.monotonic()
-    run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "metrics": _row_metrics(state.history[-1])})
+    run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "metrics": checkpoint_metrics(state.history[-1])})
     return prefix
 
 
@@ -499,7 +497,7 @@ def save_final(run: Run) -> TrainerExit:
     upload_adapter(run, adapter_prefix)
     results_key = layout.results_key(spec.tenant_id, spec.job_id)
     run.store.put_bytes(results_key, results_csv(state.history))
-    metrics = {**_row_metrics(last), "steps": state.step}
+    metrics = {**checkpoint_metrics(last), "steps": state.step}
     run.reporter.report("result", {
         "trained_tokens": state.trained_tokens, "adapter_prefix": adapter_prefix,
         "results_key": results_key, "metrics": metrics,
@@ -527,8 +525,3 @@ def results_csv(history: list[dict[str, Any]]) -> bytes:
     return buffer.getvalue().encode()
 
 
-def _row_metrics(row: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "train_loss": row["train_loss"], "train_mean_token_accuracy": row["train_accuracy"],
-        "valid_loss": row["valid_loss"], "valid_mean_token_accuracy": row["valid_mean_token_accuracy"],
-    }
