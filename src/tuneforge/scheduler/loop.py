@@ -22,17 +22,7 @@ from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.status import AttemptStatus, JobStatus
 from tuneforge.executors.protocol import Executor, Placement, PollResult
 from tuneforge.scheduler.leader import LeaderLock
-from tuneforge.scheduler.policy import (
-    Node,
-    Plan,
-    PolicyConfig,
-    QueuedJob,
-    choose_victims,
-    iter_queue,
-    plan,
-    queue_key,
-    waited_too_long,
-)
+from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
 from tuneforge.scheduler.spec_builder import build_spec
 from tuneforge.scheduler.state import ClusterState, read_state
 from tuneforge.services import artifacts, quotas
@@ -56,6 +46,9 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.leader = LeaderLock(settings.resolved_database_url, settings.home)
         self._leading_since = 0.0  # when this process last became the one scheduling (0: tick() called directly)
+        # GPUs being freed by preemption, promised to the job they are freed for. Kept in
+        # memory: a new leader starts without holds, and preempts again if it must.
+        self._holds: dict[str, Hold] = {}
 
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:
@@ -190,31 +183,31 @@ class Scheduler:
                    error={"code": "platform_error", "message": f"{reason}. {tail[-800:]}".strip(), "param": None})
 
     def _admit_queued_jobs(self) -> None:
-        """Order the queue, start what fits (gang placement, EASY backfill), and preempt
-        lower-tier work for a job that has waited past its tier's target."""
+        """One decision of the policy (`policy.decide`): holders first, then the queue in
+        order with gang placement and EASY backfill, then checkpoint-then-requeue
+        preemption for jobs that would wait past their tier's target; the GPUs a
+        preemption frees are held for the job it was made for."""
         now = time.time()
         capacity = self.executor.capacity()
         self.platform.inventory = capacity
         with self.platform.db.session() as session:
             state = read_state(session, capacity, now)
             allowed = self._start_allowance(session, state)
-        ordered = iter_queue(state.queued, self.policy, state.recent_gpu_hours)  # lazily: plan reads a prefix
-        decision = plan(ordered, state.nodes, state.running, now, self.policy,
-                        can_start=lambda job: allowed(job.tenant_id))
+        queue = QueueIndex(state.queued)
+        self._holds = {job_id: hold for job_id, hold in self._holds.items() if job_id in queue and hold.until > now}
+        decision = decide(queue, state.nodes, state.running, now, self.policy, state.recent_gpu_hours,
+                          stopping=state.stopping, holds=self._holds, can_start=lambda job: allowed(job.tenant_id))
         for job, assignment in decision.starts:
+            self._holds.pop(job.job_id, None)
             try:
                 self._launch(job.job_id, Placement.from_assignment(assignment) if assignment
                              else Placement("", []))
             except Exception:  # noqa: BLE001
                 log.exception("launching %s failed", job.job_id)
-        # the first job in queue order that is past its tier's target may preempt, not only the head:
-        # an aged standard head must not keep an overdue premium job behind it from making room
-        started = {job.job_id for job, _ in decision.starts}
-        overdue = [job for job in state.queued
-                   if job.job_id not in started and waited_too_long(job, now, self.policy)]
-        if overdue:
-            first = min(overdue, key=lambda job: queue_key(job, self.policy, state.recent_gpu_hours))
-            self._preempt_for(first, decision, state, now)
+        for hold in decision.holds(now, self.policy):
+            self._holds[hold.job_id] = hold
+        for job, victims, _landing in decision.preemptions:
+            self._preempt(job, victims, state, now)
 
     def _start_allowance(self, session: Session, state: ClusterState):  # noqa: ANN202
         """tenant -> may another of its jobs start now (concurrency caps), counting starts of this tick."""
@@ -230,18 +223,8 @@ class Scheduler:
 
         return allowed
 
-    def _preempt_for(self, head: QueuedJob, decision: Plan, state: ClusterState, now: float) -> None:
-        # GPUs of jobs already asked to stop count as free: never preempt more than needed
-        nodes = [Node(n.name, n.total, set(n.free)) for n in decision.free]
-        by_name = {n.name: n for n in nodes}
-        for job in state.running:
-            if job.job_id in state.stopping:
-                for name, ids in job.placement.items():
-                    if name in by_name:
-                        by_name[name].free.update(ids)
-        candidates = [job for job in state.running if job.job_id not in state.stopping]
-        victims = choose_victims(head, nodes, candidates, now, config=self.policy)
-        for victim in victims or []:
+    def _preempt(self, job: QueuedJob, victims: list[RunningJob], state: ClusterState, now: float) -> None:
+        for victim in victims:
             number, handle = state.handles[victim.job_id]
             with self.platform.db.session() as session:
                 attempt = attempt_repo.current(session, victim.job_id, number)
@@ -251,9 +234,9 @@ class Scheduler:
                     self.executor.signal(handle, "preempt")
                 attempt.handle = {**(attempt.handle or {}), "preempt_sent": now}
                 events.add(session, victim.job_id,
-                           f"Preempting attempt {number} for a {head.tier} job that waited "
-                           f"{now - head.queued_at:.0f} s: checkpoint, then requeue",
-                           level="warn", data={"for_job": head.job_id}, attempt=number)
+                           f"Preempting attempt {number} for a {job.tier} job that would wait past its target "
+                           f"(waited {now - job.queued_at:.0f} s so far): checkpoint, then requeue",
+                           level="warn", data={"for_job": job.job_id}, attempt=number)
 
     def _launch(self, job_id: str, placement: Placement) -> None:
         token = secrets.token_urlsafe(32)

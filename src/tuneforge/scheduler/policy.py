@@ -16,18 +16,29 @@ time. Every rule is one function:
   one that does not gets a reservation at the earliest time enough GPUs are
   free (from running jobs' estimated ends); a later job may start ahead only
   if it ends before that time or uses no GPU the reservation needs.
-- `choose_victims` — checkpoint-aware preemption for a job waiting past its
-  tier's target: lower-tier running jobs, those that lose least first (least
-  time since their last checkpoint, then lowest tier, then least progress),
-  only as many as make the job fit.
+- `choose_victims` — checkpoint-aware preemption for a job that would wait
+  past its tier's target: lower-tier running jobs, those that lose least
+  first (least time since their last checkpoint, then lowest tier, then least
+  progress), only as many as make the job fit.
+- `decide` — one scheduling decision, as the loop takes it every tick: the
+  jobs holding GPUs that a preemption freed for them start first, then `plan`;
+  then, for the first jobs in queue order whose tier has a target wait and
+  whose estimated start (`reserve`) is past it, or who are past it already,
+  victims and a hold: the GPUs they will land on, which nobody else gets until
+  they start (or the hold lapses).
+
+`QueueIndex` keeps the queue grouped by (tier, tenant) in arrival order, the
+part of the order that does not change between ticks; `iter_queue` merges the
+groups lazily, so a tick costs the jobs it looks at, not the queue's length.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
 
 TIER_RANK = {"premium": 0, "standard": 1, "free": 2}
 
@@ -40,6 +51,10 @@ class PolicyConfig:
     target_wait_s: dict[str, float | None] = field(
         default_factory=lambda: {"premium": 300.0, "standard": None, "free": None})
     backfill_depth: int = 500  # queued jobs examined for backfill per tick
+    overrun_fraction: float = 0.25  # a running job past its estimated end is expected to need this much more
+    min_overrun_s: float = 60.0
+    hold_s: float = 600.0  # GPUs freed by preemption stay reserved for their job this long at most
+    preemptors_per_tick: int = 4  # jobs that may ask for preemption in one decision
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,7 @@ class QueuedJob:
     queued_at: float
     runtime_s: float  # estimated
     gpus_per_node: int = 0  # 0: all on one node; else a multi-node job takes gpus / gpus_per_node nodes
+    seq: int = 0  # breaks ties between jobs queued in the same second: arrival order (e.g. the row's key)
 
 
 @dataclass(frozen=True)
@@ -106,15 +122,87 @@ def order_queue(jobs: Iterable[QueuedJob], config: PolicyConfig,
     return [job for _key, _index, job in keyed]
 
 
-def iter_queue(jobs: Iterable[QueuedJob], config: PolicyConfig,
-               recent_gpu_hours: dict[str, float]) -> Iterator[QueuedJob]:
-    """The same order, produced lazily: a tick reads the head and a bounded
-    number of jobs behind it, so it pays a heap build (linear) instead of a
-    full sort."""
-    keyed = _keyed(jobs, config, recent_gpu_hours)
-    heapq.heapify(keyed)
-    while keyed:
-        yield heapq.heappop(keyed)[2]
+class QueueIndex:
+    """Queued jobs grouped by (tier, tenant), each group in arrival order.
+
+    Within a group the queue key differs only by arrival time, so a group's
+    order never changes; only the offsets between groups do (fair share moves
+    with usage). Jobs are added and removed as they enter and leave the queue."""
+
+    def __init__(self, jobs: Iterable[QueuedJob] = ()) -> None:
+        self._groups: dict[tuple[str, str], list[tuple[float, int, str, QueuedJob]]] = {}
+        self._jobs: dict[str, QueuedJob] = {}
+        for job in jobs:
+            self.add(job)
+
+    def add(self, job: QueuedJob) -> None:
+        if job.job_id in self._jobs:
+            self.remove(job.job_id)
+        self._jobs[job.job_id] = job
+        group = self._groups.setdefault((job.tier, job.tenant_id), [])
+        entry = (job.queued_at, job.seq, job.job_id, job)
+        if not group or group[-1][:3] < entry[:3]:
+            group.append(entry)  # the usual case: arrivals come in time order
+        else:
+            bisect.insort(group, entry, key=lambda e: e[:3])
+
+    def remove(self, job_id: str) -> QueuedJob | None:
+        job = self._jobs.pop(job_id, None)
+        if job is not None:
+            group = self._groups[(job.tier, job.tenant_id)]
+            at = bisect.bisect_left(group, (job.queued_at, job.seq, job.job_id), key=lambda e: e[:3])
+            del group[at]
+            if not group:
+                del self._groups[(job.tier, job.tenant_id)]
+        return job
+
+    def get(self, job_id: str) -> QueuedJob | None:
+        return self._jobs.get(job_id)
+
+    def groups(self) -> Iterator[tuple[str, str, list[tuple[float, int, str, QueuedJob]]]]:
+        for (tier, tenant), group in self._groups.items():
+            yield tier, tenant, group
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def __iter__(self) -> Iterator[QueuedJob]:
+        return iter(self._jobs.values())
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+def _group_offset(tier: str, tenant: str, config: PolicyConfig, recent_gpu_hours: Mapping[str, float]) -> float:
+    penalty = min(config.fair_share_max_s, recent_gpu_hours.get(tenant, 0.0) * config.fair_share_s_per_gpu_hour)
+    return TIER_RANK.get(tier, 2) * config.aging_s + penalty
+
+
+def iter_queue(jobs: Iterable[QueuedJob] | QueueIndex, config: PolicyConfig,
+               recent_gpu_hours: Mapping[str, float]) -> Iterator[QueuedJob]:
+    """The same order as `order_queue`, produced lazily: a tick reads the head and
+    a bounded number of jobs behind it. From a `QueueIndex` the groups are merged
+    (a heap of one entry per group); from a plain list, a heap of every job."""
+    if not isinstance(jobs, QueueIndex):
+        keyed = _keyed(jobs, config, dict(recent_gpu_hours))
+        heapq.heapify(keyed)
+        while keyed:
+            yield heapq.heappop(keyed)[2]
+        return
+    heap = []
+    for tier, tenant, group in jobs.groups():
+        offset = _group_offset(tier, tenant, config, recent_gpu_hours)
+        heap.append((offset + group[0][0], group[0][1], group[0][2], offset, 0, group))
+    heapq.heapify(heap)
+    while heap:
+        _key, _seq, _job_id, offset, at, group = heap[0]
+        yield group[at][3]
+        at += 1
+        if at < len(group):
+            entry = group[at]
+            heapq.heapreplace(heap, (offset + entry[0], entry[1], entry[2], offset, at, group))
+        else:
+            heapq.heappop(heap)
 
 
 def place(job: QueuedJob, nodes: Sequence[Node]) -> Assignment | None:
@@ -164,18 +252,27 @@ class Reservation:
     assignment: Assignment
 
 
+def expected_end(job: RunningJob, now: float, config: PolicyConfig) -> float:
+    """When a running job should end. One already past its estimated end has not
+    ended, so it is not expected "now": another share of its estimate, at least
+    `min_overrun_s`, counted from now."""
+    if job.expected_end > now:
+        return job.expected_end
+    return now + max(config.min_overrun_s, config.overrun_fraction * (job.expected_end - job.started_at))
+
+
 def reserve(job: QueuedJob, nodes: Sequence[Node], running: Sequence[RunningJob],
-            now: float) -> Reservation | None:
+            now: float, config: PolicyConfig = PolicyConfig()) -> Reservation | None:
     """When and where `job` could start as running jobs end (in order of expected end)."""
     future = _copy(nodes)
     placed = place(job, future)
     if placed is not None:
         return Reservation(job.job_id, now, placed)
-    for finished in sorted(running, key=lambda r: r.expected_end):
+    for end, finished in sorted(((expected_end(r, now, config), r) for r in running), key=lambda e: e[0]):
         _give(future, finished.placement)
         placed = place(job, future)
         if placed is not None:
-            return Reservation(job.job_id, max(now, finished.expected_end), placed)
+            return Reservation(job.job_id, end, placed)
     return None  # larger than the whole inventory
 
 
@@ -185,40 +282,51 @@ class Plan:
     reservation: Reservation | None
     blocked: QueuedJob | None  # the head of the queue that had to wait
     free: list[Node]  # what is left free after the starts
+    admitted: set[str] = field(default_factory=set)  # can_start said yes (whether or not the job fit)
+    refused: set[str] = field(default_factory=set)  # can_start said no (e.g. the tenant's concurrency cap)
 
 
-def plan(ordered: Sequence[QueuedJob], nodes: Sequence[Node], running: Sequence[RunningJob],
+def _largest_free(nodes: Sequence[Node]) -> int:
+    return max((len(node.free) for node in nodes), default=0)
+
+
+def plan(ordered: Iterable[QueuedJob], nodes: Sequence[Node], running: Sequence[RunningJob],
          now: float, config: PolicyConfig = PolicyConfig(),
-         can_start: callable = lambda job: True) -> Plan:  # type: ignore[valid-type]
+         can_start: Callable[[QueuedJob], bool] = lambda job: True) -> Plan:
     """Start in order while jobs fit; then EASY backfill behind the first that does not."""
     free = _copy(nodes)
-    starts: list[tuple[QueuedJob, Assignment]] = []
-    reservation: Reservation | None = None
-    blocked: QueuedJob | None = None
+    result = Plan([], None, None, free)
     examined = 0
+    largest = _largest_free(free)  # a job needing more GPUs on one node than any node has free cannot fit
     for job in ordered:
-        if not can_start(job):  # e.g. the tenant is at its concurrency cap
-            continue
-        if blocked is not None:
+        if result.blocked is not None:
             examined += 1
             if examined > config.backfill_depth:
                 break
-        assignment = place(job, free)
-        if blocked is None:
+        if not can_start(job):
+            result.refused.add(job.job_id)
+            continue
+        result.admitted.add(job.job_id)
+        per_node = job.gpus_per_node or job.gpus
+        assignment = place(job, free) if per_node <= largest else None
+        if result.blocked is None:
             if assignment is not None:
                 _take(free, assignment)
-                starts.append((job, assignment))
+                largest = _largest_free(free)
+                result.starts.append((job, assignment))
                 continue
-            blocked = job
-            reservation = reserve(job, free, running, now)
+            result.blocked = job
+            result.reservation = reserve(job, free, running, now, config)
             continue
         if assignment is None:
             continue
+        reservation = result.reservation
         if reservation is None or now + job.runtime_s <= reservation.start or \
                 not _overlaps(assignment, reservation.assignment):
             _take(free, assignment)
-            starts.append((job, assignment))
-    return Plan(starts, reservation, blocked, free)
+            largest = _largest_free(free)
+            result.starts.append((job, assignment))
+    return result
 
 
 def _overlaps(a: Assignment, b: Assignment) -> bool:
@@ -260,15 +368,18 @@ def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[Runn
 
     candidates.sort(key=loss)
     if not job.gpus_per_node:
+        on_node: dict[str, list[tuple[RunningJob, int]]] = {}  # node -> (victim, GPUs it holds there), loss order
+        for victim in candidates:
+            for name, ids in victim.placement.items():
+                on_node.setdefault(name, []).append((victim, len(ids)))
         best: tuple[tuple, list[RunningJob]] | None = None
         for node in nodes:
             if node.total < job.gpus:
                 continue
             free, chosen = len(node.free), []
-            for victim in candidates:
+            for victim, held in on_node.get(node.name, ()):
                 if free >= job.gpus:
                     break
-                held = len(victim.placement.get(node.name, ()))
                 if held:
                     chosen.append(victim)
                     free += held
@@ -290,3 +401,142 @@ def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[Runn
         return None
     # drop victims that turned out unnecessary (an earlier pick freed a node the job does not land on)
     return [v for v in chosen if _overlaps(v.placement, landing)]
+
+
+def would_wait_too_long(job: QueuedJob, nodes: Sequence[Node], running: Sequence[RunningJob],
+                        now: float, config: PolicyConfig) -> bool:
+    """Past its tier's target already, or not expected to start before it (its
+    estimated start, from running jobs' expected ends, is later)."""
+    target = config.target_wait_s.get(job.tier)
+    if target is None:
+        return False
+    if now - job.queued_at > target:
+        return True
+    reservation = reserve(job, nodes, running, now, config)
+    return reservation is None or reservation.start - job.queued_at > target
+
+
+@dataclass(frozen=True)
+class Hold:
+    """GPUs a preemption freed (or is freeing) for `job_id`: nobody else gets them
+    until the job starts on them or `until` passes."""
+
+    job_id: str
+    assignment: Assignment
+    until: float
+
+
+@dataclass
+class Decision:
+    starts: list[tuple[QueuedJob, Assignment]]
+    preemptions: list[tuple[QueuedJob, list[RunningJob], Assignment]]  # for whom, victims, where it lands
+    blocked: QueuedJob | None
+    reservation: Reservation | None
+    free: list[Node]
+
+    @property
+    def victims(self) -> list[RunningJob]:
+        return [victim for _job, victims, _landing in self.preemptions for victim in victims]
+
+    def holds(self, now: float, config: PolicyConfig) -> list[Hold]:
+        return [Hold(job.job_id, landing, now + config.hold_s) for job, _victims, landing in self.preemptions]
+
+
+def _held_ids(assignment: Assignment, node: Node) -> set[int]:
+    return set(assignment.get(node.name, ())) & node.free
+
+
+def _with_a_target(queue: Iterable[QueuedJob] | QueueIndex, config: PolicyConfig,
+                   recent_gpu_hours: Mapping[str, float], skip: set[str], limit: int) -> list[QueuedJob]:
+    """The first `limit` jobs in queue order whose tier has a target wait, not in `skip`."""
+    tiers = {tier for tier, target in config.target_wait_s.items() if target is not None}
+    found: list[tuple[float, int, str, QueuedJob]] = []
+    if isinstance(queue, QueueIndex):
+        for tier, tenant, group in queue.groups():
+            if tier not in tiers:
+                continue
+            offset = _group_offset(tier, tenant, config, recent_gpu_hours)
+            taken = 0
+            for queued_at, seq, job_id, job in group:
+                if taken >= limit:
+                    break
+                if job_id not in skip:
+                    found.append((offset + queued_at, seq, job_id, job))
+                    taken += 1
+    else:
+        found = [(queue_key(job, config, dict(recent_gpu_hours)), job.seq, job.job_id, job)
+                 for job in queue if job.tier in tiers and job.job_id not in skip]
+    return [entry[3] for entry in heapq.nsmallest(limit, found, key=lambda e: e[:3])]
+
+
+def decide(queue: Iterable[QueuedJob] | QueueIndex, nodes: Sequence[Node], running: Sequence[RunningJob],
+           now: float, config: PolicyConfig = PolicyConfig(), recent_gpu_hours: Mapping[str, float] | None = None,
+           *, stopping: Iterable[str] = (), holds: Mapping[str, Hold] | None = None,
+           can_start: Callable[[QueuedJob], bool] = lambda job: True) -> Decision:
+    """One scheduling decision (see the module docstring). `stopping`: running jobs
+    already asked to checkpoint and stop (their GPUs are as good as free for
+    preemption). `holds`: current holds by job id; the caller keeps them (from
+    `Decision.holds`) until the job starts or the hold lapses."""
+    usage = recent_gpu_hours or {}
+    queue = queue if isinstance(queue, QueueIndex) else list(queue)
+    lookup = queue.get if isinstance(queue, QueueIndex) else {job.job_id: job for job in queue}.get
+    stopping = set(stopping)
+    free = _copy(nodes)
+    by_name = {node.name: node for node in free}
+
+    # 1. holds: the held GPUs are the holder's; a holder whose GPUs are all free starts on them
+    starts: list[tuple[QueuedJob, Assignment]] = []
+    holding: dict[str, Hold] = {}
+    for hold in sorted((holds or {}).values(), key=lambda h: h.until):
+        job = lookup(hold.job_id)
+        if job is None or hold.until <= now:
+            continue
+        holding[job.job_id] = hold
+        complete = all(set(ids) <= by_name[name].free for name, ids in hold.assignment.items() if name in by_name) \
+            and all(name in by_name for name in hold.assignment)
+        for name in hold.assignment:
+            if name in by_name:
+                by_name[name].free -= _held_ids(hold.assignment, by_name[name])
+        if complete and can_start(job):
+            starts.append((job, hold.assignment))
+
+    # 2. everyone else: in order, with backfill
+    ordered = (job for job in iter_queue(queue, config, usage) if job.job_id not in holding)
+    result = plan(ordered, free, running, now, config, can_start)
+    starts.extend(result.starts)
+
+    # 3. preemption for jobs that would wait past their tier's target
+    started = {job.job_id for job, _ in starts}
+    view = _copy(result.free)
+    view_by_name = {node.name: node for node in view}
+    held_elsewhere = {(name, gpu) for hold in holding.values() for name, ids in hold.assignment.items() for gpu in ids}
+    for job in running:
+        if job.job_id in stopping:  # their GPUs come free soon: count them, unless already promised
+            for name, ids in job.placement.items():
+                if name in view_by_name:
+                    view_by_name[name].free.update(gpu for gpu in ids if (name, gpu) not in held_elsewhere)
+    candidates = [job for job in running if job.job_id not in stopping]
+    preemptions: list[tuple[QueuedJob, list[RunningJob], Assignment]] = []
+    skip = started | set(holding) | result.refused
+    for job in _with_a_target(queue, config, usage, skip, config.preemptors_per_tick):
+        if job.job_id not in result.admitted and not can_start(job):
+            continue
+        if not would_wait_too_long(job, view, candidates, now, config):
+            continue
+        victims = choose_victims(job, view, candidates, now, config=config)
+        if victims is None:
+            continue
+        future = _copy(view)
+        for victim in victims:
+            _give(future, victim.placement)
+        landing = place(job, future)
+        if landing is None:  # cannot happen: choose_victims freed enough
+            continue
+        preemptions.append((job, victims, landing))
+        chosen = {victim.job_id for victim in victims}
+        candidates = [c for c in candidates if c.job_id not in chosen]
+        for victim in victims:  # what the victims free beyond the landing stays usable for the next job
+            _give(view, victim.placement)
+        _take(view, landing)
+    return Decision(starts, preemptions, result.blocked, result.reservation, result.free)
+

@@ -3,7 +3,8 @@
 Estimated starts replay the queue in policy order on a timeline of expected
 ends: each job starts at the first moment it fits after every job ahead of it
 has started (no backfill assumed, so the estimate errs late rather than
-early). Running jobs end at their estimated runtime.
+early). Running jobs end at their estimated runtime (one already past it:
+`policy.expected_end`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from tuneforge.executors.protocol import Capacity
-from tuneforge.scheduler.policy import Node, PolicyConfig, order_queue, place
+from tuneforge.scheduler.policy import Node, PolicyConfig, expected_end, order_queue, place
 from tuneforge.scheduler.state import read_state
 
 
@@ -36,7 +37,7 @@ def queue_view(session: Session, capacity: Capacity, policy: PolicyConfig, now: 
     by_name = {n.name: n for n in nodes}
     ends: list[tuple[float, int, dict[str, tuple[int, ...]]]] = []
     for index, job in enumerate(state.running):
-        heapq.heappush(ends, (max(now, job.expected_end), index, job.placement))
+        heapq.heappush(ends, (expected_end(job, now, policy), index, job.placement))
     clock, counter = now, len(ends)
     entries: list[QueueEntry] = []
     for position, job in enumerate(ordered, start=1):

@@ -88,7 +88,8 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
             job_id=job.job_id, tenant_id=job.tenant_id, tier=tiers.get(job.tenant_id, "standard"),
             gpus=int(resolved.get("gpus") or 1), queued_at=float(job.created_at),
             runtime_s=float(_estimate(job).get("estimated_runtime_seconds") or 3600.0),
-            gpus_per_node=int(resources.get("gpus_per_node") or 0)))
+            gpus_per_node=int(resources.get("gpus_per_node") or 0), seq=job.pk))
+    queued.sort(key=lambda job: (job.queued_at, job.seq, job.job_id))  # arrival order: QueueIndex appends
     return ClusterState(list(nodes.values()), running, queued, recent_usage(session, now), stopping, handles)
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from tuneforge.scheduler.policy import (
+    Hold,
     Node,
     PolicyConfig,
     QueuedJob,
+    QueueIndex,
     RunningJob,
     choose_victims,
+    decide,
+    iter_queue,
     order_queue,
     place,
     plan,
@@ -136,9 +140,22 @@ def test_lazy_order_equals_the_sorted_order():
     queue = [job(f"j{i}", rng.choice(["free", "standard", "premium"]), queued_at=rng.uniform(0, 1e4),
                  tenant=f"t{rng.randrange(5)}") for i in range(500)]
     usage = {f"t{i}": rng.uniform(0, 50) for i in range(5)}
-    from tuneforge.scheduler.policy import iter_queue
-
     assert list(iter_queue(queue, CONFIG, usage)) == order_queue(queue, CONFIG, usage)
+    # the index merges per-(tier, tenant) groups; jobs leave and come back (requeued: same queue time)
+    index = QueueIndex(rng.sample(queue, len(queue)))
+    for gone in queue[:50]:
+        index.remove(gone.job_id)
+    for back in queue[:25]:
+        index.add(back)
+    rest = queue[:25] + queue[50:]
+    assert len(index) == len(rest)
+    assert list(iter_queue(index, CONFIG, usage)) == order_queue(rest, CONFIG, usage)
+
+
+def test_jobs_queued_in_the_same_second_keep_their_arrival_order():
+    same = [QueuedJob(f"job-{name}", "t1", "standard", 1, 100.0, 60.0, seq=seq)
+            for name, seq in [("zz", 1), ("aa", 2), ("mm", 3)]]
+    assert [j.job_id for j in iter_queue(QueueIndex(same), CONFIG, {})] == ["job-zz", "job-aa", "job-mm"]
 
 
 def test_a_job_that_would_outrank_the_waiting_job_is_never_a_victim():
@@ -152,3 +169,78 @@ def test_a_job_that_would_outrank_the_waiting_job_is_never_a_victim():
     fresh = RunningJob("fresh-std", "t9", "standard", {"n0": tuple(range(8))}, 9500.0, 9e9, 9999.0, 0.1,
                        queued_at=9500.0)
     assert [v.job_id for v in choose_victims(urgent, inventory, [fresh], now, config=CONFIG)] == ["fresh-std"]
+
+
+def test_a_running_job_past_its_estimate_is_not_expected_to_end_now():
+    busy = [RunningJob("late", "t9", "free", {"n0": tuple(range(8))}, 0.0, 1000.0, 0.0, 1.0)]
+    # 1,000 s estimated, 2,000 s running: expected to need a quarter of its estimate more
+    assert reserve(job("x", gpus=8), nodes(0), busy, now=2000.0, config=CONFIG).start == 2250.0
+    short = [RunningJob("late", "t9", "free", {"n0": tuple(range(8))}, 0.0, 100.0, 0.0, 1.0)]
+    assert reserve(job("x", gpus=8), nodes(0), short, now=2000.0, config=CONFIG).start == 2060.0  # at least 60 s
+
+
+TARGET = PolicyConfig(aging_s=43200.0, target_wait_s={"premium": 300.0, "standard": None, "free": None})
+
+
+def test_a_premium_job_that_would_wait_past_its_target_preempts_at_once():
+    now = 10_000.0
+    busy = [RunningJob("std-long", "t9", "standard", {"n0": (0, 1, 2, 3)}, 9000.0, now + 7200.0, 9900.0, 0.1,
+                       queued_at=9000.0),
+            RunningJob("std-soon", "t8", "standard", {"n0": (4, 5, 6, 7)}, 9000.0, now + 120.0, 9000.0, 0.9,
+                       queued_at=9000.0)]
+    # 4 GPUs free in 2 h: far past the 5-minute target, so it preempts on arrival
+    urgent = job("p", "premium", gpus=8, queued_at=now)
+    decision = decide([urgent], nodes(0), busy, now, TARGET)
+    assert decision.starts == []
+    [(for_job, victims, landing)] = decision.preemptions
+    assert for_job.job_id == "p" and sorted(v.job_id for v in victims) == ["std-long", "std-soon"]
+    assert landing == {"n0": tuple(range(8))}
+    # 1 GPU frees in 2 minutes: within the target, nobody is preempted
+    patient = job("q", "premium", gpus=1, queued_at=now)
+    assert decide([patient], nodes(0), busy, now, TARGET).preemptions == []
+    # ... until it has waited past the target after all
+    assert [v.job_id for v in decide([patient], nodes(0), busy, now + 301.0, TARGET).victims] == ["std-long"]
+
+
+def test_gpus_freed_by_preemption_are_held_for_the_job_they_were_freed_for():
+    now = 10_000.0
+    urgent = job("p", "premium", gpus=4, queued_at=now - 400.0)
+    # an aged standard job ranks ahead of the premium one and would take the freed GPUs
+    aged = job("aged", "standard", gpus=4, queued_at=now - 50_000.0, tenant="t2")
+    hold = Hold("p", {"n0": (0, 1, 2, 3)}, until=now + 600.0)
+    # the victim has not exited yet: nothing starts on the held GPUs, nobody else gets them
+    waiting = decide([urgent, aged], nodes(0), [], now, TARGET, holds={"p": hold})
+    assert waiting.starts == []
+    freed = [Node("n0", 8, {0, 1, 2, 3})]  # the victim exited
+    started = decide([urgent, aged], freed, [], now, TARGET, holds={"p": hold})
+    assert [(j.job_id, a) for j, a in started.starts] == [("p", {"n0": (0, 1, 2, 3)})]
+    # without the hold the aged job would have taken them
+    assert [j.job_id for j, _ in decide([urgent, aged], freed, [], now, TARGET).starts] == ["aged"]
+    # a lapsed hold is ignored
+    lapsed = decide([urgent, aged], freed, [], now, TARGET, holds={"p": Hold("p", hold.assignment, now - 1)})
+    assert [j.job_id for j, _ in lapsed.starts] == ["aged"]
+
+
+def test_several_jobs_may_preempt_in_one_decision_without_sharing_victims():
+    now = 10_000.0
+    busy = [RunningJob(f"free-{i}", "t9", "free", {f"n{i}": tuple(range(8))}, 0.0, now + 86_400.0, 9000.0, 0.1,
+                       queued_at=5000.0 + i) for i in range(3)]
+    waiting = [job(f"p{i}", "premium", gpus=8, queued_at=now, tenant=f"t{i}") for i in range(2)]
+    decision = decide(QueueIndex(waiting), nodes(0, 0, 0), busy, now, TARGET)
+    assert [j.job_id for j, _v, _l in decision.preemptions] == ["p0", "p1"]
+    victims = [[v.job_id for v in victims] for _j, victims, _l in decision.preemptions]
+    assert len(victims[0]) == 1 and len(victims[1]) == 1 and victims[0] != victims[1]
+    assert {n for _j, _v, landing in decision.preemptions for n in landing} == \
+        {next(iter(b.placement)) for b in busy if b.job_id in victims[0] + victims[1]}
+    # the jobs already asked to stop count as freeing their GPUs: no second round of victims
+    again = decide(QueueIndex(waiting), nodes(0, 0, 0), busy, now + 1, TARGET,
+                   stopping={v for vs in victims for v in vs})
+    assert again.victims == []
+
+
+def test_a_job_at_its_tenants_concurrency_cap_never_preempts():
+    now = 10_000.0
+    busy = [RunningJob("free", "t9", "free", {"n0": tuple(range(8))}, 0.0, now + 86_400.0, 9000.0, 0.1)]
+    capped = decide([job("p", "premium", gpus=8, queued_at=now - 1000.0)], nodes(0), busy, now, TARGET,
+                    can_start=lambda j: False)
+    assert capped.preemptions == [] and capped.starts == []
