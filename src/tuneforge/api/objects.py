@@ -67,6 +67,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "training_type": training_type,
         "attempt": job.attempt,
         "checkpointing": (job.resolved or {}).get("checkpoint"),
+        "divergence": (job.resolved or {}).get("divergence"),
         "base_model_sha256": job.base_model_sha256,
         "estimate": (job.resolved or {}).get("estimate"),
         "data": _data_summary(job),

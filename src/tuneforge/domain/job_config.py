@@ -73,6 +73,14 @@ class Checkpointing(_Strict):
     keep_on_cancel: bool | None = Field(None, description="Keep the checkpoints when the job is cancelled.")
 
 
+class Divergence(_Strict):
+    loss_multiple: float | None = Field(
+        None, gt=1.0, le=1000.0, description="Stop when the smoothed loss stays above this multiple of its best.")
+    patience_steps: int | None = Field(None, ge=1, le=100_000, description="... for this many steps in a row.")
+    min_increase: float | None = Field(
+        None, ge=0.0, le=100.0, description="... and at least this much above it (nats), so tiny losses can settle.")
+
+
 class Resources(_Strict):
     gpus: int | None = Field(None, ge=1, le=1024, description="GPUs for the job; default from model size.")
     gpu_type: str | None = Field(None, max_length=64, description="GPU type, e.g. a100-80gb.")
@@ -113,5 +121,6 @@ class JobCreate(_Strict):
     integrations: list[Integration] | None = None
     training_type: TrainingType | None = None
     checkpointing: Checkpointing | None = None
+    divergence: Divergence | None = None
     data: DataOptions | None = None
     resources: Resources | None = None

@@ -24,6 +24,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
     if base is None or training is None:
         raise LookupError(f"{job.job_id}: base model or training file is gone")
     resolved = job.resolved or {}
+    divergence = resolved.get("divergence") or {}
     # the trainer reads the prepared (normalised) dataset, whatever the upload's format
     data = resolved.get("data") or {}
     validation = None
@@ -50,9 +51,9 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         gpus=int(resolved.get("gpus", 1)),
         heartbeat_interval_s=settings.heartbeat_interval_s,
         preempt_grace_s=settings.preempt_grace_s,
-        divergence_loss_multiple=settings.divergence_loss_multiple,
-        divergence_patience_steps=settings.divergence_patience_steps,
-        divergence_min_increase=settings.divergence_min_increase,
+        divergence_loss_multiple=float(divergence.get("loss_multiple", settings.divergence_loss_multiple)),
+        divergence_patience_steps=int(divergence.get("patience_steps", settings.divergence_patience_steps)),
+        divergence_min_increase=float(divergence.get("min_increase", settings.divergence_min_increase)),
         cache_dir=str((settings.home / "cache" / "base-models").resolve()),
         extra=dict(resolved.get("extra") or {}),
     )

@@ -51,13 +51,18 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
     if unplaceable:
         _fail(session, job, "resources_unavailable", unplaceable, param="resources.gpus")
         return
-    policy = request.checkpointing
-    job.resolved = plan.resolved({
+    policy, divergence = request.checkpointing, request.divergence
+    job.resolved = {**plan.resolved({
         "every_steps": (policy and policy.every_steps) or settings.default_checkpoint_every_steps,
         "keep_last": (policy and policy.keep_last) or settings.default_checkpoint_keep_last,
         "every_minutes": (policy and policy.every_minutes) or 0.0,
         "keep_on_cancel": bool(policy and policy.keep_on_cancel),
-    })
+    }), "divergence": {
+        "loss_multiple": (divergence and divergence.loss_multiple) or settings.divergence_loss_multiple,
+        "patience_steps": (divergence and divergence.patience_steps) or settings.divergence_patience_steps,
+        "min_increase": divergence.min_increase if divergence and divergence.min_increase is not None
+        else settings.divergence_min_increase,
+    }}
     prepared = plan.prepared
     warnings = sum(item.get("count", 0) for item in prepared.report.get("warnings", {}).values())
     transition(session, job, JobStatus.QUEUED,

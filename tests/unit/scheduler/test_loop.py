@@ -229,3 +229,17 @@ def test_a_resumed_attempt_recovers_the_metrics_its_predecessor_never_delivered(
     checkpoints = http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=auth).json()["data"]
     assert [c["step_number"] for c in checkpoints] == [6]
     assert checkpoints[0]["metrics"]["train_loss"] == pytest.approx(2.4)
+
+
+def test_the_divergence_guard_is_set_per_job(setup):
+    platform, http, scheduler, executor, create_job, job, auth = setup
+    job_id = create_job(divergence={"loss_multiple": 3.0, "patience_steps": 7})
+    scheduler.tick()
+    spec = executor.launched[0]
+    assert (spec.divergence_loss_multiple, spec.divergence_patience_steps) == (3.0, 7)
+    assert spec.divergence_min_increase == platform.settings.divergence_min_increase  # the platform default
+    assert job(job_id)["divergence"] == {"loss_multiple": 3.0, "patience_steps": 7,
+                                         "min_increase": platform.settings.divergence_min_increase}
+    body = {"model": "tiny-base", "training_file": spec.training_file.file_id, "divergence": {"loss_multiple": 0.5}}
+    bad = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "divergence.loss_multiple"

@@ -101,3 +101,22 @@ def test_a_job_larger_than_any_node_is_rejected_at_validation(world):
     failed = get("standard", job_id)
     assert failed["status"] == "failed" and failed["error"]["code"] == "resources_unavailable"
     assert "resources.gpus" in failed["error"]["message"]
+
+
+def test_gpus_freed_for_a_premium_job_go_to_it_not_to_a_job_ahead_of_it(world):
+    platform, scheduler, executor, create, get = world
+    low = [create("free", 2), create("standard", 2)]
+    scheduler.tick()
+    aged = create("standard", 2)  # queued for 14 h: ranks ahead of a fresh premium job (12 h per tier)
+    urgent = create("premium", 2)
+    with platform.db.session() as session:
+        job_repo.get_for_update(session, aged).created_at -= 14 * 3600
+        job_repo.get_for_update(session, urgent).created_at -= 400
+    scheduler.tick()
+    free_pid = 1 + [spec.job_id for spec in executor.launched].index(low[0])
+    assert executor.signals == [(free_pid, "preempt")]
+    executor.states[free_pid] = PollResult("exited", int(TrainerExit.PREEMPTED))
+    scheduler.tick()
+    assert get("premium", urgent)["status"] == "running"  # on the GPUs held for it
+    assert get("standard", aged)["status"] == "queued"
+    assert executor.placements[-1].node == executor.placements[[s.job_id for s in executor.launched].index(low[0])].node
