@@ -339,8 +339,7 @@ def waited_too_long(job: QueuedJob, now: float, config: PolicyConfig) -> bool:
 
 
 def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[RunningJob],
-                   now: float, quantum_s: float = 60.0,
-                   config: PolicyConfig | None = None) -> list[RunningJob] | None:
+                   now: float, quantum_s: float = 60.0) -> list[RunningJob] | None:
     """The running jobs to preempt (checkpoint, then requeue) so that `job` fits
     now, losing the least work; None when preempting every lower-tier job would
     not be enough; [] when it fits already.
@@ -352,16 +351,13 @@ def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[Runn
     sent back to seat a 2-GPU job when a node of small jobs would do), then
     least loss; a multi-node job frees victims in loss order until it fits.
 
-    With `config`, a job that would rank ahead of `job` once requeued (an
-    aged lower-tier job) is never a victim: it would take its GPUs back at the
-    next tick and the preemption would achieve nothing."""
+    A lower-tier job that has aged past `job` is a victim like any other: the
+    GPUs it frees are held for `job` (`decide`), so it cannot take them back;
+    requeued with its original queue time, it is first in line for the next."""
     if place(job, nodes) is not None:
         return []
     rank = TIER_RANK.get(job.tier, 2)
     candidates = [r for r in running if TIER_RANK.get(r.tier, 2) > rank]
-    if config is not None:
-        mine = rank * config.aging_s + job.queued_at
-        candidates = [r for r in candidates if TIER_RANK.get(r.tier, 2) * config.aging_s + r.queued_at > mine]
 
     def loss(victim: RunningJob) -> tuple[float, int, float]:
         return ((now - victim.last_checkpoint_at) // quantum_s, -TIER_RANK.get(victim.tier, 2), victim.progress)
@@ -523,7 +519,7 @@ def decide(queue: Iterable[QueuedJob] | QueueIndex, nodes: Sequence[Node], runni
             continue
         if not would_wait_too_long(job, view, candidates, now, config):
             continue
-        victims = choose_victims(job, view, candidates, now, config=config)
+        victims = choose_victims(job, view, candidates, now)
         if victims is None:
             continue
         future = _copy(view)

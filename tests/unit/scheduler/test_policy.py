@@ -158,17 +158,23 @@ def test_jobs_queued_in_the_same_second_keep_their_arrival_order():
     assert [j.job_id for j in iter_queue(QueueIndex(same), CONFIG, {})] == ["job-zz", "job-aa", "job-mm"]
 
 
-def test_a_job_that_would_outrank_the_waiting_job_is_never_a_victim():
-    inventory = nodes(0)
-    now = 10_000.0
-    # a standard job queued at 0 ranks like a premium job queued at 3600: ahead of a premium job queued at 9000
-    aged = RunningJob("aged-std", "t9", "standard", {"n0": tuple(range(8))}, 5000.0, 9e9, 9999.0, 0.1,
-                      queued_at=0.0)
-    urgent = job("p", "premium", gpus=8, queued_at=9000.0)
-    assert choose_victims(urgent, inventory, [aged], now, config=CONFIG) is None  # it would take the GPUs back
-    fresh = RunningJob("fresh-std", "t9", "standard", {"n0": tuple(range(8))}, 9500.0, 9e9, 9999.0, 0.1,
-                       queued_at=9500.0)
-    assert [v.job_id for v in choose_victims(urgent, inventory, [fresh], now, config=CONFIG)] == ["fresh-std"]
+def test_an_aged_lower_tier_job_is_preempted_and_cannot_take_the_gpus_back():
+    now = 100_000.0
+    # a standard job queued 14 h ago ranks ahead of a fresh premium job once requeued (12 h per tier)
+    aged = RunningJob("aged-std", "t9", "standard", {"n0": tuple(range(8))}, now - 3600, now + 9e4, now - 60, 0.1,
+                      queued_at=now - 14 * 3600)
+    urgent = job("p", "premium", gpus=8, queued_at=now - 400)
+    first = decide([urgent], nodes(0), [aged], now, TARGET)
+    [(for_job, victims, landing)] = first.preemptions
+    assert for_job.job_id == "p" and [v.job_id for v in victims] == ["aged-std"]
+    [hold] = first.holds(now, TARGET)
+    # the victim exits and is queued again, ahead of the premium job in queue order ...
+    requeued = job("aged-std", "standard", gpus=8, queued_at=now - 14 * 3600, tenant="t9")
+    assert [j.job_id for j in order_queue([urgent, requeued], TARGET, {})] == ["aged-std", "p"]
+    # ... but the GPUs were freed for the premium job, and it gets them
+    after = decide([urgent, requeued], nodes(8), [], now + 30, TARGET, holds={"p": hold})
+    assert [(j.job_id, a) for j, a in after.starts] == [("p", landing)]
+    assert after.blocked.job_id == "aged-std"  # first in line for what frees next
 
 
 def test_a_running_job_past_its_estimate_is_not_expected_to_end_now():
