@@ -41,6 +41,9 @@ class SupervisedHyperparameters(_Strict):
     gradient_accumulation_steps: Union[int, Auto] = Field(
         "auto", description="Micro-batches per optimizer step; micro-batch = batch_size / this."
     )
+    packing: Union[bool, Auto] = Field(
+        "auto", description="Pack a step's examples into max_seq_length rows (attention never crosses examples)."
+    )
 
 
 class SupervisedMethod(_Strict):

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 # Keys of a history row beyond the results-file columns (docs/trainer.md).
-ROW_EXTRA_KEYS = ("learning_rate", "grad_norm", "tokens_per_second")
+ROW_EXTRA_KEYS = (
+    "learning_rate", "grad_norm", "tokens_per_second", "padding_fraction", "peak_memory_mb", "mfu",
+)
 
 
 def metrics_data(row: dict[str, Any], total_steps: int) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class Hyperparameters:
     max_grad_norm: float = 1.0
     max_seq_length: int = 2048
     train_on_inputs: bool = False
+    packing: bool = True  # micro-batches are rows of packed examples (block-diagonal attention)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ def resolve(
         max_grad_norm=float(_auto(hp.max_grad_norm, 1.0)),
         max_seq_length=max_seq_length,
         train_on_inputs=bool(_auto(hp.train_on_inputs, False)),
+        packing=bool(_auto(hp.packing, True)),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 from dataclasses import dataclass
@@ -103,9 +104,15 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
 @dataclass(frozen=True)
 class MicroBatch:
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: torch.Tensor | None  # 2-D padding mask, 4-D block-diagonal causal mask, or None
     labels: torch.Tensor
     num_tokens: int  # real (non-pad) tokens
+    position_ids: torch.Tensor | None = None  # restart at 0 for every packed example
+    num_slots: int = 0  # tokens the forward pass computes, padding included
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.num_tokens / self.num_slots if self.num_slots else 0.0
 
 
 def collate(examples: list[TokenizedExample], pad_token_id: int, device: torch.device) -> MicroBatch:
@@ -121,8 +128,80 @@ def collate(examples: list[TokenizedExample], pad_token_id: int, device: torch.d
         attention_mask[row, :size] = 1
     return MicroBatch(
         input_ids.to(device), attention_mask.to(device), labels.to(device),
-        num_tokens=sum(len(example.input_ids) for example in examples),
+        num_tokens=sum(len(example.input_ids) for example in examples), num_slots=len(examples) * length,
     )
+
+
+def pack(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: indices grouped into rows of at most `capacity` tokens.
+
+    Longest first; each goes into the row with the least room that still fits
+    it, else a new row. Deterministic (ties by index), so a resumed step packs
+    exactly as the first attempt did."""
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (free tokens, row index), sorted
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        size = min(lengths[index], capacity)
+        at = bisect.bisect_left(room, (size, -1))
+        if at < len(room):
+            free, row = room.pop(at)
+            rows[row].append(index)
+            bisect.insort(room, (free - size, row))
+        else:
+            rows.append([index])
+            bisect.insort(room, (capacity - size, len(rows) - 1))
+    return rows
+
+
+def collate_packed(rows: list[list[TokenizedExample]], pad_token_id: int, device: torch.device,
+                   *, block_mask: bool = True) -> MicroBatch:
+    """Each row is several examples back to back. Position ids restart at 0 for
+    every example; the first token of an example is never a target (in a row of
+    its own it is predicted from nothing), so no loss crosses a boundary; and
+    attention stays inside each example: a block-diagonal causal mask (4-D, for
+    eager/SDPA attention), or — `block_mask=False`, for flash-attention's
+    variable-length kernels — the position ids alone mark where examples start."""
+    length = max(sum(len(example.input_ids) for example in row) for row in rows)
+    input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), length), dtype=torch.long)
+    segments = torch.full((len(rows), length), -1, dtype=torch.long)  # which example a slot holds (-1: padding)
+    real = 0
+    for r, row in enumerate(rows):
+        start = 0
+        for number, example in enumerate(row):
+            size = len(example.input_ids)
+            input_ids[r, start:start + size] = torch.tensor(example.input_ids)
+            labels[r, start:start + size] = torch.tensor(example.labels)
+            labels[r, start] = IGNORE_INDEX
+            position_ids[r, start:start + size] = torch.arange(size)
+            segments[r, start:start + size] = number
+            start += size
+        real += start
+    attention_mask = None
+    if block_mask:
+        causal = torch.tril(torch.ones((length, length), dtype=torch.bool))
+        same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
+        attention_mask = (same & causal)[:, None].to(device)
+        # a padding slot attends to itself only, so no row of the mask is empty (no NaN from softmax)
+        pad = segments < 0
+        attention_mask[:, 0, torch.arange(length), torch.arange(length)] |= pad.to(device)
+    return MicroBatch(
+        input_ids.to(device), attention_mask, labels.to(device), num_tokens=real,
+        position_ids=position_ids.to(device), num_slots=len(rows) * length,
+    )
+
+
+def step_micro_batches(examples: list[TokenizedExample], hp: Hyperparameters) -> list[list[list[TokenizedExample]]]:
+    """The forward passes of one optimizer step: with packing, rows of up to
+    `max_seq_length` tokens, `micro_batch_size` rows at a time (the same memory
+    bound as `micro_batch_size` examples of the longest length); without,
+    `micro_batch_size` examples, each its own row."""
+    if not hp.packing:
+        return [[[example] for example in chunk] for chunk in micro_batches(examples, hp.micro_batch_size)]
+    rows = [[examples[i] for i in row] for row in pack([len(e.input_ids) for e in examples], hp.max_seq_length)]
+    size = max(1, hp.micro_batch_size)
+    return [rows[start:start + size] for start in range(0, len(rows), size)]
 
 
 def micro_batches(examples: list[TokenizedExample], micro_batch_size: int) -> list[list[TokenizedExample]]:
@@ -144,7 +223,10 @@ def score_tokens(model: Any, batch: MicroBatch) -> TokenScores:
     target tokens of the whole optimizer step, so gradient accumulation weighs
     every token equally however the step is split.
     """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    if batch.position_ids is not None:
+        inputs["position_ids"] = batch.position_ids
+    logits = model(**inputs).logits
     logits = logits[:, :-1].float()
     targets = batch.labels[:, 1:]
     loss_sum = F.cross_entropy(

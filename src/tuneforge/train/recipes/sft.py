@@ -68,14 +68,18 @@ from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train.batches import (
+    MicroBatch,
     collate,
+    collate_packed,
     epoch_order,
     load_tokenized,
     micro_batches,
     score_tokens,
+    step_micro_batches,
     target_token_count,
 )
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
+from tuneforge.train.telemetry import step_telemetry
 from tuneforge.train.model import (
     build_lora_model,
     fetch_base_model,
@@ -125,6 +129,10 @@ class Run:
     last_checkpoint_time: float = field(default_factory=time.monotonic)
     epoch_cache: tuple[int, list[int]] = (-1, [])
 
+    @property
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
 
 class StepAbandoned(Exception):
     """A preemption notice came mid-step and the step cannot finish within the grace period."""
@@ -147,6 +155,11 @@ class StepStats:
     learning_rate: float
     num_tokens: int
     elapsed_s: float
+    num_slots: int = 0  # tokens computed, padding included
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.num_tokens / self.num_slots if self.num_slots else 0.0
 
 
 def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event) -> TrainerExit:
@@ -344,14 +357,14 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
     started = time.perf_counter()
     examples = [run.train_set[index] for index in indices]
     step_targets = max(1, sum(target_token_count(example) for example in examples))
-    loss_sum, correct, counted, num_tokens = 0.0, 0, 0, 0
-    chunks = list(micro_batches(examples, hp.micro_batch_size))
+    loss_sum, correct, counted, num_tokens, num_slots = 0.0, 0, 0, 0, 0
+    chunks = step_micro_batches(examples, hp)
     oom_above = run.spec.extra.get("simulate_oom_above_micro_batch")
     for done, chunk in enumerate(chunks):
-        if oom_above is not None and len(chunk) > int(oom_above):
-            raise torch.OutOfMemoryError(f"simulated: a micro-batch of {len(chunk)} does not fit "
+        if oom_above is not None and hp.micro_batch_size > int(oom_above):
+            raise torch.OutOfMemoryError(f"simulated: a micro-batch of {hp.micro_batch_size} does not fit "
                                          f"(limit {int(oom_above)})")
-        batch = collate(chunk, run.tokenizer.pad_token_id, run.device)
+        batch = make_batch(run, chunk)
         scores = score_tokens(run.model, batch)
         if not torch.isfinite(scores.loss_sum):
             raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
@@ -360,6 +373,7 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
         loss_sum += float(scores.loss_sum.detach())
         correct, counted = correct + scores.correct, counted + scores.count
         num_tokens += batch.num_tokens
+        num_slots += batch.num_slots
         ensure_current(run)
         if run.spec.extra.get("preempt_during_step") == run.state.step + 1 and done == 0:
             run.stop.requested_at = time.monotonic()  # type: ignore[attr-defined]
@@ -378,8 +392,21 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
     return StepStats(
         train_loss=loss_sum / max(1, counted), train_accuracy=correct / max(1, counted),
         grad_norm=grad_norm, learning_rate=learning_rate, num_tokens=num_tokens,
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=time.perf_counter() - started, num_slots=num_slots,
     )
+
+
+def telemetry(run: Run, stats: StepStats) -> dict[str, Any]:
+    return step_telemetry(num_tokens=stats.num_tokens, num_slots=stats.num_slots, elapsed_s=stats.elapsed_s,
+                          parameters=run.num_parameters, device=run.device, gpus=max(1, run.spec.gpus))
+
+
+def make_batch(run: Run, rows: list[list[TokenizedExample]]) -> MicroBatch:
+    """Tensors for one forward pass: packed rows, or one example per row."""
+    if run.spec.hyperparameters.packing:
+        varlen = getattr(run.model.config, "_attn_implementation", "") == "flash_attention_2"
+        return collate_packed(rows, run.tokenizer.pad_token_id, run.device, block_mask=not varlen)
+    return collate([row[0] for row in rows], run.tokenizer.pad_token_id, run.device)
 
 
 def _would_overrun(run: Run, started: float, done: int, total: int) -> bool:
@@ -422,7 +449,7 @@ def finish_step(run: Run, stats: StepStats) -> None:
         "step": state.step, "train_loss": stats.train_loss, "train_accuracy": stats.train_accuracy,
         "valid_loss": None, "valid_mean_token_accuracy": None,
         "learning_rate": stats.learning_rate, "grad_norm": stats.grad_norm,
-        "tokens_per_second": stats.num_tokens / max(stats.elapsed_s, 1e-9),
+        **telemetry(run, stats),
     }
     diverged = check_divergence(run, stats)
     policy = run.spec.checkpoint
