@@ -24,7 +24,8 @@ def file_object(row: FileRow) -> dict[str, Any]:
 def _hyperparameters(job: Job) -> dict[str, Any]:
     """Resolved values once validation ran; before that, what was asked ('auto')."""
     resolved = (job.resolved or {}).get("hyperparameters")
-    requested = (job.request.get("method") or {}).get("supervised", {}).get("hyperparameters") \
+    method = _method(job)
+    requested = ((job.request.get("method") or {}).get(method) or {}).get("hyperparameters") \
         or job.request.get("hyperparameters") or {}
     if resolved:
         return dict(resolved)
@@ -32,6 +33,10 @@ def _hyperparameters(job: Job) -> dict[str, Any]:
     return {key: requested.get(key, "auto") for key in keys} | {
         k: v for k, v in requested.items() if k not in keys
     }
+
+
+def _method(job: Job) -> str:
+    return (job.request.get("method") or {}).get("type") or "supervised"
 
 
 def job_object(job: Job) -> dict[str, Any]:
@@ -61,7 +66,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "estimated_finish": job.estimated_finish,
         "integrations": [],
         "metadata": job.user_metadata,
-        "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
+        "method": {"type": _method(job), _method(job): {"hyperparameters": hp}},
         "user_provided_suffix": job.suffix,
         # extensions
         "training_type": training_type,

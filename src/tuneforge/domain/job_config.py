@@ -46,17 +46,26 @@ class SupervisedHyperparameters(_Strict):
     )
 
 
+class PreferenceHyperparameters(SupervisedHyperparameters):
+    beta: Union[float, Auto] = Field(
+        "auto", description="DPO: pull towards the reference model; ORPO: weight of the odds-ratio term.")
+
+
 class SupervisedMethod(_Strict):
     hyperparameters: SupervisedHyperparameters = Field(default_factory=SupervisedHyperparameters)
+
+
+class PreferenceMethod(_Strict):
+    hyperparameters: PreferenceHyperparameters = Field(default_factory=PreferenceHyperparameters)
 
 
 class Method(_Strict):
     type: Literal["supervised", "dpo", "reinforcement", "orpo", "cpt"] = "supervised"
     supervised: SupervisedMethod | None = None
-    dpo: dict | None = None
+    dpo: PreferenceMethod | None = None
     reinforcement: dict | None = None
-    orpo: dict | None = None
-    cpt: dict | None = None
+    orpo: PreferenceMethod | None = None
+    cpt: SupervisedMethod | None = None
 
 
 class TrainingType(_Strict):

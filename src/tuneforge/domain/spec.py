@@ -52,6 +52,7 @@ class Hyperparameters:
     max_seq_length: int = 2048
     train_on_inputs: bool = False
     packing: bool = True  # micro-batches are rows of packed examples (block-diagonal attention)
+    beta: float = 0.1  # dpo: strength of the pull towards the reference; orpo: weight of the odds-ratio term
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class JobSpec:
     base_model: BaseModelRef
     training_file: DataFileRef
     validation_file: DataFileRef | None
-    method: str  # "supervised"
+    method: str  # "supervised", "dpo", "orpo" or "cpt"
     training_type: str  # "lora"
     lora: LoraConfig
     hyperparameters: Hyperparameters

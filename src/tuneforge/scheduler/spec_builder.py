@@ -40,7 +40,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         training_file=DataFileRef(file_id=training.file_id, key=data.get("train_key", training.key),
                                   sha256=training.sha256),
         validation_file=validation,
-        method="supervised",
+        method=(job.request.get("method") or {}).get("type") or "supervised",
         training_type="lora",
         lora=LoraConfig(**resolved["lora"]),
         hyperparameters=Hyperparameters(**resolved["hyperparameters"]),

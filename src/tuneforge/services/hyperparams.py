@@ -14,30 +14,46 @@ from __future__ import annotations
 import math
 
 from tuneforge.domain.errors import invalid
-from tuneforge.domain.job_config import JobCreate, SupervisedHyperparameters, TrainingType
+from tuneforge.domain.job_config import JobCreate, PreferenceHyperparameters, SupervisedHyperparameters, TrainingType
 from tuneforge.domain.spec import Hyperparameters, LoraConfig
 
-BASE_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5}
+# by method, then adapter: preference methods move a trained model only a little
+BASE_LEARNING_RATE = {
+    "supervised": {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5},
+    "cpt": {"lora": 1e-4, "qlora": 1e-4, "full": 1e-5},
+    "dpo": {"lora": 5e-5, "qlora": 5e-5, "full": 5e-7},
+    "orpo": {"lora": 8e-5, "qlora": 8e-5, "full": 8e-6},
+}
+DEFAULT_BETA = {"dpo": 0.1, "orpo": 0.1}
 MAX_MICRO_BATCH = 8
 DEFAULT_MAX_SEQ_LENGTH = 2048
-PARAM_PREFIX = "method.supervised.hyperparameters"
+
+
+def method_of(request: JobCreate) -> str:
+    return request.method.type if request.method else "supervised"
+
+
+def param_prefix(method: str) -> str:
+    return f"method.{method}.hyperparameters"
 
 
 def requested_hyperparameters(request: JobCreate) -> SupervisedHyperparameters:
-    if request.method is not None and request.method.supervised is not None:
-        return request.method.supervised.hyperparameters
-    if request.hyperparameters is not None:
+    method = method_of(request)
+    block = getattr(request.method, method, None) if request.method is not None else None
+    if block is not None:
+        return block.hyperparameters
+    if request.hyperparameters is not None and method == "supervised":
         return request.hyperparameters
-    return SupervisedHyperparameters()
+    return PreferenceHyperparameters() if method in DEFAULT_BETA else SupervisedHyperparameters()
 
 
 def _auto(value, default):  # noqa: ANN001
     return default if value in ("auto", None) else value
 
 
-def _check_range(name: str, value: float, low: float, high: float) -> None:
+def _check_range(name: str, value: float, low: float, high: float, prefix: str) -> None:
     if not (low <= value <= high):
-        raise invalid(f"{PARAM_PREFIX}.{name} must be between {low} and {high}; got {value}", param=f"{PARAM_PREFIX}.{name}")
+        raise invalid(f"{prefix}.{name} must be between {low} and {high}; got {value}", param=f"{prefix}.{name}")
 
 
 def _auto_epochs(num_examples: int) -> int:
@@ -63,31 +79,34 @@ _RANGES = {
     "max_grad_norm": (0.0, 1e4),
     "max_seq_length": (16, 1 << 20),
     "gradient_accumulation_steps": (1, 256),
+    "beta": (1e-4, 100.0),
 }
 
 
-def check_static(hp: SupervisedHyperparameters) -> None:
+def check_static(hp: SupervisedHyperparameters, method: str = "supervised") -> None:
     """Range checks that need no dataset, run at job creation."""
+    prefix = param_prefix(method)
     for name, (low, high) in _RANGES.items():
-        value = getattr(hp, name)
+        value = getattr(hp, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            _check_range(name, value, low, high)
+            _check_range(name, value, low, high, prefix)
     if isinstance(hp.batch_size, int) and isinstance(hp.gradient_accumulation_steps, int):
         if hp.batch_size % hp.gradient_accumulation_steps:
             raise invalid(
-                f"{PARAM_PREFIX}.batch_size ({hp.batch_size}) must be a multiple of "
+                f"{prefix}.batch_size ({hp.batch_size}) must be a multiple of "
                 f"gradient_accumulation_steps ({hp.gradient_accumulation_steps})",
-                param=f"{PARAM_PREFIX}.gradient_accumulation_steps",
+                param=f"{prefix}.gradient_accumulation_steps",
             )
 
 
-def resolve_max_seq_length(hp: SupervisedHyperparameters, model_max_positions: int | None) -> int:
+def resolve_max_seq_length(hp: SupervisedHyperparameters, model_max_positions: int | None,
+                           method: str = "supervised") -> int:
     limit = model_max_positions or DEFAULT_MAX_SEQ_LENGTH
     max_seq_length = int(_auto(hp.max_seq_length, min(limit, DEFAULT_MAX_SEQ_LENGTH)))
     if max_seq_length > limit:
         raise invalid(
-            f"{PARAM_PREFIX}.max_seq_length {max_seq_length} exceeds the model's limit of {limit} tokens",
-            param=f"{PARAM_PREFIX}.max_seq_length",
+            f"{param_prefix(method)}.max_seq_length {max_seq_length} exceeds the model's limit of {limit} tokens",
+            param=f"{param_prefix(method)}.max_seq_length",
         )
     return max_seq_length
 
@@ -98,11 +117,12 @@ def resolve(
     *,
     num_examples: int,
     model_max_positions: int | None,
+    method: str = "supervised",
 ) -> Hyperparameters:
     n_epochs = int(_auto(hp.n_epochs, _auto_epochs(num_examples)))
     batch_size = int(_auto(hp.batch_size, _auto_batch_size(num_examples)))
     batch_size = max(1, min(batch_size, num_examples))
-    base_lr = BASE_LEARNING_RATE[training_type.type]
+    base_lr = BASE_LEARNING_RATE[method][training_type.type]
     multiplier = float(_auto(hp.learning_rate_multiplier, 1.0))
     if hp.learning_rate not in ("auto", None):
         learning_rate = float(hp.learning_rate)
@@ -116,7 +136,7 @@ def resolve(
         micro = min(batch_size, MAX_MICRO_BATCH)
         accumulation = math.ceil(batch_size / micro)
         micro = batch_size // accumulation if batch_size % accumulation == 0 else micro
-    max_seq_length = resolve_max_seq_length(hp, model_max_positions)
+    max_seq_length = resolve_max_seq_length(hp, model_max_positions, method)
     return Hyperparameters(
         n_epochs=n_epochs,
         batch_size=micro * accumulation,
@@ -131,6 +151,7 @@ def resolve(
         max_seq_length=max_seq_length,
         train_on_inputs=bool(_auto(hp.train_on_inputs, False)),
         packing=bool(_auto(hp.packing, True)),
+        beta=float(_auto(getattr(hp, "beta", None), DEFAULT_BETA.get(method, 0.0))),
     )
 
 

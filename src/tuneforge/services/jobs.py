@@ -32,7 +32,7 @@ from tuneforge.services.transitions import is_terminal, transition
 from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
 
-SUPPORTED_METHODS = ("supervised",)
+SUPPORTED_METHODS = ("supervised", "dpo", "orpo", "cpt")
 SUPPORTED_TRAINING_TYPES = ("lora",)
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -43,7 +43,7 @@ def request_hash(request: JobCreate) -> str:
 
 
 def _check_file(session: Session, tenant_id: str, file_id: str, param: str, settings: Settings,
-                min_examples: int) -> FileRow:
+                min_examples: int, method: str = "supervised") -> FileRow:
     row = file_repo.get(session, tenant_id, file_id)
     if row is None:
         raise invalid(f"invalid {param}: no such file {file_id}", param=param, code="file_not_found")
@@ -56,7 +56,6 @@ def _check_file(session: Session, tenant_id: str, file_id: str, param: str, sett
         raise invalid(f"invalid {param} {file_id}: {row.status_details}", param=param, code="invalid_file")
     if row.status != "processed":
         raise invalid(f"{param} {file_id} is still being processed", param=param, code="file_not_ready")
-    method = "supervised"
     if row.data_kind and row.data_kind not in KINDS_FOR_METHOD[method]:
         raise invalid(
             f"{param} {file_id} holds {row.data_kind} examples; method {method!r} needs "
@@ -73,7 +72,8 @@ def _check_file(session: Session, tenant_id: str, file_id: str, param: str, sett
 def _check_request(request: JobCreate) -> None:
     method = request.method.type if request.method else "supervised"
     if method not in SUPPORTED_METHODS:
-        raise invalid(f"method.type {method!r} is not supported yet; use 'supervised'", param="method.type")
+        raise invalid(f"method.type {method!r} is not supported; use one of {', '.join(SUPPORTED_METHODS)}",
+                      param="method.type")
     training_type = request.training_type.type if request.training_type else "lora"
     if training_type not in SUPPORTED_TRAINING_TYPES:
         raise invalid(
@@ -85,7 +85,7 @@ def _check_request(request: JobCreate) -> None:
         raise invalid("suffix may use up to 64 letters, digits, '-', '_' and '.'", param="suffix")
     if request.metadata is not None and len(request.metadata) > 16:
         raise invalid("metadata may hold at most 16 keys", param="metadata")
-    hyperparams.check_static(hyperparams.requested_hyperparameters(request))
+    hyperparams.check_static(hyperparams.requested_hyperparameters(request), method)
     if request.training_type is not None:
         hyperparams.resolve_lora(request.training_type)
 
@@ -99,11 +99,13 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
             f"Model {request.model!r} is not available for fine-tuning or does not exist",
             param="model", code="model_not_available",
         )
+    method = hyperparams.method_of(request)
     training = _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
-                           settings.min_training_examples)
+                           settings.min_training_examples, method)
     validation = None
     if request.validation_file:
-        validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1)
+        validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1,
+                                 method)
     return base, training, validation
 
 

@@ -48,20 +48,21 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobC
     """Raises DataCheckFailed (bad data) or ApiError (bad hyperparameters)."""
     training_type = request.training_type or TrainingType()
     requested = hyperparams.requested_hyperparameters(request)
+    method = hyperparams.method_of(request)
     data = (request.data or DataOptions()).model_dump()
     data["pii_policy"] = data.get("pii_policy") or tenant.pii_policy or "warn"
-    max_seq_length = hyperparams.resolve_max_seq_length(requested, base.max_position_embeddings)
+    max_seq_length = hyperparams.resolve_max_seq_length(requested, base.max_position_embeddings, method)
     tokenizer = tokenizer_for(platform.store, base, platform.settings.home / "cache" / "base-models")
     options = {k: v for k, v in data.items() if k != "pii_policy"}
     prepared = prepare_for_job(platform.store, PrepareRequest(
         tenant_id=tenant.tenant_id, training=(training.key, training.filename, training.sha256),
         validation=(validation.key, validation.filename, validation.sha256) if validation else None,
-        base_sha256=base.sha256, method="supervised", max_seq_length=max_seq_length, seed=seed,
+        base_sha256=base.sha256, method=method, max_seq_length=max_seq_length, seed=seed,
         options=options, pii_policy=data["pii_policy"],
     ), tokenizer, min_examples=platform.settings.min_training_examples,
         contamination=eval_sets.index_for(session, platform.store, tenant.tenant_id))
     resolved_hp = hyperparams.resolve(requested, training_type, num_examples=prepared.train_examples,
-                                      model_max_positions=base.max_position_embeddings)
+                                      model_max_positions=base.max_position_embeddings, method=method)
     resources = resolve_resources(platform.settings, request, base, training_type.type)
     estimate = estimates.estimate(
         platform.settings, base, train_tokens_per_epoch=prepared.train_tokens,

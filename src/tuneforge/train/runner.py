@@ -27,20 +27,23 @@ from tuneforge.train.reporter import Reporter, message_event
 
 log = logging.getLogger(__name__)
 
+METHODS = ("supervised", "dpo", "orpo", "cpt")
+TRAINING_TYPES = ("lora",)
+
 
 def run_attempt(
     spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event | None = None
 ) -> TrainerExit:
     stop = stop or threading.Event()
     try:
-        if spec.method != "supervised" or spec.training_type != "lora":
+        if spec.method not in METHODS or spec.training_type not in TRAINING_TYPES:
             raise UnsupportedJob(
-                f"this trainer runs method 'supervised' with training type 'lora'; "
+                f"this trainer runs methods {', '.join(METHODS)} with training types {', '.join(TRAINING_TYPES)}; "
                 f"got {spec.method!r} / {spec.training_type!r}"
             )
-        from tuneforge.train.recipes.sft import run_sft
+        from tuneforge.train.recipes.sft import objective_for, run_sft
 
-        return run_sft(spec, store, reporter, stop)
+        return run_sft(spec, store, reporter, stop, objective_for(spec.method))
     except AttemptFenced as exc:
         log.error("%s", exc)
         return TrainerExit.FENCED

@@ -73,12 +73,11 @@ from tuneforge.train.batches import (
     collate_packed,
     epoch_order,
     load_tokenized,
-    micro_batches,
     score_tokens,
     step_micro_batches,
     target_token_count,
 )
-from tuneforge.train.errors import AttemptFenced, TrainingDiverged
+from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob
 from tuneforge.train.telemetry import step_telemetry
 from tuneforge.train.model import (
     build_lora_model,
@@ -120,10 +119,11 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     params: list[torch.nn.Parameter]
-    train_set: list[TokenizedExample]
-    valid_set: list[TokenizedExample]
+    train_set: list[Any]
+    valid_set: list[Any]
     device: torch.device
     total_steps: int
+    objective: Objective = None  # type: ignore[assignment] - set by run_sft
     state: TrainerState = field(default_factory=TrainerState)
     last_checkpoint_step: int = -1
     last_checkpoint_time: float = field(default_factory=time.monotonic)
@@ -162,7 +162,67 @@ class StepStats:
         return 1.0 - self.num_tokens / self.num_slots if self.num_slots else 0.0
 
 
-def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event) -> TrainerExit:
+@dataclass(frozen=True)
+class Scores:
+    """One forward pass: the objective's loss summed over its units (keeps the graph),
+    hits and units for the accuracy, real and computed token positions."""
+
+    loss_sum: torch.Tensor
+    correct: int
+    count: int
+    num_tokens: int
+    num_slots: int
+
+
+class Objective:
+    """What a method trains on and how a forward pass is scored. The loop below
+    (order, steps, accumulation, checkpoints, resume, preemption) is the same for
+    every method; `recipes/preference.py` (DPO, ORPO) and `recipes/cpt.py`
+    subclass this one, supervised fine-tuning.
+
+    Units: the loss of a step is `sum(loss_sum) / units(step's examples)` —
+    target tokens here, so every token weighs the same however the step is
+    split into micro-batches; preference pairs for DPO/ORPO."""
+
+    name = "supervised"
+
+    def load(self, run_store: ObjectStore, ref: Any, tokenizer: Any, hp: Hyperparameters, *, label: str,
+             base_model_sha256: str) -> list[Any]:
+        return load_tokenized(run_store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
+
+    def prepare(self, run: Run) -> None:
+        """Before the first step of an attempt (e.g. reference log-probabilities)."""
+
+    def units(self, examples: list[Any]) -> int:
+        return sum(target_token_count(example) for example in examples)
+
+    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
+        return step_micro_batches(examples, hp)
+
+    def forward(self, run: Run, chunk: list[Any]) -> Scores:
+        batch = make_batch(run, chunk)
+        scores = score_tokens(run.model, batch)
+        return Scores(scores.loss_sum, scores.correct, scores.count, batch.num_tokens, batch.num_slots)
+
+
+def objective_for(method: str) -> Objective:
+    if method == "supervised":
+        return Objective()
+    if method in ("dpo", "orpo"):
+        from tuneforge.train.recipes.preference import PreferenceObjective
+
+        return PreferenceObjective(method)
+    if method == "cpt":
+        from tuneforge.train.recipes.cpt import ContinuedPretraining
+
+        return ContinuedPretraining()
+    raise UnsupportedJob(f"unknown method {method!r}")
+
+
+def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event,
+            objective: Objective | None = None) -> TrainerExit:
+    """The training loop, for every method (`objective`; supervised by default)."""
+    objective = objective or objective_for(spec.method)
     hp = spec.hyperparameters
     # ------------------------------------------------------------------ setup
     if hp.lr_scheduler_type not in LR_SCHEDULES:
@@ -179,9 +239,9 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
         data={"device": device.type, "threads": threads, "base_model_parameters": model.num_parameters()},
     ))
     base_sha = spec.base_model.sha256
-    train_set = load_tokenized(store, spec.training_file, tokenizer, hp, label="training", base_model_sha256=base_sha)
+    train_set = objective.load(store, spec.training_file, tokenizer, hp, label="training", base_model_sha256=base_sha)
     valid_set = (
-        load_tokenized(store, spec.validation_file, tokenizer, hp, label="validation", base_model_sha256=base_sha)
+        objective.load(store, spec.validation_file, tokenizer, hp, label="validation", base_model_sha256=base_sha)
         if spec.validation_file else []
     )
     model = build_lora_model(model, spec.lora, seed=spec.seed)
@@ -190,8 +250,9 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(hp, total_steps))
     run = Run(spec, store, reporter, stop, model, tokenizer, optimizer, scheduler, params,
-              train_set, valid_set, device, total_steps)
+              train_set, valid_set, device, total_steps, objective=objective)
     run.state = resume_or_start(run)
+    objective.prepare(run)
 
     # ------------------------------------------------------------------ train loop
     model.train()
@@ -356,24 +417,23 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
     hp = run.spec.hyperparameters
     started = time.perf_counter()
     examples = [run.train_set[index] for index in indices]
-    step_targets = max(1, sum(target_token_count(example) for example in examples))
+    step_units = max(1, run.objective.units(examples))
     loss_sum, correct, counted, num_tokens, num_slots = 0.0, 0, 0, 0, 0
-    chunks = step_micro_batches(examples, hp)
+    chunks = run.objective.chunks(examples, hp)
     oom_above = run.spec.extra.get("simulate_oom_above_micro_batch")
     for done, chunk in enumerate(chunks):
         if oom_above is not None and hp.micro_batch_size > int(oom_above):
             raise torch.OutOfMemoryError(f"simulated: a micro-batch of {hp.micro_batch_size} does not fit "
                                          f"(limit {int(oom_above)})")
-        batch = make_batch(run, chunk)
-        scores = score_tokens(run.model, batch)
+        scores = run.objective.forward(run, chunk)
         if not torch.isfinite(scores.loss_sum):
             raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
                                    learning_rate=run.scheduler.get_last_lr()[0])
-        (scores.loss_sum / step_targets).backward()
+        (scores.loss_sum / step_units).backward()
         loss_sum += float(scores.loss_sum.detach())
         correct, counted = correct + scores.correct, counted + scores.count
-        num_tokens += batch.num_tokens
-        num_slots += batch.num_slots
+        num_tokens += scores.num_tokens
+        num_slots += scores.num_slots
         ensure_current(run)
         if run.spec.extra.get("preempt_during_step") == run.state.step + 1 and done == 0:
             run.stop.requested_at = time.monotonic()  # type: ignore[attr-defined]
@@ -475,8 +535,8 @@ def validate(run: Run) -> tuple[float, float]:
     run.model.eval()
     loss_sum, correct, counted = 0.0, 0, 0
     try:
-        for chunk in micro_batches(run.valid_set, run.spec.hyperparameters.micro_batch_size):
-            scores = score_tokens(run.model, collate(chunk, run.tokenizer.pad_token_id, run.device))
+        for chunk in run.objective.chunks(run.valid_set, run.spec.hyperparameters):
+            scores = run.objective.forward(run, chunk)
             loss_sum += float(scores.loss_sum)
             correct, counted = correct + scores.correct, counted + scores.count
     finally:

@@ -1,0 +1,59 @@
+"""Continued pre-training on raw text: `{"text": ...}` lines.
+
+Each document is tokenized as the tokenizer encodes plain text (its BOS, if
+any, in front) with EOS appended, and every token is a target. A document
+longer than `max_seq_length` is cut into consecutive windows of that length
+(nothing is dropped); the windows are examples of their own, packed into rows
+with the others like any supervised example, so attention and loss never
+cross from one document or window into the next. The loss and the loop are
+supervised fine-tuning's (`recipes/sft.py`); held-out perplexity is
+exp(validation loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuneforge.data.errors import BadDataError
+from tuneforge.data.reader import iter_jsonl
+from tuneforge.data.tokenize import TokenizedExample
+from tuneforge.domain.spec import DataFileRef, Hyperparameters
+from tuneforge.storage.store import ObjectStore
+from tuneforge.train.recipes.sft import Objective
+
+
+def tokenize_text(text: Any, tokenizer: Any, *, max_seq_length: int) -> list[TokenizedExample]:
+    if not isinstance(text, str) or not text.strip():
+        raise BadDataError("invalid_example", "'text' must be a non-empty string", param="text")
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+        ids.append(tokenizer.eos_token_id)
+    size = max(2, max_seq_length)
+    return [TokenizedExample(ids[start:start + size], ids[start:start + size])
+            for start in range(0, len(ids), size) if len(ids[start:start + size]) > 1]
+
+
+def load_texts(store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *,
+               label: str) -> list[TokenizedExample]:
+    examples: list[TokenizedExample] = []
+    line_number = 0
+    try:
+        with store.open_read(ref.key) as stream:
+            for line_number, record in iter_jsonl(stream):
+                if not isinstance(record, dict) or "text" not in record:
+                    raise BadDataError("invalid_example", "expected a 'text' string", param="text")
+                examples.extend(tokenize_text(record["text"], tokenizer, max_seq_length=hp.max_seq_length))
+    except BadDataError as exc:
+        raise BadDataError(exc.code, f"{label} file: {exc.detail}",
+                           line_number=exc.line_number or line_number, param=exc.param) from None
+    if not examples:
+        raise BadDataError("empty_file", f"the {label} file has no examples")
+    return examples
+
+
+class ContinuedPretraining(Objective):
+    name = "cpt"
+
+    def load(self, run_store: ObjectStore, ref: Any, tokenizer: Any, hp: Hyperparameters, *, label: str,
+             base_model_sha256: str) -> list[Any]:
+        return load_texts(run_store, ref, tokenizer, hp, label=label)

@@ -1,0 +1,81 @@
+"""Jobs of every method through the API and the scheduler: data shape checks,
+method defaults, and the spec the trainer gets."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
+from tests.unit.scheduler.test_loop import FakeExecutor
+from tuneforge.api.app import create_app
+from tuneforge.scheduler.loop import Scheduler
+
+
+def _lines(records: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+PAIRS = _lines([{"input": {"messages": [{"role": "user", "content": f"question {i}"}]},
+                 "preferred_output": [{"role": "assistant", "content": f"good answer {i}"}],
+                 "non_preferred_output": [{"role": "assistant", "content": f"bad answer {i}"}]} for i in range(20)])
+TEXT = _lines([{"text": f"document number {i} talks about rivers and stones at length."} for i in range(20)])
+
+
+@pytest.fixture
+def world(tmp_path, database_url, tiny_model_dir):
+    platform = make_platform(tmp_path, database_url)
+    add_base_model(platform, "tiny-base", tiny_model_dir)
+    auth = {"Authorization": f"Bearer {add_tenant(platform, 'alpha')}"}
+    http = TestClient(create_app(platform=platform))
+    files = {name: http.post("/v1/files", files={"file": (f"{name}.jsonl", io.BytesIO(data))},
+                             data={"purpose": "fine-tune"}, headers=auth).json()["id"]
+             for name, data in (("chat", chat_lines(20)), ("pairs", PAIRS), ("text", TEXT))}
+    executor = FakeExecutor(gpus=4)
+    yield http, auth, files, Scheduler(platform, executor), executor
+    http.close()
+    platform.db.dispose()
+
+
+@pytest.mark.parametrize("method,data,lr,beta", [("dpo", "pairs", 5e-5, 0.1), ("orpo", "pairs", 8e-5, 0.1),
+                                                 ("cpt", "text", 1e-4, 0.0)])
+def test_each_method_is_validated_resolved_and_launched(world, method, data, lr, beta):
+    http, auth, files, scheduler, executor = world
+    body = {"model": "tiny-base", "training_file": files[data], "method": {"type": method}}
+    created = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert created.status_code == 200, created.text
+    scheduler.tick()
+    job = http.get(f"/v1/fine_tuning/jobs/{created.json()['id']}", headers=auth).json()
+    assert job["status"] == "running", job.get("error")
+    assert job["method"]["type"] == method
+    hp = job["method"][method]["hyperparameters"]
+    assert hp["learning_rate"] == pytest.approx(lr) and hp["beta"] == pytest.approx(beta)
+    spec = executor.launched[-1]
+    assert spec.method == method and spec.hyperparameters.beta == pytest.approx(beta)
+
+
+def test_a_method_with_the_wrong_data_shape_is_refused_at_creation(world):
+    http, auth, files, _scheduler, _executor = world
+    for method, data in (("dpo", "chat"), ("cpt", "pairs"), ("supervised", "text")):
+        body = {"model": "tiny-base", "training_file": files[data], "method": {"type": method}}
+        answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+        assert answer.status_code == 400, (method, data, answer.text)
+        assert answer.json()["error"]["code"] == "shape_mismatch"
+        assert answer.json()["error"]["param"] == "training_file"
+
+
+def test_method_hyperparameters_are_checked_under_their_own_name(world):
+    http, auth, files, _scheduler, _executor = world
+    body = {"model": "tiny-base", "training_file": files["pairs"],
+            "method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}}
+    answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "method.dpo.hyperparameters.beta"
+    body["method"] = {"type": "dpo", "dpo": {"hyperparameters": {"gamma": 1}}}
+    answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert answer.status_code == 400 and "gamma" in answer.json()["error"]["param"]
+    body["method"] = {"type": "reinforcement"}
+    answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "method.type"
