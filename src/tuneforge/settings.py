@@ -56,6 +56,10 @@ class Settings(BaseSettings):
         default=1, description="Logical nodes of the local executor, each with TUNEFORGE_LOCAL_GPUS slots "
                                "(so gang placement across nodes can be exercised on one host).")
     gpus_per_node: int = Field(default=8, description="GPUs per node assumed when sizing multi-node jobs.")
+    qlora: str = Field(
+        default="auto", description="Whether trainers can run QLoRA (CUDA + bitsandbytes): 'on', 'off', or 'auto' "
+                                    "(on when this host has an NVIDIA driver and bitsandbytes; set 'on' when "
+                                    "trainers run elsewhere, e.g. on a GPU cluster).")
     gpu_memory_gb: float = Field(default=80.0, description="Memory of one GPU, for default GPU counts.")
     scheduler_tick_s: float = Field(default=0.5, description="Seconds between scheduler ticks.")
     scheduler_aging_s: float = Field(

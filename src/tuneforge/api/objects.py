@@ -43,7 +43,7 @@ def job_object(job: Job) -> dict[str, Any]:
     hp = _hyperparameters(job)
     summary = {key: hp.get(key, "auto") for key in ("batch_size", "learning_rate_multiplier", "n_epochs")}
     training_type = {"type": "lora", **(job.request.get("training_type") or {})}
-    if job.resolved:
+    if job.resolved and training_type["type"] != "full":
         lora = job.resolved["lora"]
         training_type.update(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
                              target_modules=lora["target_modules"])

@@ -41,7 +41,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
                                   sha256=training.sha256),
         validation_file=validation,
         method=(job.request.get("method") or {}).get("type") or "supervised",
-        training_type="lora",
+        training_type=(job.request.get("training_type") or {}).get("type") or "lora",
         lora=LoraConfig(**resolved["lora"]),
         hyperparameters=Hyperparameters(**resolved["hyperparameters"]),
         checkpoint=CheckpointPolicy(**resolved["checkpoint"]),

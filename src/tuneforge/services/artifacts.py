@@ -19,12 +19,13 @@ from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
 _ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md")
+_MODEL_FILES = ("model.safetensors",)
 
 
-def _archive(store: ObjectStore, prefix: str, folder: str, only_adapter: bool) -> IO[bytes]:
+def _archive(store: ObjectStore, prefix: str, folder: str, keep: tuple[str, ...] | None) -> IO[bytes]:
     keys = store.list(prefix)
-    if only_adapter:
-        keys = [k for k in keys if k.rsplit("/", 1)[-1] in _ADAPTER_FILES]
+    if keep is not None:  # a checkpoint: its weights, not the optimizer and trainer state
+        keys = [k for k in keys if k.rsplit("/", 1)[-1] in keep]
     if not keys:
         raise not_found("the artifact has no files", param="artifact", code="artifact_not_found")
     spool = tempfile.TemporaryFile()
@@ -41,23 +42,30 @@ def _archive(store: ObjectStore, prefix: str, folder: str, only_adapter: bool) -
     return spool
 
 
-def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact: str,
+def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact: str | None,
                     step: int | None) -> tuple[str, IO[bytes]]:
-    if artifact != "adapter":
-        raise invalid("artifact must be 'adapter'", param="artifact")
+    """The job's trained weights as a .tar.gz: the adapter (LoRA, QLoRA), or the whole
+    model (a full fine-tune: `artifact=model`); `step=N`: a checkpoint's weights."""
+    full = ((job.request.get("training_type") or {}).get("type")) == "full"
+    artifact = artifact or ("model" if full else "adapter")
+    if artifact not in ("adapter", "model"):
+        raise invalid("artifact must be 'adapter' or 'model'", param="artifact")
+    if (artifact == "model") != full:
+        kind = "a full fine-tune: its artifact is 'model'" if full else "an adapter: its artifact is 'adapter'"
+        raise invalid(f"{job.job_id} is {kind}", param="artifact", code="artifact_not_found")
     if step is not None:
         row = checkpoint_repo.at_step(session, job.job_id, step)
         if row is None:
             raise not_found(f"{job.job_id} has no checkpoint at step {step}", param="step",
                             code="checkpoint_not_found")
         folder = f"{job.job_id}-step-{step}"
-        return f"{folder}.tar.gz", _archive(store, row.prefix, folder, only_adapter=True)
+        return f"{folder}.tar.gz", _archive(store, row.prefix, folder, keep=_MODEL_FILES if full else _ADAPTER_FILES)
     if job.status != JobStatus.SUCCEEDED.value:
         raise ApiError(409, f"{job.job_id} is {job.status}; the final adapter exists once it has succeeded "
                             "(pass step=N for a checkpoint)", param="artifact", code="artifact_not_ready")
-    prefix = layout.artifact_prefix(job.tenant_id, job.job_id, "adapter")
-    folder = f"{job.job_id}-adapter"
-    return f"{folder}.tar.gz", _archive(store, prefix, folder, only_adapter=False)
+    prefix = layout.artifact_prefix(job.tenant_id, job.job_id, artifact)
+    folder = f"{job.job_id}-{artifact}"
+    return f"{folder}.tar.gz", _archive(store, prefix, folder, keep=None)
 
 
 def iter_file(handle: IO[bytes], chunk_bytes: int = 1 << 20) -> Iterator[bytes]:

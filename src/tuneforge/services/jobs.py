@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import random
 import re
 import time
+from pathlib import Path
 from dataclasses import asdict
 
 from sqlalchemy.exc import IntegrityError
@@ -33,7 +35,7 @@ from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
 
 SUPPORTED_METHODS = ("supervised", "dpo", "orpo", "cpt")
-SUPPORTED_TRAINING_TYPES = ("lora",)
+SUPPORTED_TRAINING_TYPES = ("lora", "qlora", "full")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -69,16 +71,29 @@ def _check_file(session: Session, tenant_id: str, file_id: str, param: str, sett
     return row
 
 
-def _check_request(request: JobCreate) -> None:
+def qlora_available(settings: Settings) -> bool:
+    """QLoRA needs trainers with a CUDA GPU and bitsandbytes (4-bit NF4 kernels)."""
+    if settings.qlora in ("on", "off"):
+        return settings.qlora == "on"
+    return Path("/proc/driver/nvidia/version").exists() and importlib.util.find_spec("bitsandbytes") is not None
+
+
+def _check_request(request: JobCreate, settings: Settings) -> None:
     method = request.method.type if request.method else "supervised"
     if method not in SUPPORTED_METHODS:
         raise invalid(f"method.type {method!r} is not supported; use one of {', '.join(SUPPORTED_METHODS)}",
                       param="method.type")
     training_type = request.training_type.type if request.training_type else "lora"
     if training_type not in SUPPORTED_TRAINING_TYPES:
+        raise invalid(f"training_type.type {training_type!r} is not supported; use one of "
+                      f"{', '.join(SUPPORTED_TRAINING_TYPES)}", param="training_type.type")
+    if training_type == "qlora" and not qlora_available(settings):
         raise invalid(
-            f"training_type.type {training_type!r} is not supported yet; use 'lora'", param="training_type.type"
-        )
+            "training_type.type 'qlora' needs trainers with an NVIDIA GPU (CUDA) and the bitsandbytes package for "
+            "4-bit NF4 weights; this platform's trainers have neither (TUNEFORGE_QLORA=auto found no NVIDIA "
+            "driver or no bitsandbytes here). Use 'lora' (same adapter, 16-bit base: about 4x the base model's "
+            "memory of QLoRA) or ask the operator to enable QLoRA on GPU trainers (TUNEFORGE_QLORA=on).",
+            param="training_type.type", code="unsupported_training_type")
     if request.integrations:
         raise invalid("integrations are not supported", param="integrations")
     if request.suffix is not None and not _SUFFIX.match(request.suffix):
@@ -92,7 +107,7 @@ def _check_request(request: JobCreate) -> None:
 
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
                   request: JobCreate) -> tuple[BaseModelRow, FileRow, FileRow | None]:
-    _check_request(request)
+    _check_request(request, settings)
     base = base_model_repo.by_name(session, request.model)
     if base is None:
         raise invalid(

@@ -3,7 +3,7 @@
 tenants/{tenant}/files/{file_id}/{filename}
 tenants/{tenant}/datasets/{dataset_id}/...
 tenants/{tenant}/jobs/{job_id}/checkpoints/step-{n}/...
-tenants/{tenant}/jobs/{job_id}/artifacts/{adapter|merged}/...
+tenants/{tenant}/jobs/{job_id}/artifacts/{adapter|merged|model}/...
 tenants/{tenant}/jobs/{job_id}/results.csv
 base-models/{name}/{sha}/...
 """
@@ -93,7 +93,7 @@ def checkpoint_step(prefix: str) -> int | None:
 
 
 def artifact_prefix(tenant_id: str, job_id: str, kind: str) -> str:
-    if kind not in ("adapter", "merged"):
+    if kind not in ("adapter", "merged", "model"):  # model: the weights of a full fine-tune
         raise ValueError(f"unknown artifact kind {kind!r}")
     return f"{job_prefix(tenant_id, job_id)}/artifacts/{kind}"
 

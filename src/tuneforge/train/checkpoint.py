@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+MODEL_WEIGHTS = "model.safetensors"  # full fine-tunes
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 RNG_STATE = "rng_state.pt"
@@ -192,17 +193,38 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot store {type(value).__name__} in a checkpoint config")
 
 
+def _full_weights(model: Any) -> dict[str, torch.Tensor]:
+    """Every weight once: tensors that share storage (tied embeddings) are saved under their first name."""
+    seen: dict[tuple[int, int], str] = {}
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            continue
+        seen[key] = name
+        weights[name] = tensor.detach().cpu().contiguous()
+    return weights
+
+
 def pack_training_state(
     model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, trainer_state: dict[str, Any]
 ) -> dict[str, bytes]:
-    """The checkpoint files of a PEFT model in training."""
-    from peft import get_peft_model_state_dict
+    """The checkpoint files of a model in training: the adapter of a PEFT model, or
+    (full fine-tune) every weight; then optimizer, schedule, RNG and trainer state."""
+    if hasattr(model, "peft_config"):
+        from peft import get_peft_model_state_dict
 
-    adapter = {name: tensor.detach().cpu().contiguous() for name, tensor in get_peft_model_state_dict(model).items()}
-    adapter_config = model.peft_config["default"].to_dict()
+        adapter = {name: tensor.detach().cpu().contiguous()
+                   for name, tensor in get_peft_model_state_dict(model).items()}
+        weights = {
+            ADAPTER_WEIGHTS: safetensors.torch.save(adapter),
+            ADAPTER_CONFIG: json.dumps(model.peft_config["default"].to_dict(), default=_jsonable,
+                                       sort_keys=True).encode(),
+        }
+    else:
+        weights = {MODEL_WEIGHTS: safetensors.torch.save(_full_weights(model))}
     return {
-        ADAPTER_WEIGHTS: safetensors.torch.save(adapter),
-        ADAPTER_CONFIG: json.dumps(adapter_config, default=_jsonable, sort_keys=True).encode(),
+        **weights,
         OPTIMIZER: torch_bytes(optimizer.state_dict()),
         SCHEDULER: torch_bytes(scheduler.state_dict()),
         RNG_STATE: torch_bytes(capture_rng_state()),
@@ -214,13 +236,20 @@ def restore_training_state(
     files: Mapping[str, bytes], model: Any, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> dict[str, Any]:
     """Load a checkpoint's files into the live objects; returns the trainer state."""
-    from peft import set_peft_model_state_dict
+    if MODEL_WEIGHTS in files:
+        saved = safetensors.torch.load(files[MODEL_WEIGHTS])
+        result = model.load_state_dict(saved, strict=False)
+        tied = {name for name, _ in model.state_dict().items()} - set(saved)
+        if result.unexpected_keys or set(result.missing_keys) - tied:
+            raise ValueError(f"checkpoint weights do not fit the model: {(result.unexpected_keys or result.missing_keys)[:3]}")
+    else:
+        from peft import set_peft_model_state_dict
 
-    adapter = safetensors.torch.load(files[ADAPTER_WEIGHTS])
-    result = set_peft_model_state_dict(model, adapter)
-    unexpected = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
-    if unexpected:
-        raise ValueError(f"checkpoint adapter does not fit the model: {unexpected[:3]}")
+        adapter = safetensors.torch.load(files[ADAPTER_WEIGHTS])
+        result = set_peft_model_state_dict(model, adapter)
+        unexpected = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
+        if unexpected:
+            raise ValueError(f"checkpoint adapter does not fit the model: {unexpected[:3]}")
     optimizer.load_state_dict(torch_from_bytes(files[OPTIMIZER]))
     scheduler.load_state_dict(torch_from_bytes(files[SCHEDULER]))
     restore_rng_state(torch_from_bytes(files[RNG_STATE]))

@@ -1,4 +1,5 @@
-"""Base model fetch, load, and the LoRA wrapper around it."""
+"""Base model fetch, load, and what is trained: a LoRA adapter, a LoRA adapter on a
+4-bit base (QLoRA), or every weight (full)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 
 import torch
 
-from tuneforge.domain.spec import BaseModelRef, LoraConfig
+from tuneforge.domain.spec import LoraConfig
 from tuneforge.storage.model_cache import default_cache_dir, fetch_base_model  # noqa: F401 - re-exported
-from tuneforge.storage.store import ObjectStore
+from tuneforge.train.errors import UnsupportedJob
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +19,11 @@ log = logging.getLogger(__name__)
 _OUTPUT_LAYER_NAMES = ("lm_head",)
 
 
-def load_base_model(local_dir: Path, device: torch.device) -> tuple[Any, Any]:
-    """Model (float32 on CPU, bfloat16 on a GPU that supports it) and tokenizer."""
+def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: bool = False) -> tuple[Any, Any]:
+    """Model (float32 on CPU, bfloat16 on a GPU that supports it) and tokenizer.
+
+    `quantize_4bit` (QLoRA): NF4 weights with double quantization and bf16
+    compute, through bitsandbytes; it needs a CUDA GPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(local_dir)
@@ -28,9 +32,36 @@ def load_base_model(local_dir: Path, device: torch.device) -> tuple[Any, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     dtype = torch.bfloat16 if use_bf16 else torch.float32
+    if quantize_4bit:
+        from transformers import BitsAndBytesConfig
+
+        if device.type != "cuda":
+            raise UnsupportedJob("QLoRA needs a CUDA GPU (4-bit NF4 weights through bitsandbytes); "
+                                 "this trainer has none: use training_type 'lora'")
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype, quantization_config=quantization,
+                                                     device_map={"": device.index or 0})
+        return model, tokenizer
     model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
     model.to(device)
     return model, tokenizer
+
+
+def prepare_trainable(model: Any, training_type: str, lora: LoraConfig, *, seed: int) -> Any:
+    """LoRA / QLoRA: the base frozen, an adapter on top. Full: every weight trains."""
+    if training_type == "full":
+        model.requires_grad_(True)
+        return model
+    if training_type == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    return build_lora_model(model, lora, seed=seed)
+
+
+def is_adapter(model: Any) -> bool:
+    return hasattr(model, "peft_config")
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:

@@ -28,7 +28,7 @@ from tuneforge.train.reporter import Reporter, message_event
 log = logging.getLogger(__name__)
 
 METHODS = ("supervised", "dpo", "orpo", "cpt")
-TRAINING_TYPES = ("lora",)
+TRAINING_TYPES = ("lora", "qlora", "full")
 
 
 def run_attempt(

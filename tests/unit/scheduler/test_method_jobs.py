@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import tarfile
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
-from tests.unit.scheduler.test_loop import FakeExecutor
+from tests.unit.scheduler.test_loop import FakeExecutor, _report
 from tuneforge.api.app import create_app
 from tuneforge.scheduler.loop import Scheduler
 
@@ -79,3 +81,42 @@ def test_method_hyperparameters_are_checked_under_their_own_name(world):
     body["method"] = {"type": "reinforcement"}
     answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "method.type"
+
+
+def test_full_fine_tunes_are_admitted_and_qlora_is_refused_where_it_cannot_run(world):
+    http, auth, files, scheduler, executor = world
+    body = {"model": "tiny-base", "training_file": files["chat"], "training_type": {"type": "full"}}
+    created = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert created.status_code == 200, created.text
+    scheduler.tick()
+    job = http.get(f"/v1/fine_tuning/jobs/{created.json()['id']}", headers=auth).json()
+    assert job["training_type"] == {"type": "full"}
+    assert job["method"]["supervised"]["hyperparameters"]["learning_rate"] == pytest.approx(2e-5)
+    assert executor.launched[-1].training_type == "full"
+    # the finished job's artifact is the whole model
+    spec = executor.launched[-1]
+    prefix = f"tenants/{spec.tenant_id}/jobs/{spec.job_id}/artifacts/model"
+    platform = scheduler.platform
+    platform.store.put_bytes(f"{prefix}/model.safetensors", b"weights")
+    platform.store.put_bytes(f"{prefix}/config.json", b"{}")
+    results = f"tenants/{spec.tenant_id}/jobs/{spec.job_id}/results.csv"
+    platform.store.put_bytes(results, b"step,train_loss\n")
+    assert _report(http, spec, "result", {"seq": 1, "trained_tokens": 10, "adapter_prefix": prefix,
+                                          "results_key": results}).status_code == 200
+    archive = http.get(f"/v1/fine_tuning/jobs/{spec.job_id}/download", headers=auth)
+    assert archive.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        assert sorted(tar.getnames()) == [f"{spec.job_id}-model/config.json", f"{spec.job_id}-model/model.safetensors"]
+    wrong = http.get(f"/v1/fine_tuning/jobs/{spec.job_id}/download?artifact=adapter", headers=auth)
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "artifact"
+    if Path("/proc/driver/nvidia/version").exists():
+        return  # a GPU host: QLoRA may well be available
+    # no NVIDIA driver on this machine: a clear error at admission, nothing created
+    before = len(http.get("/v1/fine_tuning/jobs", headers=auth).json()["data"])
+    body["training_type"] = {"type": "qlora"}
+    refused = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "unsupported_training_type" and error["param"] == "training_type.type"
+    assert "CUDA" in error["message"] and "bitsandbytes" in error["message"] and "'lora'" in error["message"]
+    assert len(http.get("/v1/fine_tuning/jobs", headers=auth).json()["data"]) == before

@@ -157,3 +157,47 @@ def test_continued_pretraining_lowers_held_out_perplexity(tmp_path: Path, tiny_m
     windows = sum(len(tokenize_text(line["text"], tokenizer, max_seq_length=64)) for line in train)
     assert windows > len(train)
     assert reporter.events("metrics")[0]["data"]["total_steps"] == 3 * math.ceil(windows / 8)
+
+
+def test_a_full_fine_tune_trains_every_weight_resumes_exactly_and_loads_in_transformers(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from tuneforge.demo.dataset import demo_examples
+
+    options = {"training": demo_examples(n_keys=12),
+               "hyperparameters": {"n_epochs": 4, "batch_size": 4, "micro_batch_size": 2, "learning_rate": 2e-3},
+               "checkpoint": {"every_steps": 3}}
+    whole, store = stage_job(tmp_path / "whole", tiny_model_dir, **options)
+    whole = replace(whole, training_type="full")
+    reference = RecordingReporter()
+    assert run_attempt(whole, store, reference) == TrainerExit.SUCCESS, reference.reports[-3:]
+    [result] = reference.of_kind("result")
+    assert result["adapter_prefix"].endswith("/artifacts/model")
+    step3 = layout.checkpoint_prefix(whole.tenant_id, whole.job_id, 9)
+    assert store.exists(f"{step3}/model.safetensors") and not store.exists(f"{step3}/adapter_model.safetensors")
+
+    first, store2 = stage_job(tmp_path / "split", tiny_model_dir, extra={"stop_after_step": 7}, **options)
+    first = replace(first, training_type="full")
+    interrupted = RecordingReporter()
+    assert run_attempt(first, store2, interrupted) == TrainerExit.PREEMPTED
+    resumed = RecordingReporter(attempt=2)
+    assert run_attempt(next_attempt(first), store2, resumed) == TrainerExit.SUCCESS
+
+    def losses(r):
+        return {e["data"]["step"]: e["data"]["train_loss"] for e in r.events("metrics")}
+
+    assert {**losses(interrupted), **losses(resumed)} == losses(reference)
+
+    local = tmp_path / "model"
+    store.download_prefix(result["adapter_prefix"], local)
+    trained = AutoModelForCausalLM.from_pretrained(local, dtype=torch.float32).eval()
+    base, tokenizer = load_base_model(tiny_model_dir, torch.device("cpu"))
+    changed = [name for name, tensor in trained.state_dict().items()
+               if not torch.equal(tensor, base.state_dict()[name])]
+    assert len(changed) == len(base.state_dict())  # every weight moved, embeddings and head included
+    other = tmp_path / "model2"
+    store2.download_prefix(result["adapter_prefix"], other)
+    again = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32)
+    assert all(torch.equal(t, again.state_dict()[n]) for n, t in trained.state_dict().items())  # bit-identical
+    assert losses(reference)[max(losses(reference))] < losses(reference)[1] / 2

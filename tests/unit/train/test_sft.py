@@ -206,5 +206,10 @@ def test_prompt_completion_data_trains(tmp_path: Path, tiny_model_dir: Path) -> 
 def test_unsupported_training_type_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
     spec, store = stage_job(tmp_path, tiny_model_dir)
     reporter = RecordingReporter()
-    assert run_attempt(replace(spec, training_type="full"), store, reporter) == TrainerExit.USER_ERROR
+    assert run_attempt(replace(spec, training_type="prefix-tuning"), store, reporter) == TrainerExit.USER_ERROR
     assert reporter.of_kind("failure")[0]["code"] == "unsupported_method"
+    # QLoRA on a trainer without a CUDA GPU: a user error that says why, not a crash
+    qlora = RecordingReporter()
+    assert run_attempt(replace(spec, training_type="qlora"), store, qlora) == TrainerExit.USER_ERROR
+    [failure] = qlora.of_kind("failure")
+    assert failure["code"] == "unsupported_method" and "CUDA" in failure["message"]

@@ -205,7 +205,7 @@ def list_checkpoints(
 @router.get("/{job_id}/download")
 def download(
     job_id: str,
-    artifact: str = "adapter",
+    artifact: str | None = None,
     step: int | None = Query(default=None, ge=0),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,

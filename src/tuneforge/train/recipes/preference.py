@@ -32,6 +32,7 @@ model prefers (DPO: a larger reward; ORPO: a larger mean log-probability).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -173,12 +174,16 @@ class PreferenceObjective(Objective):
             cached = np.load(io.BytesIO(run.store.get_bytes(key)))
             if cached.shape == (len(pairs), 2):
                 return cached
-        values = np.zeros((len(pairs), 2), dtype=np.float64)
         model = run.model
+        adapter = hasattr(model, "disable_adapter")
+        if not adapter and run.state.step > 0:  # a full fine-tune can only score the reference before it moves
+            raise RuntimeError(f"the reference log-probabilities at {key} are gone and the weights have been "
+                               "trained since: they cannot be recomputed")
+        values = np.zeros((len(pairs), 2), dtype=np.float64)
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), model.disable_adapter():
+            with torch.no_grad(), (model.disable_adapter() if adapter else contextlib.nullcontext()):
                 for chunk in self.chunks(pairs, run.spec.hyperparameters):
                     logps = self._logps(model, chunk, run).sums
                     for n, pair in enumerate(chunk):

@@ -80,7 +80,8 @@ from tuneforge.train.batches import (
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob
 from tuneforge.train.telemetry import step_telemetry
 from tuneforge.train.model import (
-    build_lora_model,
+    is_adapter,
+    prepare_trainable,
     fetch_base_model,
     load_base_model,
     trainable_parameters,
@@ -232,7 +233,7 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
 
     # ------------------------------------------------------------------ load
     base_dir = fetch_base_model(store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
-    model, tokenizer = load_base_model(base_dir, device)
+    model, tokenizer = load_base_model(base_dir, device, quantize_4bit=spec.training_type == "qlora")
     threads = configure_threads(device, model.num_parameters(), spec.extra.get("cpu_threads"))
     reporter.report("events", message_event(
         f"attempt {spec.attempt} started on {device.type}",
@@ -244,7 +245,7 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
         objective.load(store, spec.validation_file, tokenizer, hp, label="validation", base_model_sha256=base_sha)
         if spec.validation_file else []
     )
-    model = build_lora_model(model, spec.lora, seed=spec.seed)
+    model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed)
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
@@ -580,8 +581,12 @@ def save_final(run: Run) -> TrainerExit:
     last = state.history[-1]
     if run.valid_set and last["valid_loss"] is None:
         last["valid_loss"], last["valid_mean_token_accuracy"] = validate(run)
-    adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
-    upload_adapter(run, adapter_prefix)
+    if is_adapter(run.model):
+        adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
+        upload_adapter(run, adapter_prefix)
+    else:
+        adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "model")
+        upload_full_model(run, adapter_prefix)
     results_key = layout.results_key(spec.tenant_id, spec.job_id)
     run.store.put_bytes(results_key, results_csv(state.history))
     metrics = {**checkpoint_metrics(last), "steps": state.step}
@@ -601,6 +606,15 @@ def upload_adapter(run: Run, adapter_prefix: str) -> list[str]:
         run.model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
         run.store.delete_prefix(adapter_prefix)
         return run.store.upload_dir(Path(tmp), adapter_prefix)
+
+
+def upload_full_model(run: Run, prefix: str) -> list[str]:
+    """A full fine-tune: weights and tokenizer as `from_pretrained` loads them."""
+    with tempfile.TemporaryDirectory(prefix="tuneforge-model-") as tmp:
+        run.model.save_pretrained(tmp, safe_serialization=True)
+        run.tokenizer.save_pretrained(tmp)
+        run.store.delete_prefix(prefix)
+        return run.store.upload_dir(Path(tmp), prefix)
 
 
 def results_csv(history: list[dict[str, Any]]) -> bytes:
