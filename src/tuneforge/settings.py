@@ -65,7 +65,9 @@ class Settings(BaseSettings):
     scheduler_aging_s: float = Field(
         default=43200.0, description="Queue aging: waiting this long is worth one tier (no job starves).")
     premium_target_wait_s: float = Field(
-        default=300.0, description="A premium job that would wait longer preempts lower-tier work (checkpoint, requeue)."
+        default=300.0,
+        description="A premium job that would wait longer preempts lower-tier work (checkpoint, requeue).",
+    )
     lease_timeout_s: float = Field(
         default=60.0, description="An attempt whose last heartbeat is older than this is lost."
     )
