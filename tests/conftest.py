@@ -27,9 +27,16 @@ from tests.helpers.s3 import S3Storage
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A test that needs the S3 server is marked so that `-m "not s3"` skips it.
+    postgres_pass = bool(os.environ.get(postgres.POSTGRES_URL_ENV))
     for item in items:
-        if "s3_endpoint" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "s3_endpoint" in fixtures:
             item.add_marker(pytest.mark.s3)
+        # The PostgreSQL pass exists for what the database does: a test that never asks
+        # for a database (no `database_url` among its fixtures, directly or through
+        # others) gives the same result there and ran in the SQLite pass already.
+        if postgres_pass and "database_url" not in fixtures:
+            item.add_marker(pytest.mark.skip(reason="uses no database: covered by the SQLite pass"))
 
 
 @pytest.fixture

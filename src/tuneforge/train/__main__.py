@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, preempted)
     code = _main(args.spec, stop)
-    _write_exit_file(args.spec, code)
+    if os.environ.get("TUNEFORGE_RANK", "0") == "0":  # rank 0 speaks for a multi-process attempt
+        _write_exit_file(args.spec, code)
     return code
 
 
@@ -86,8 +87,29 @@ def _main(spec_path: str, stop: threading.Event) -> int:
     if stop.is_set():
         log.info("a preemption notice came during start-up")
 
+    from tuneforge.train import distributed
+    from tuneforge.train.reporter import SilentReporter
+    from tuneforge.train.runner import run_attempt
+
+    rank, world = distributed.rank_from_env()
+    if rank > 0:  # a worker rank of a multi-process attempt: train, say nothing
+        return int(run_attempt(spec, _open_store(spec), SilentReporter(), stop))
+    workers = distributed.launch_workers(spec_path, spec.gpus) if spec.gpus > 1 and world == 1 else []
+    try:
+        return _run_reporting(spec, stop)
+    finally:
+        distributed.stop_workers(workers)
+
+
+def _open_store(spec: JobSpec):  # noqa: ANN202
     from tuneforge.settings import Settings
     from tuneforge.storage.store import open_store
+
+    return open_store(spec.storage_url, Settings(storage_url=spec.storage_url).storage_options())
+
+
+def _run_reporting(spec: JobSpec, stop: threading.Event) -> int:
+    """Run the attempt with reports to the control plane, delivered before exiting."""
     from tuneforge.train.reporter import HttpReporter
     from tuneforge.train.runner import run_attempt
 
@@ -97,7 +119,7 @@ def _main(spec_path: str, stop: threading.Event) -> int:
     ).start()
     code = TrainerExit.PLATFORM_ERROR
     try:
-        store = open_store(spec.storage_url, Settings(storage_url=spec.storage_url).storage_options())
+        store = _open_store(spec)
         code = run_attempt(spec, store, reporter, stop)
     except Exception:  # the store itself could not be opened
         log.exception("cannot open the object store %s", spec.storage_url)

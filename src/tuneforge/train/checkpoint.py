@@ -207,7 +207,8 @@ def _full_weights(model: Any) -> dict[str, torch.Tensor]:
 
 
 def pack_training_state(
-    model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, trainer_state: dict[str, Any]
+    model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, trainer_state: dict[str, Any],
+    rng_states: list[dict[str, Any]] | None = None,
 ) -> dict[str, bytes]:
     """The checkpoint files of a model in training: the adapter of a PEFT model, or
     (full fine-tune) every weight; then optimizer, schedule, RNG and trainer state."""
@@ -227,13 +228,15 @@ def pack_training_state(
         **weights,
         OPTIMIZER: torch_bytes(optimizer.state_dict()),
         SCHEDULER: torch_bytes(scheduler.state_dict()),
-        RNG_STATE: torch_bytes(capture_rng_state()),
+        # one process: its RNG state; several (data parallel): every rank's, in rank order
+        RNG_STATE: torch_bytes(capture_rng_state() if rng_states is None else {"ranks": rng_states}),
         TRAINER_STATE: json.dumps(trainer_state, sort_keys=True).encode(),
     }
 
 
 def restore_training_state(
-    files: Mapping[str, bytes], model: Any, optimizer: torch.optim.Optimizer, scheduler: Any
+    files: Mapping[str, bytes], model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0,
+    world: int = 1,
 ) -> dict[str, Any]:
     """Load a checkpoint's files into the live objects; returns the trainer state."""
     if MODEL_WEIGHTS in files:
@@ -252,5 +255,11 @@ def restore_training_state(
             raise ValueError(f"checkpoint adapter does not fit the model: {unexpected[:3]}")
     optimizer.load_state_dict(torch_from_bytes(files[OPTIMIZER]))
     scheduler.load_state_dict(torch_from_bytes(files[SCHEDULER]))
-    restore_rng_state(torch_from_bytes(files[RNG_STATE]))
+    rng = torch_from_bytes(files[RNG_STATE])
+    if "ranks" in rng or world > 1:
+        ranks = rng.get("ranks", [rng])
+        if len(ranks) != world:
+            raise ValueError(f"checkpoint was written by {len(ranks)} process(es); this attempt runs {world}")
+        rng = ranks[rank]
+    restore_rng_state(rng)
     return json.loads(files[TRAINER_STATE])

@@ -84,6 +84,30 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"unknown report kind {kind!r}; expected one of {REPORT_KINDS}")
 
 
+class SilentReporter:
+    """The reporter of ranks 1..N-1 of a multi-process attempt: rank 0 speaks for the group."""
+
+    fenced = False
+    stop_requested = False
+
+    def __init__(self) -> None:
+        self._seq = 0
+
+    def report(self, kind: str, body: dict[str, Any]) -> int:
+        _check_kind(kind)
+        self._seq += 1
+        return self._seq
+
+    def progress(self, step: int, total_steps: int) -> None:
+        pass
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
 class RecordingReporter:
     """Keeps every report in `reports`; `stop_at_step` / `fence_at_step` script the control plane."""

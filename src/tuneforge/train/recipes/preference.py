@@ -192,7 +192,8 @@ class PreferenceObjective(Objective):
             model.train(was_training)
         buffer = io.BytesIO()
         np.save(buffer, values)
-        run.store.put_bytes(key, buffer.getvalue())
+        if run.dist.main:  # every rank computed the same values; one writes them
+            run.store.put_bytes(key, buffer.getvalue())
         log.info("reference log-probabilities of %d pairs computed (adapter off), kept at %s", len(pairs), key)
         return values
 

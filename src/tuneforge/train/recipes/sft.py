@@ -67,6 +67,7 @@ from tuneforge.domain.spec import Hyperparameters, JobSpec
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import checkpoint as ckpt
+from tuneforge.train import distributed
 from tuneforge.train.batches import (
     MicroBatch,
     collate,
@@ -125,6 +126,7 @@ class Run:
     device: torch.device
     total_steps: int
     objective: Objective = None  # type: ignore[assignment] - set by run_sft
+    dist: distributed.Dist = field(default_factory=distributed.Dist)
     state: TrainerState = field(default_factory=TrainerState)
     last_checkpoint_step: int = -1
     last_checkpoint_time: float = field(default_factory=time.monotonic)
@@ -229,7 +231,18 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
     if hp.lr_scheduler_type not in LR_SCHEDULES:
         raise ValueError(f"unknown lr_scheduler_type {hp.lr_scheduler_type!r}")
     seed_everything(spec.seed)
-    device = pick_device(spec.gpus)
+    rank, _world = distributed.rank_from_env()
+    device = pick_device(spec.gpus, rank)
+    dist = distributed.join(device)
+    try:
+        return _train(spec, store, reporter, stop, objective, device, dist)
+    finally:
+        dist.close()
+
+
+def _train(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event, objective: Objective,
+           device: torch.device, dist: distributed.Dist) -> TrainerExit:
+    hp = spec.hyperparameters
 
     # ------------------------------------------------------------------ load
     base_dir = fetch_base_model(store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
@@ -240,18 +253,24 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
         data={"device": device.type, "threads": threads, "base_model_parameters": model.num_parameters()},
     ))
     base_sha = spec.base_model.sha256
+    if not dist.main:  # rank 0 tokenizes first and caches; the others then read its cache
+        dist.barrier()
     train_set = objective.load(store, spec.training_file, tokenizer, hp, label="training", base_model_sha256=base_sha)
     valid_set = (
         objective.load(store, spec.validation_file, tokenizer, hp, label="validation", base_model_sha256=base_sha)
         if spec.validation_file else []
     )
+    if dist.main:
+        dist.barrier()
     model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed)
+    if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
+        seed_everything(spec.seed * 1009 + 7919 * dist.rank)
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(hp, total_steps))
     run = Run(spec, store, reporter, stop, model, tokenizer, optimizer, scheduler, params,
-              train_set, valid_set, device, total_steps, objective=objective)
+              train_set, valid_set, device, total_steps, objective=objective, dist=dist)
     run.state = resume_or_start(run)
     objective.prepare(run)
 
@@ -282,8 +301,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(gpus: int) -> torch.device:
-    return torch.device("cuda") if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+def pick_device(gpus: int, rank: int = 0) -> torch.device:
+    return torch.device("cuda", rank) if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
 
 
 # Below this size an op is too small to split across threads: one thread runs
@@ -340,11 +359,13 @@ def resume_or_start(run: Run) -> TrainerState:
     found = ckpt.latest_valid_checkpoint(run.store, root)
     if found is None:
         broken = ckpt.checkpoint_dirs(run.store, root)
-        if broken:
+        if broken and run.dist.main:
             ckpt.delete_checkpoints_after(run.store, root, -1)
             _report_skipped(run, [step for step, _ in broken], None)
+        run.dist.barrier()  # no rank may still be reading what rank 0 deletes
         return TrainerState(num_examples=len(run.train_set))
-    state = TrainerState(**ckpt.restore_training_state(found.files, run.model, run.optimizer, run.scheduler))
+    state = TrainerState(**ckpt.restore_training_state(found.files, run.model, run.optimizer, run.scheduler,
+                                                       run.dist.rank, run.dist.world))
     if state.num_examples != len(run.train_set):
         raise RuntimeError(
             f"checkpoint {found.prefix} was trained on {state.num_examples} examples, "
@@ -352,7 +373,9 @@ def resume_or_start(run: Run) -> TrainerState:
         )
     # Newer folders failed to verify; a fresh checkpoint at their step must not meet their leftovers.
     skipped = [step for step, _ in ckpt.checkpoint_dirs(run.store, root) if step > found.step]
-    ckpt.delete_checkpoints_after(run.store, root, found.step)
+    run.dist.barrier()
+    if run.dist.main:
+        ckpt.delete_checkpoints_after(run.store, root, found.step)
     if skipped:
         _report_skipped(run, skipped, found.step)
     run.last_checkpoint_step = found.step
@@ -384,6 +407,13 @@ def ensure_current(run: Run) -> None:
 
 
 def stop_reason(run: Run) -> str | None:
+    reason = _local_stop_reason(run)
+    if run.dist.enabled and run.dist.any(reason is not None) and reason is None:
+        return "preempted"  # another rank was told to stop: the group stops together
+    return reason
+
+
+def _local_stop_reason(run: Run) -> str | None:
     if run.stop.is_set():
         return "preempted"
     if run.reporter.stop_requested:
@@ -417,8 +447,9 @@ def rewind(run: Run, mark: StepMark) -> None:
 def train_step(run: Run, indices: list[int]) -> StepStats:
     hp = run.spec.hyperparameters
     started = time.perf_counter()
-    examples = [run.train_set[index] for index in indices]
-    step_units = max(1, run.objective.units(examples))
+    step = [run.train_set[index] for index in indices]
+    step_units = max(1, run.objective.units(step))  # of the whole step, whichever rank scores which example
+    examples = run.dist.share(step)
     loss_sum, correct, counted, num_tokens, num_slots = 0.0, 0, 0, 0, 0
     chunks = run.objective.chunks(examples, hp)
     oom_above = run.spec.extra.get("simulate_oom_above_micro_batch")
@@ -439,8 +470,14 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
         if run.spec.extra.get("preempt_during_step") == run.state.step + 1 and done == 0:
             run.stop.requested_at = time.monotonic()  # type: ignore[attr-defined]
             run.stop.set()
-        if run.stop.is_set() and done + 1 < len(chunks) and _would_overrun(run, started, done + 1, len(chunks)):
-            raise StepAbandoned()
+        if run.stop.is_set() and not run.dist.enabled and done + 1 < len(chunks) and \
+                _would_overrun(run, started, done + 1, len(chunks)):
+            raise StepAbandoned()  # (a group of ranks always finishes its step together)
+    if run.dist.enabled:
+        run.dist.all_reduce_gradients(run.params)
+        loss_sum, correct, counted, num_tokens, num_slots = run.dist.sum(
+            [loss_sum, correct, counted, num_tokens, num_slots])
+        correct, counted, num_tokens, num_slots = int(correct), int(counted), int(num_tokens), int(num_slots)
     max_norm = hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
     if not math.isfinite(grad_norm):
@@ -517,6 +554,7 @@ def finish_step(run: Run, stats: StepStats) -> None:
     checkpoint_due = (policy.every_steps > 0 and state.step % policy.every_steps == 0) or (
         policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60)
     checkpoint_due = checkpoint_due and state.bad_steps == 0  # never save a state that may be diverging
+    checkpoint_due = run.dist.any(checkpoint_due)  # clocks differ between ranks: one decides for all
     if checkpoint_due and run.valid_set:
         row["valid_loss"], row["valid_mean_token_accuracy"] = validate(run)
     state.history.append(row)
@@ -549,11 +587,14 @@ def save_checkpoint(run: Run) -> str:
     ensure_current(run)  # a fenced attempt must not overwrite the current attempt's checkpoints
     spec, state = run.spec, run.state
     prefix = layout.checkpoint_prefix(spec.tenant_id, spec.job_id, state.step)
-    files = ckpt.pack_training_state(run.model, run.optimizer, run.scheduler, asdict(state))
-    ckpt.write_checkpoint(run.store, prefix, files, step=state.step)
-    ckpt.prune_checkpoints(
-        run.store, layout.checkpoints_prefix(spec.tenant_id, spec.job_id), spec.checkpoint.keep_last
-    )
+    rng_states = run.dist.gather(ckpt.capture_rng_state()) if run.dist.enabled else None
+    if run.dist.main:
+        files = ckpt.pack_training_state(run.model, run.optimizer, run.scheduler, asdict(state), rng_states)
+        ckpt.write_checkpoint(run.store, prefix, files, step=state.step)
+        ckpt.prune_checkpoints(
+            run.store, layout.checkpoints_prefix(spec.tenant_id, spec.job_id), spec.checkpoint.keep_last
+        )
+    run.dist.barrier()
     run.last_checkpoint_step = state.step
     run.last_checkpoint_time = time.monotonic()
     run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "metrics": checkpoint_metrics(state.history[-1])})
@@ -581,6 +622,8 @@ def save_final(run: Run) -> TrainerExit:
     last = state.history[-1]
     if run.valid_set and last["valid_loss"] is None:
         last["valid_loss"], last["valid_mean_token_accuracy"] = validate(run)
+    if not run.dist.main:  # rank 0 writes the artifacts and reports
+        return TrainerExit.SUCCESS
     if is_adapter(run.model):
         adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
         upload_adapter(run, adapter_prefix)

@@ -1,0 +1,484 @@
+"""Peak training memory of a fine-tuning job, predicted from the model's config.
+
+Pure Python (no torch): the control plane uses it to size GPU requests and to
+pick the "auto" micro-batch, long before any trainer runs. The model of memory
+is written out in `estimate` and in docs/memory.md, which also compares it with
+peak memory measured on a CPU (tests/unit/train/test_memory_estimate.py).
+
+Scope: dense decoder-only transformers with a gated MLP and rotary attention
+(Llama, Mistral, Qwen2 and their relatives) trained the way tuneforge's trainer
+trains them: PEFT LoRA on a frozen base, LoRA on a 4-bit NF4 base (QLoRA), or
+every weight; micro-batches of `micro_batch_size` rows of at most `seq_len`
+tokens (packed rows fill `seq_len`; right-padded rows are at most that long);
+next-token cross-entropy on fp32 logits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+TRAINING_TYPES = ("lora", "qlora", "full")
+OPTIMIZERS = ("adamw", "adamw_pure", "adamw_8bit", "sgd")
+ATTENTION = ("sdpa", "eager", "flash")
+DEVICES = ("cuda", "cpu")
+
+# Linear layers of one decoder layer, by the leaf names PEFT targets ("all-linear" = all of them).
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# NF4 with double quantization: 4 bits a weight, one 8-bit absmax per 64-weight block and one
+# fp32 scale per 256 such blocks (bitsandbytes' defaults, what the trainer asks for).
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+# What a process needs besides its tensors. CUDA: the context, cuBLAS/cuDNN workspaces and
+# NCCL buffers — about 0.5-1 GiB on current GPUs (assumed, not measured here: no GPU).
+# CPU: autograd engine, oneDNN scratch space, allocator slack of small tensors; measured on
+# the test machine (docs/memory.md) as the peak of a run whose tensors are all negligible.
+RUNTIME_OVERHEAD_BYTES = {"cuda": 1 * GIB, "cpu": 16 * MIB}
+
+# Bytes of the fp32 buffers alive at the loss, per logit (see `estimate`).
+LOSS_BYTES_PER_LOGIT = 12
+
+
+class DoesNotFit(ValueError):
+    """The job cannot fit however many GPUs (or however small a micro-batch) it gets."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that memory depends on."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    head_dim: int | None = None  # hidden_size // num_attention_heads when the config has none
+    attention_bias: bool = False  # biases on q, k, v and o (Llama's `attention_bias`)
+    qkv_bias: bool = False  # biases on q, k and v only (Qwen2)
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelShape:
+        """From a Hugging Face config.json (as a dict). A multimodal config's `text_config` is
+        used when present. Mixture-of-experts configs are refused (ValueError): their expert
+        layers are not modelled here."""
+        if isinstance(config.get("text_config"), dict):
+            config = {**config["text_config"], **{k: v for k, v in config.items() if k == "tie_word_embeddings"}}
+        if any(config.get(key) for key in ("num_local_experts", "num_experts", "n_routed_experts")):
+            raise ValueError("mixture-of-experts models are not covered by the memory model")
+        missing = [key for key in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                   "num_attention_heads", "vocab_size") if not config.get(key)]
+        if missing:
+            raise ValueError(f"config.json lacks {', '.join(missing)}")
+        heads = int(config["num_attention_heads"])
+        model_type = str(config.get("model_type", ""))
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            intermediate_size=int(config["intermediate_size"]),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            vocab_size=int(config["vocab_size"]),
+            # transformers' Llama/Mistral/Qwen2 configs default to untied heads
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            head_dim=int(config["head_dim"]) if config.get("head_dim") else None,
+            attention_bias=bool(config.get("attention_bias", False)),
+            qkv_bias=model_type.startswith("qwen2"),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+        )
+
+    # -- derived sizes ---------------------------------------------------------------
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.dim_per_head
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.dim_per_head
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of each linear layer of a decoder layer."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {
+            "q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim), "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+        }
+
+    def layer_linear_parameters(self) -> int:
+        """Weights (and biases) of the linear layers of one decoder layer: what 4-bit QLoRA quantizes."""
+        weights = sum(fan_in * fan_out for fan_in, fan_out in self.linear_shapes().values())
+        biases = 0
+        if self.attention_bias:
+            biases += self.q_dim + 2 * self.kv_dim + self.hidden_size
+        elif self.qkv_bias:
+            biases += self.q_dim + 2 * self.kv_dim
+        if self.mlp_bias:
+            biases += 2 * self.intermediate_size + self.hidden_size
+        return weights + biases
+
+    def layer_parameters(self) -> int:
+        return self.layer_linear_parameters() + 2 * self.hidden_size  # + two RMSNorm weights
+
+    def embedding_parameters(self) -> int:
+        """Input embeddings and output head (one matrix when tied)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    def parameters(self) -> int:
+        """Total parameters (tied embeddings counted once), as `model.num_parameters()` counts them."""
+        return (self.num_hidden_layers * self.layer_parameters() + self.embedding_parameters()
+                + self.hidden_size)  # final norm
+
+    def lora_parameters(self, rank: int, targets: str | Sequence[str] = "all-linear") -> int:
+        """Trainable parameters of a LoRA adapter: rank x (in + out) for every adapted linear."""
+        shapes = self.linear_shapes()
+        return self.num_hidden_layers * sum(rank * (shapes[name][0] + shapes[name][1])
+                                            for name in lora_target_names(targets))
+
+
+def lora_target_names(targets: str | Sequence[str]) -> list[str]:
+    """PEFT `target_modules` as leaf names of a decoder layer's linears ('all-linear': every
+    one of them; the output head is never adapted)."""
+    if targets == "all-linear":
+        return list(LINEAR_NAMES)
+    names = [targets] if isinstance(targets, str) else list(targets)
+    unknown = [name for name in names if name not in LINEAR_NAMES]
+    if unknown:
+        raise ValueError(f"unknown LoRA target module(s) {unknown}; known: {', '.join(LINEAR_NAMES)}")
+    return sorted(set(names), key=LINEAR_NAMES.index)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes, by part. `total_bytes` is the predicted peak of one process (one GPU)."""
+
+    weights: int  # the model as loaded (base + adapter), resident before the first step
+    gradients: int  # of the trainable parameters
+    optimizer: int  # optimizer states (+ fp32 master weights in mixed precision)
+    activations: int  # saved for backward by the micro-batch, all layers
+    logits: int  # fp32 buffers at the loss
+    optimizer_step: int  # transient scratch of the optimizer step (when activations are gone)
+    overhead: int  # runtime: CUDA context or CPU runtime, QLoRA dequantization, FSDP gathers
+    parameters: int  # of the base model
+    trainable_parameters: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Weights, gradients, optimizer states and overhead are resident throughout; on top of
+        them the peak is either the micro-batch's activations and loss buffers, or the
+        optimizer step's scratch — whichever is larger (they never coexist)."""
+        return (self.weights + self.gradients + self.optimizer + self.overhead
+                + max(self.activations + self.logits, self.optimizer_step))
+
+    @property
+    def step_bytes(self) -> int:
+        """The peak above the loaded model: what a training step adds to the process."""
+        return self.total_bytes - self.weights
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    training_type: str,
+    micro_batch_size: int,
+    seq_len: int,
+    lora_rank: int = 16,
+    lora_targets: str | Sequence[str] = "all-linear",
+    lora_dropout: float = 0.0,
+    weight_bytes: int = 2,
+    optimizer: str = "adamw",
+    gradient_checkpointing: bool | None = None,
+    attention: str = "sdpa",
+    device: str = "cuda",
+    shards: int = 1,
+) -> MemoryEstimate:
+    """Predicted peak memory of one training process, by part.
+
+    Notation: P base parameters, N trainable parameters (P for a full fine-tune,
+    the adapter's r·Σ(in+out) for LoRA), a = `weight_bytes` (bytes of the
+    compute dtype: 2 for bf16 on a GPU, 4 for fp32 on a CPU), B =
+    `micro_batch_size`, S = `seq_len`, T = B·S tokens, L layers, h hidden size,
+    i intermediate size, q = heads·head_dim, kv = kv_heads·head_dim, H heads,
+    V vocabulary, r LoRA rank, n adapted linears per layer.
+
+    weights      lora/full: P·a; + N·4 for a LoRA adapter (PEFT keeps adapter weights
+                 in fp32 even on a bf16 base). qlora: the linears of every layer in
+                 NF4, ~0.516 byte each (4 bits + absmax constants), embeddings, head
+                 and norms in fp32 (prepare_model_for_kbit_training casts them), + N·4.
+    gradients    lora/qlora: N·4. full: P·a (gradients take the parameters' dtype).
+    optimizer    adamw: two fp32 moments, N·8, and for a full fine-tune in mixed
+                 precision (a < 4) also fp32 master weights, P·4 — 16 bytes a
+                 parameter in all for a full bf16 fine-tune. adamw_pure: the moments
+                 in the parameters' dtype and no master copy (torch.optim.AdamW on
+                 bf16 parameters, what tuneforge's trainer does today on a GPU).
+                 adamw_8bit: N·2 (+ master weights). sgd: nothing.
+    activations  what autograd keeps for the backward pass, per layer and token:
+                   norms      2·4h: each RMSNorm keeps its input in fp32; full: + 2·a·h,
+                              the normalized product (the norm weights train)
+                   attention  a·(2q + 2kv'): rotated queries, keys, values and the
+                              output; kv' = q when keys/values are repeated to every
+                              head (sdpa with a mask, eager), kv for flash-attention
+                   mask       sdpa: a·S (the dense mask as a float bias, B·S·S·a a
+                              layer); eager: 4·H·S (+ a·H·S if a < 4), the softmax of
+                              the B·H·S·S score matrix; flash: nothing
+                   mlp        3·a·i: gate, its SiLU and up
+                   inputs     the inputs of the linears whose weight trains or that
+                              carry an adapter: the attention norm's output a·h (q, k,
+                              v), the MLP norm's output a·h (gate, up) and the MLP
+                              product a·i (down), each kept once — but when a < 4
+                              PEFT casts the input of every adapter to fp32, so each
+                              adapted linear keeps its own copy, 4·in_features
+                   lora       4·n·r, the adapters' r-wide intermediates; + (4+1)·Σin
+                              with LoRA dropout (the dropped-out input and its mask)
+                 times T·L; plus the final norm (4h + a·h, + a·h full), the rotary
+                 tables (2·a·head_dim) per token and the boolean mask B·S·S.
+                 With gradient checkpointing (always on for QLoRA in the trainer)
+                 only each layer's input, a·h per token, is kept, plus one layer's
+                 full activations recomputed during its backward.
+                 (fp32 LoRA on all linears: 16h + 4(2q + 2kv') + 4S + 16i + 28r
+                 bytes a token a layer.)
+    logits       12·T·V: at the loss three fp32 B·S·V buffers are alive — in the
+                 forward the logits, their fp32 (or flattened) copy and the
+                 log-softmax kept for backward; in the backward the log-softmax,
+                 its gradient and the logits' gradient. Often the peak of a small
+                 model with a large vocabulary.
+    optimizer_step  transient scratch of the step: on cuda torch's multi-tensor
+                 AdamW makes one temporary the size of a moment for every
+                 trainable parameter (N·4); on cpu the per-tensor AdamW needs two
+                 of the largest parameter only. Activations are freed by then.
+    overhead     a fixed runtime cost (`RUNTIME_OVERHEAD_BYTES`: ~1 GiB of CUDA
+                 context and workspaces on a GPU; 16 MiB on a CPU, measured); qlora:
+                 + one linear weight dequantized to the compute dtype; sharded
+                 (shards > 1): + two layers' parameters gathered whole (FSDP's
+                 all-gather of the running layer and its prefetch).
+
+    The sum assumes gradients of an earlier micro-batch are alive during the next
+    forward pass (gradient accumulation > 1). With a single micro-batch per step
+    it overstates the peak by up to `gradients` (a full fine-tune's P·a).
+
+    `shards` > 1 divides weights, gradients, optimizer states and the optimizer
+    step's scratch among that many GPUs, as FSDP (ZeRO-3) does; activations and
+    logits are per GPU and do not shrink. `gradient_checkpointing=None` follows
+    the trainer: on for QLoRA, off otherwise.
+    """
+    _check_choice("training_type", training_type, TRAINING_TYPES)
+    _check_choice("optimizer", optimizer, OPTIMIZERS)
+    _check_choice("attention", attention, ATTENTION)
+    _check_choice("device", device, DEVICES)
+    if micro_batch_size < 1 or seq_len < 1 or shards < 1:
+        raise ValueError("micro_batch_size, seq_len and shards must be at least 1")
+    if gradient_checkpointing is None:
+        gradient_checkpointing = training_type == "qlora"
+
+    a = weight_bytes
+    h, i, L = shape.hidden_size, shape.intermediate_size, shape.num_hidden_layers
+    H, head_dim = shape.num_attention_heads, shape.dim_per_head
+    q, kv = shape.q_dim, shape.kv_dim
+    B, S = micro_batch_size, seq_len
+    T = B * S
+    P = shape.parameters()
+    full = training_type == "full"
+    adapter = not full
+    targets = lora_target_names(lora_targets) if adapter else []
+    N = P if full else shape.lora_parameters(lora_rank, targets)
+    mixed = a < 4
+
+    # -- resident state -----------------------------------------------------------------
+    if training_type == "qlora":
+        quantized = L * shape.layer_linear_parameters()
+        weights = quantized * NF4_BYTES_PER_PARAM + (P - quantized) * 4 + N * 4
+    elif training_type == "lora":
+        weights = P * a + N * 4
+    else:
+        weights = P * a
+    gradients = N * (a if full else 4)
+    param_bytes = a if full else 4  # the trainable parameters' dtype
+    master = P * 4 if (full and mixed and optimizer in ("adamw", "adamw_8bit")) else 0
+    optimizer_bytes = {
+        "adamw": N * 8 + master,
+        "adamw_pure": N * 2 * param_bytes,
+        "adamw_8bit": N * 2 + master,
+        "sgd": 0,
+    }[optimizer]
+    if optimizer == "sgd":
+        step_scratch = 0
+    elif device == "cuda":
+        step_scratch = N * (4 if optimizer != "adamw_pure" else param_bytes)
+    else:
+        largest = max(max(f_in * f_out for f_in, f_out in shape.linear_shapes().values()),
+                      h * shape.vocab_size)
+        if not full:  # the largest LoRA matrix, r x in or out x r
+            largest = max(max(shape.linear_shapes()[name]) for name in targets) * lora_rank
+        step_scratch = 2 * largest * param_bytes  # sqrt of the second moment, then its scaled copy
+
+    # -- activations, per token -------------------------------------------------------------
+    kv_saved = kv if attention == "flash" else q  # a mask makes sdpa repeat keys/values to every head
+    norms = 2 * 4 * h + (2 * a * h if full else 0)  # fp32 inputs; the normalized products when norms train
+    attn = a * (2 * q + 2 * kv_saved)  # rotated q, k', v', attention output
+    if attention == "sdpa":
+        attn += a * S
+    elif attention == "eager":
+        attn += 4 * H * S + (a * H * S if mixed else 0)
+    mlp = 3 * a * i  # gate, SiLU(gate), up
+    # Inputs of the linear layers, kept when the layer's weight trains or it carries an adapter:
+    # once (shared) in the compute dtype, or one fp32 copy per adapter when PEFT casts them.
+    # The attention output is kept by the attention itself already (counted above).
+    lora = 0
+    inputs = 0
+    shapes = shape.linear_shapes()
+    for tensor, size, consumers in (("norm1", h, ("q_proj", "k_proj", "v_proj")), ("attn", q, ("o_proj",)),
+                                    ("norm2", h, ("gate_proj", "up_proj")), ("mlp", i, ("down_proj",))):
+        adapted = [name for name in consumers if name in targets]
+        if full or (adapted and not mixed):
+            inputs += 0 if tensor == "attn" else a * size
+        elif adapted:
+            inputs += 4 * size * len(adapted)
+    if adapter:
+        lora = 4 * len(targets) * lora_rank  # each adapter's r-wide intermediate
+        if lora_dropout > 0:  # a dropped-out copy of the input and its mask, per adapter
+            lora += ((4 if mixed else a) + 1) * sum(shapes[name][0] for name in targets)
+    per_layer = norms + attn + mlp + inputs + lora
+    # final norm (its fp32 input, its output for the head) and the rotary cos/sin tables
+    model_level = 4 * h + a * h + (a * h if full else 0) + 2 * a * head_dim
+    mask_bytes = 0 if attention == "flash" else B * S * S
+    if gradient_checkpointing:
+        activations = T * (L * a * h + per_layer + model_level) + mask_bytes
+    else:
+        activations = T * (L * per_layer + model_level) + mask_bytes
+    logits = LOSS_BYTES_PER_LOGIT * T * shape.vocab_size
+
+    # -- runtime ---------------------------------------------------------------------------
+    overhead = RUNTIME_OVERHEAD_BYTES[device]
+    if training_type == "qlora":
+        overhead += max(f_in * f_out for f_in, f_out in shape.linear_shapes().values()) * a
+    if shards > 1:
+        per_layer_weights = shape.layer_parameters() * (NF4_BYTES_PER_PARAM if training_type == "qlora" else a)
+        overhead += 2 * int(per_layer_weights)
+        weights, gradients = weights / shards, gradients / shards
+        optimizer_bytes, step_scratch = optimizer_bytes / shards, step_scratch / shards
+
+    return MemoryEstimate(
+        weights=int(math.ceil(weights)), gradients=int(math.ceil(gradients)),
+        optimizer=int(math.ceil(optimizer_bytes)), activations=int(activations), logits=int(logits),
+        optimizer_step=int(math.ceil(step_scratch)), overhead=int(overhead),
+        parameters=P, trainable_parameters=N,
+    )
+
+
+class MicroBatchChoice(tuple):
+    """`(micro_batch_size, gradient_accumulation_steps)`, unpackable like a pair, with
+    `fits` (False when even a micro-batch of 1 exceeds the budget) and the `estimate`
+    of the chosen micro-batch."""
+
+    fits: bool
+    estimate: MemoryEstimate
+
+    def __new__(cls, micro_batch_size: int, accumulation_steps: int, fits: bool,
+                memory: MemoryEstimate) -> MicroBatchChoice:
+        choice = super().__new__(cls, (micro_batch_size, accumulation_steps))
+        choice.fits = fits
+        choice.estimate = memory
+        return choice
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self[0]
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self[1]
+
+
+def choose_micro_batch(
+    shape: ModelShape,
+    *,
+    training_type: str,
+    seq_len: int,
+    memory_bytes: int,
+    batch_size: int,
+    headroom: float = 0.9,
+    max_micro_batch: int | None = None,
+    **kw,
+) -> MicroBatchChoice:
+    """The largest micro-batch whose estimate fits in `headroom`·`memory_bytes`, and the
+    gradient accumulation steps that make up `batch_size`: micro × accumulation ==
+    batch_size always.
+
+    Candidates are the divisors of `batch_size` (at most `max_micro_batch`), so the
+    effective batch the tenant asked for is kept exactly and no micro-batch is ragged.
+    For the power-of-two batch sizes "auto" picks every power of two below is a
+    candidate, so nothing is lost; an awkward batch size (a prime, say 7) only has 7
+    and 1, and gets 1 × 7 when 7 does not fit — slower, never a different batch.
+
+    When even a micro-batch of 1 does not fit, the answer is (1, batch_size) with
+    `fits` False: the caller should ask for more memory (more GPUs, `gpus_needed`),
+    shorter sequences or gradient checkpointing rather than start a job bound to run
+    out of memory. `kw` goes to `estimate` (lora_rank, weight_bytes, ...).
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    budget = headroom * memory_bytes
+    limit = min(batch_size, max_micro_batch or batch_size)
+    divisors = [m for m in range(limit, 0, -1) if batch_size % m == 0]
+    for micro in divisors:
+        memory = estimate(shape, training_type=training_type, micro_batch_size=micro, seq_len=seq_len, **kw)
+        if memory.total_bytes <= budget:
+            return MicroBatchChoice(micro, batch_size // micro, True, memory)
+    return MicroBatchChoice(1, batch_size, False, memory)
+
+
+def gpus_needed(
+    shape: ModelShape,
+    *,
+    training_type: str,
+    seq_len: int,
+    gpu_memory_bytes: int,
+    headroom: float = 0.9,
+    max_gpus: int = 1024,
+    **kw,
+) -> int:
+    """The smallest power of two of GPUs on which the job fits at micro-batch 1.
+
+    One GPU holds the whole estimate. Several shard the model as FSDP (ZeRO-3) does:
+    weights, gradients and optimizer states (and the optimizer step's scratch) split
+    evenly, activations and loss buffers of a micro-batch of 1 on every GPU, plus two
+    layers gathered whole. Sharding applies to every training type — it is the only
+    way a base model larger than one GPU can be trained with LoRA too.
+
+    Raises `DoesNotFit` when `max_gpus` are not enough, e.g. when one sequence's
+    activations alone exceed a GPU (more GPUs do not shrink them; gradient
+    checkpointing or a shorter `seq_len` does). `kw` goes to `estimate`.
+    """
+    kw.pop("micro_batch_size", None)
+    budget = headroom * gpu_memory_bytes
+    gpus = 1
+    while gpus <= max_gpus:
+        memory = estimate(shape, training_type=training_type, micro_batch_size=1, seq_len=seq_len,
+                          shards=gpus, **kw)
+        if memory.total_bytes <= budget:
+            return gpus
+        gpus *= 2
+    raise DoesNotFit(
+        f"{training_type} training at seq_len {seq_len} needs more than {max_gpus} GPUs of "
+        f"{gpu_memory_bytes / GIB:.0f} GiB (at {max_gpus}: {memory.total_bytes / GIB:.1f} GiB a GPU)"
+    )
