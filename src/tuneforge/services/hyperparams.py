@@ -155,8 +155,18 @@ def resolve(
     )
 
 
-def resolve_lora(training_type: TrainingType) -> LoraConfig:
-    rank = int(_auto(training_type.rank, 8))
+def default_lora_rank(num_parameters: int | None) -> int:
+    """Bigger models get more adapter capacity: 8 below 1B parameters, 16 up to 15B,
+    32 up to 40B, 64 above (alpha follows as 2 x rank)."""
+    size = num_parameters or 0
+    for limit, rank in ((1e9, 8), (15e9, 16), (40e9, 32)):
+        if size < limit:
+            return rank
+    return 64
+
+
+def resolve_lora(training_type: TrainingType, num_parameters: int | None = None) -> LoraConfig:
+    rank = int(_auto(training_type.rank, default_lora_rank(num_parameters)))
     if not 1 <= rank <= 1024:
         raise invalid("training_type.rank must be between 1 and 1024", param="training_type.rank")
     alpha = float(_auto(training_type.alpha, 2 * rank))

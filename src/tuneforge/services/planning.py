@@ -69,7 +69,7 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobC
         train_examples=prepared.train_examples, n_epochs=resolved_hp.n_epochs,
         batch_size=resolved_hp.batch_size, training_type=training_type.type, gpus=resources["gpus"],
     )
-    return Plan(prepared, resolved_hp, hyperparams.resolve_lora(training_type), data, estimate, resources)
+    return Plan(prepared, resolved_hp, hyperparams.resolve_lora(training_type, base.num_parameters), data, estimate, resources)
 
 
 # bytes of GPU memory per parameter: frozen bf16 weights for adapters; weights, gradients and

@@ -151,3 +151,13 @@ def test_models_lists_base_models_in_openai_shape(world):
     assert models.data[0].object == "model"
     with pytest.raises(openai.NotFoundError):
         world.sdk(world.key_a).models.retrieve("ft:nope")
+
+
+def test_the_default_lora_rank_follows_the_model_size():
+    from tuneforge.domain.job_config import TrainingType
+    from tuneforge.services.hyperparams import resolve_lora
+
+    assert [resolve_lora(TrainingType(), n).rank for n in (230_000, 1_200_000_000, 8_000_000_000,
+                                                            34_000_000_000, 70_000_000_000)] == [8, 16, 16, 32, 64]
+    assert resolve_lora(TrainingType(), 70_000_000_000).alpha == 128
+    assert resolve_lora(TrainingType(rank=4), 70_000_000_000).rank == 4  # asked for: kept
