@@ -201,3 +201,28 @@ def test_a_full_fine_tune_trains_every_weight_resumes_exactly_and_loads_in_trans
     again = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32)
     assert all(torch.equal(t, again.state_dict()[n]) for n, t in trained.state_dict().items())  # bit-identical
     assert losses(reference)[max(losses(reference))] < losses(reference)[1] / 2
+
+
+@pytest.mark.parametrize("method", ["dpo", "orpo", "cpt"])
+def test_every_method_also_trains_every_weight(tmp_path: Path, tiny_model_dir: Path, method: str) -> None:
+    """Full fine-tunes of the other methods: DPO's reference is scored before the weights move."""
+    from transformers import AutoModelForCausalLM
+
+    if method == "cpt":
+        train, held_out = domain_text(40, seed=6), domain_text(8, seed=7)
+    else:
+        train, held_out = preference_pairs(32, seed=6), preference_pairs(12, seed=7)
+    spec, store = stage_job(tmp_path, tiny_model_dir, training=train, validation=held_out,
+                            hyperparameters={"n_epochs": 3, "batch_size": 8, "micro_batch_size": 4,
+                                             "learning_rate": 1e-3, "beta": 0.5, "max_seq_length": 96})
+    spec = replace(spec, method=method, training_type="full")
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS, reporter.reports[-3:]
+    [result] = reporter.of_kind("result")
+    store.download_prefix(result["adapter_prefix"], tmp_path / "model")
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32).eval()
+    base, tokenizer = load_base_model(tiny_model_dir, torch.device("cpu"))
+    if method == "cpt":
+        assert _text_loss(trained, tokenizer, held_out, 96) < _text_loss(base.eval(), tokenizer, held_out, 96) - 1.0
+    else:
+        assert mean_margin(trained, tokenizer, held_out) > mean_margin(base.eval(), tokenizer, held_out) + 2.0
