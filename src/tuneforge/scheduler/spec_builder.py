@@ -55,5 +55,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         divergence_patience_steps=int(divergence.get("patience_steps", settings.divergence_patience_steps)),
         divergence_min_increase=float(divergence.get("min_increase", settings.divergence_min_increase)),
         cache_dir=str((settings.home / "cache" / "base-models").resolve()),
-        extra=dict(resolved.get("extra") or {}),
+        extra={**(resolved.get("extra") or {}),
+               **({"gradient_checkpointing": True}
+                  if (resolved.get("resources") or {}).get("gradient_checkpointing") else {})},
     )

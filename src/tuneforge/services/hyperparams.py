@@ -12,6 +12,7 @@ Rules (shown on the job once resolved):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import JobCreate, PreferenceHyperparameters, SupervisedHyperparameters, TrainingType
@@ -118,7 +119,11 @@ def resolve(
     num_examples: int,
     model_max_positions: int | None,
     method: str = "supervised",
+    micro_batch_for: Callable[[int, int], tuple[int, int]] | None = None,
 ) -> Hyperparameters:
+    """`micro_batch_for(batch_size, max_seq_length) -> (micro, accumulation)`: how the
+    "auto" micro-batch is chosen (the planner passes the memory model's choice);
+    without it, the largest divisor of the batch size up to MAX_MICRO_BATCH."""
     n_epochs = int(_auto(hp.n_epochs, _auto_epochs(num_examples)))
     batch_size = int(_auto(hp.batch_size, _auto_batch_size(num_examples)))
     batch_size = max(1, min(batch_size, num_examples))
@@ -129,14 +134,15 @@ def resolve(
         multiplier = learning_rate / base_lr
     else:
         learning_rate = base_lr * multiplier
+    max_seq_length = resolve_max_seq_length(hp, model_max_positions, method)
     if hp.gradient_accumulation_steps not in ("auto", None):
         accumulation = int(hp.gradient_accumulation_steps)
         micro = max(1, batch_size // accumulation)
+    elif micro_batch_for is not None:
+        micro, accumulation = micro_batch_for(batch_size, max_seq_length)
     else:
-        micro = min(batch_size, MAX_MICRO_BATCH)
-        accumulation = math.ceil(batch_size / micro)
-        micro = batch_size // accumulation if batch_size % accumulation == 0 else micro
-    max_seq_length = resolve_max_seq_length(hp, model_max_positions, method)
+        micro = max(m for m in range(1, min(batch_size, MAX_MICRO_BATCH) + 1) if batch_size % m == 0)
+        accumulation = batch_size // micro
     return Hyperparameters(
         n_epochs=n_epochs,
         batch_size=micro * accumulation,

@@ -1,9 +1,10 @@
 """Peak training memory of a fine-tuning job, predicted from the model's config.
 
-Pure Python (no torch): the control plane uses it to size GPU requests and to
-pick the "auto" micro-batch, long before any trainer runs. The model of memory
-is written out in `estimate` and in docs/memory.md, which also compares it with
-peak memory measured on a CPU (tests/unit/train/test_memory_estimate.py).
+Pure Python (no torch), for the control plane: to size a job's GPU request
+(`gpus_needed`) and to pick the "auto" micro-batch (`choose_micro_batch`) long
+before any trainer runs (`services/planning.py`; docs/memory.md). The model of
+memory is written out in `estimate` and in docs/memory.md, which also compares
+it with peak memory measured on a CPU (tests/unit/train/test_memory_estimate.py).
 
 Scope: dense decoder-only transformers with a gated MLP and rotary attention
 (Llama, Mistral, Qwen2 and their relatives) trained the way tuneforge's trainer
@@ -38,7 +39,7 @@ NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 # NCCL buffers — about 0.5-1 GiB on current GPUs (assumed, not measured here: no GPU).
 # CPU: autograd engine, oneDNN scratch space, allocator slack of small tensors; measured on
 # the test machine (docs/memory.md) as the peak of a run whose tensors are all negligible.
-RUNTIME_OVERHEAD_BYTES = {"cuda": 1 * GIB, "cpu": 16 * MIB}
+RUNTIME_OVERHEAD_BYTES = {"cuda": 1 * GIB, "cpu": 14 * MIB}
 
 # Bytes of the fp32 buffers alive at the loss, per logit (see `estimate`).
 LOSS_BYTES_PER_LOGIT = 12
@@ -169,6 +170,7 @@ class MemoryEstimate:
     optimizer: int  # optimizer states (+ fp32 master weights in mixed precision)
     activations: int  # saved for backward by the micro-batch, all layers
     logits: int  # fp32 buffers at the loss
+    backward: int  # a layer's backward: gradients in flight (+ its recomputed activations)
     optimizer_step: int  # transient scratch of the optimizer step (when activations are gone)
     overhead: int  # runtime: CUDA context or CPU runtime, QLoRA dequantization, FSDP gathers
     parameters: int  # of the base model
@@ -176,11 +178,12 @@ class MemoryEstimate:
 
     @property
     def total_bytes(self) -> int:
-        """Weights, gradients, optimizer states and overhead are resident throughout; on top of
-        them the peak is either the micro-batch's activations and loss buffers, or the
-        optimizer step's scratch — whichever is larger (they never coexist)."""
+        """Weights, gradients, optimizer states and overhead are resident throughout. On top of
+        them: the saved activations plus either the loss buffers (at the loss) or a layer's
+        backward (after the loss buffers are freed); or else the optimizer step's scratch —
+        whichever is largest (activations are gone by the optimizer step)."""
         return (self.weights + self.gradients + self.optimizer + self.overhead
-                + max(self.activations + self.logits, self.optimizer_step))
+                + max(self.activations + max(self.logits, self.backward), self.optimizer_step))
 
     @property
     def step_bytes(self) -> int:
@@ -216,7 +219,8 @@ def estimate(
 
     Notation: P base parameters, N trainable parameters (P for a full fine-tune,
     the adapter's r·Σ(in+out) for LoRA), a = `weight_bytes` (bytes of the
-    compute dtype: 2 for bf16 on a GPU, 4 for fp32 on a CPU), B =
+    compute dtype: 2 for bf16 on a GPU, 4 for fp32 on a CPU; for QLoRA the
+    dtype the 4-bit weights are dequantized to), B =
     `micro_batch_size`, S = `seq_len`, T = B·S tokens, L layers, h hidden size,
     i intermediate size, q = heads·head_dim, kv = kv_heads·head_dim, H heads,
     V vocabulary, r LoRA rank, n adapted linears per layer.
@@ -248,13 +252,14 @@ def estimate(
                               product a·i (down), each kept once — but when a < 4
                               PEFT casts the input of every adapter to fp32, so each
                               adapted linear keeps its own copy, 4·in_features
-                   lora       4·n·r, the adapters' r-wide intermediates; + (4+1)·Σin
-                              with LoRA dropout (the dropped-out input and its mask)
+                   lora       4·n·r, the adapters' r-wide intermediates; with LoRA
+                              dropout + (4 + 1)·Σin (a + 1 when a = 4): the
+                              dropped-out input of each adapter and its mask
                  times T·L; plus the final norm (4h + a·h, + a·h full), the rotary
                  tables (2·a·head_dim) per token and the boolean mask B·S·S.
                  With gradient checkpointing (always on for QLoRA in the trainer)
-                 only each layer's input, a·h per token, is kept, plus one layer's
-                 full activations recomputed during its backward.
+                 only each layer's input, a·h per token, is kept (and the final
+                 norm's, the tables and the mask).
                  (fp32 LoRA on all linears: 16h + 4(2q + 2kv') + 4S + 16i + 28r
                  bytes a token a layer.)
     logits       12·T·V: at the loss three fp32 B·S·V buffers are alive — in the
@@ -262,12 +267,17 @@ def estimate(
                  log-softmax kept for backward; in the backward the log-softmax,
                  its gradient and the logits' gradient. Often the peak of a small
                  model with a large vocabulary.
+    backward     T·(3·a·i + 2·a·h): the gradients in flight through one layer's
+                 backward (three i-wide in the MLP, two h-wide); with gradient
+                 checkpointing + the layer's full activations (above), recomputed
+                 just before. Alive only once the loss buffers are freed, so the
+                 micro-batch costs activations + max(logits, backward).
     optimizer_step  transient scratch of the step: on cuda torch's multi-tensor
                  AdamW makes one temporary the size of a moment for every
                  trainable parameter (N·4); on cpu the per-tensor AdamW needs two
                  of the largest parameter only. Activations are freed by then.
     overhead     a fixed runtime cost (`RUNTIME_OVERHEAD_BYTES`: ~1 GiB of CUDA
-                 context and workspaces on a GPU; 16 MiB on a CPU, measured); qlora:
+                 context and workspaces on a GPU; 14 MiB on a CPU, measured); qlora:
                  + one linear weight dequantized to the compute dtype; sharded
                  (shards > 1): + two layers' parameters gathered whole (FSDP's
                  all-gather of the running layer and its prefetch).
@@ -362,10 +372,13 @@ def estimate(
     model_level = 4 * h + a * h + (a * h if full else 0) + 2 * a * head_dim
     mask_bytes = 0 if attention == "flash" else B * S * S
     if gradient_checkpointing:
-        activations = T * (L * a * h + per_layer + model_level) + mask_bytes
+        activations = T * (L * a * h + model_level) + mask_bytes
     else:
         activations = T * (L * per_layer + model_level) + mask_bytes
     logits = LOSS_BYTES_PER_LOGIT * T * shape.vocab_size
+    # gradients in flight through a layer's backward (the MLP's three i-wide ones and two h-wide),
+    # and with checkpointing the layer's activations, recomputed just before
+    backward = T * ((3 * a * i + 2 * a * h) + (per_layer if gradient_checkpointing else 0))
 
     # -- runtime ---------------------------------------------------------------------------
     overhead = RUNTIME_OVERHEAD_BYTES[device]
@@ -378,9 +391,9 @@ def estimate(
         optimizer_bytes, step_scratch = optimizer_bytes / shards, step_scratch / shards
 
     return MemoryEstimate(
-        weights=int(math.ceil(weights)), gradients=int(math.ceil(gradients)),
-        optimizer=int(math.ceil(optimizer_bytes)), activations=int(activations), logits=int(logits),
-        optimizer_step=int(math.ceil(step_scratch)), overhead=int(overhead),
+        weights=math.ceil(weights), gradients=math.ceil(gradients), optimizer=math.ceil(optimizer_bytes),
+        activations=math.ceil(activations), logits=math.ceil(logits), backward=math.ceil(backward),
+        optimizer_step=math.ceil(step_scratch), overhead=math.ceil(overhead),
         parameters=P, trainable_parameters=N,
     )
 
@@ -469,7 +482,6 @@ def gpus_needed(
     activations alone exceed a GPU (more GPUs do not shrink them; gradient
     checkpointing or a shorter `seq_len` does). `kw` goes to `estimate`.
     """
-    kw.pop("micro_batch_size", None)
     budget = headroom * gpu_memory_bytes
     gpus = 1
     while gpus <= max_gpus:
@@ -478,7 +490,10 @@ def gpus_needed(
         if memory.total_bytes <= budget:
             return gpus
         gpus *= 2
+    per_gpu = memory.activations + memory.logits + memory.overhead
+    hint = (f"; a sequence's activations alone take {per_gpu / GIB:.1f} GiB a GPU: gradient checkpointing "
+            f"or a shorter seq_len would help, more GPUs would not") if per_gpu > budget / 2 else ""
     raise DoesNotFit(
         f"{training_type} training at seq_len {seq_len} needs more than {max_gpus} GPUs of "
-        f"{gpu_memory_bytes / GIB:.0f} GiB (at {max_gpus}: {memory.total_bytes / GIB:.1f} GiB a GPU)"
+        f"{gpu_memory_bytes / GIB:.0f} GiB (at {max_gpus}: {memory.total_bytes / GIB:.1f} GiB a GPU){hint}"
     )

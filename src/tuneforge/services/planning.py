@@ -4,6 +4,7 @@ by `POST /v1/fine_tuning/jobs/estimate`, so both give the same figures."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -12,11 +13,12 @@ from sqlalchemy.orm import Session
 from tuneforge.db.tables import BaseModelRow, FileRow, Tenant
 from tuneforge.domain.job_config import DataOptions, JobCreate, TrainingType
 from tuneforge.domain.spec import Hyperparameters, LoraConfig
-from tuneforge.services import estimates, eval_sets, hyperparams
+from tuneforge.services import estimates, eval_sets, hyperparams, memory
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import PreparedDataset, PrepareRequest, prepare_for_job
 from tuneforge.services.tokenizers import tokenizer_for
 from tuneforge.settings import Settings
+from tuneforge.storage.store import ObjectStore
 from tuneforge.domain.errors import invalid
 
 
@@ -61,15 +63,31 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobC
         options=options, pii_policy=data["pii_policy"],
     ), tokenizer, min_examples=platform.settings.min_training_examples,
         contamination=eval_sets.index_for(session, platform.store, tenant.tenant_id))
+    shape = model_shape(platform.store, base)
+    lora = hyperparams.resolve_lora(training_type, base.num_parameters)
+    memory_gb = (request.resources and request.resources.gpu_memory_gb) or platform.settings.gpu_memory_gb
+
+    def micro_batch_for(batch_size: int, seq_len: int) -> tuple[int, int]:
+        """The largest micro-batch the memory model says fits one GPU (at most MAX_MICRO_BATCH)."""
+        if shape is None:
+            micro = max(m for m in range(1, min(batch_size, hyperparams.MAX_MICRO_BATCH) + 1) if batch_size % m == 0)
+            return micro, batch_size // micro
+        choice = memory.choose_micro_batch(
+            shape, training_type=training_type.type, seq_len=seq_len, memory_bytes=int(memory_gb * memory.GIB),
+            batch_size=batch_size, max_micro_batch=hyperparams.MAX_MICRO_BATCH, lora_rank=lora.rank)
+        return choice.micro_batch_size, choice.gradient_accumulation_steps
+
     resolved_hp = hyperparams.resolve(requested, training_type, num_examples=prepared.train_examples,
-                                      model_max_positions=base.max_position_embeddings, method=method)
-    resources = resolve_resources(platform.settings, request, base, training_type.type)
+                                      model_max_positions=base.max_position_embeddings, method=method,
+                                      micro_batch_for=micro_batch_for)
+    resources = resolve_resources(platform.settings, request, base, training_type.type, shape,
+                                  seq_len=max_seq_length, lora_rank=lora.rank)
     estimate = estimates.estimate(
         platform.settings, base, train_tokens_per_epoch=prepared.train_tokens,
         train_examples=prepared.train_examples, n_epochs=resolved_hp.n_epochs,
         batch_size=resolved_hp.batch_size, training_type=training_type.type, gpus=resources["gpus"],
     )
-    return Plan(prepared, resolved_hp, hyperparams.resolve_lora(training_type, base.num_parameters), data, estimate, resources)
+    return Plan(prepared, resolved_hp, lora, data, estimate, resources)
 
 
 # bytes of GPU memory per parameter: frozen bf16 weights for adapters; weights, gradients and
@@ -78,14 +96,28 @@ _BYTES_PER_PARAM = {"lora": 2.0, "qlora": 0.6, "full": 16.0}
 _MEMORY_HEADROOM = 0.7  # activations, adapter states, fragmentation
 
 
-def resolve_resources(settings: Settings, request: JobCreate, base: BaseModelRow, training_type: str) -> dict:
-    """GPUs as asked, or as many as the model's weights (and, for a full fine-tune, its optimizer
-    states) need at the assumed GPU memory, rounded up to a power of two; a job larger than a
-    node takes whole nodes (`gpus_per_node`)."""
+def model_shape(store: ObjectStore, base: BaseModelRow) -> memory.ModelShape | None:
+    """The base model's sizes from its config.json, for the memory model (None when the
+    config is missing or not a dense decoder the model covers)."""
+    try:
+        return memory.ModelShape.from_config(json.loads(store.get_bytes(f"{base.prefix}/config.json")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def resolve_resources(settings: Settings, request: JobCreate, base: BaseModelRow, training_type: str,
+                      shape: memory.ModelShape | None = None, seq_len: int = 2048, lora_rank: int = 16) -> dict:
+    """GPUs as asked, or as many as the memory model says the job needs at micro-batch 1
+    (`memory.gpus_needed`, weights and optimizer states sharded); without a model shape, as
+    many as the weights (and, for a full fine-tune, optimizer states) need, rounded up to a
+    power of two. A job larger than a node takes whole nodes (`gpus_per_node`)."""
     asked = request.resources
     memory_gb = (asked and asked.gpu_memory_gb) or settings.gpu_memory_gb
+    checkpointing = training_type == "qlora"
     if asked and asked.gpus:
         gpus = asked.gpus
+    elif shape is not None:
+        gpus, checkpointing = _gpus_from_memory_model(shape, training_type, seq_len, memory_gb, lora_rank)
     else:
         params = base.num_parameters or base.size_bytes // 2
         need_gb = params * _BYTES_PER_PARAM.get(training_type, 2.0) / 1e9
@@ -97,4 +129,22 @@ def resolve_resources(settings: Settings, request: JobCreate, base: BaseModelRow
         raise invalid(f"resources.gpus ({gpus}) above one node must be a multiple of the node size "
                       f"({per_node})", param="resources.gpus")
     return {"gpus": gpus, "gpus_per_node": per_node, "gpu_type": (asked and asked.gpu_type) or settings.gpu_type,
-            "gpu_memory_gb": memory_gb}
+            "gpu_memory_gb": memory_gb, "gradient_checkpointing": checkpointing}
+
+
+def _gpus_from_memory_model(shape: memory.ModelShape, training_type: str, seq_len: int, memory_gb: float,
+                            lora_rank: int) -> tuple[int, bool]:
+    """GPUs at micro-batch 1, and whether the trainer must recompute activations (gradient
+    checkpointing) for the job to fit at all — the cheaper answer first."""
+    budget = int(memory_gb * memory.GIB)
+    try:
+        return memory.gpus_needed(shape, training_type=training_type, seq_len=seq_len, gpu_memory_bytes=budget,
+                                  lora_rank=lora_rank), training_type == "qlora"
+    except memory.DoesNotFit:
+        pass
+    try:
+        return memory.gpus_needed(shape, training_type=training_type, seq_len=seq_len, gpu_memory_bytes=budget,
+                                  lora_rank=lora_rank, gradient_checkpointing=True), True
+    except memory.DoesNotFit as exc:
+        raise invalid(f"the job does not fit: {exc}", param="resources.gpus",
+                      code="resources_unavailable") from None

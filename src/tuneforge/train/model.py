@@ -48,8 +48,15 @@ def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: boo
     return model, tokenizer
 
 
-def prepare_trainable(model: Any, training_type: str, lora: LoraConfig, *, seed: int) -> Any:
-    """LoRA / QLoRA: the base frozen, an adapter on top. Full: every weight trains."""
+def prepare_trainable(model: Any, training_type: str, lora: LoraConfig, *, seed: int,
+                      gradient_checkpointing: bool = False) -> Any:
+    """LoRA / QLoRA: the base frozen, an adapter on top. Full: every weight trains.
+    `gradient_checkpointing`: recompute each layer's activations in the backward pass
+    (the planner asks for it when a job would not fit otherwise)."""
+    if gradient_checkpointing and training_type != "qlora":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if training_type != "full":
+            model.enable_input_require_grads()  # the frozen embeddings must still pass gradients on
     if training_type == "full":
         model.requires_grad_(True)
         return model

@@ -226,3 +226,21 @@ def test_every_method_also_trains_every_weight(tmp_path: Path, tiny_model_dir: P
         assert _text_loss(trained, tokenizer, held_out, 96) < _text_loss(base.eval(), tokenizer, held_out, 96) - 1.0
     else:
         assert mean_margin(trained, tokenizer, held_out) > mean_margin(base.eval(), tokenizer, held_out) + 2.0
+
+
+@pytest.mark.parametrize("training_type", ["lora", "full"])
+def test_gradient_checkpointing_recomputes_without_changing_the_result(tmp_path: Path, tiny_model_dir: Path,
+                                                                       training_type: str) -> None:
+    from tuneforge.demo.dataset import demo_examples
+
+    runs = {}
+    for recompute in (False, True):
+        spec, store = stage_job(tmp_path / str(recompute), tiny_model_dir, training=demo_examples(n_keys=8),
+                                hyperparameters={"n_epochs": 2, "batch_size": 4, "micro_batch_size": 2},
+                                extra={"gradient_checkpointing": True} if recompute else None)
+        reporter = RecordingReporter()
+        assert run_attempt(replace(spec, training_type=training_type), store, reporter) == TrainerExit.SUCCESS
+        runs[recompute] = {e["data"]["step"]: e["data"]["train_loss"] for e in reporter.events("metrics")}
+    assert runs[True].keys() == runs[False].keys()
+    for step, loss in runs[False].items():
+        assert runs[True][step] == pytest.approx(loss, rel=1e-5)

@@ -262,7 +262,8 @@ def _train(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadin
     )
     if dist.main:
         dist.barrier()
-    model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed)
+    model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed,
+                              gradient_checkpointing=bool(spec.extra.get("gradient_checkpointing")))
     if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
         seed_everything(spec.seed * 1009 + 7919 * dist.rank)
     params = trainable_parameters(model)
