@@ -17,6 +17,7 @@ from tuneforge.db.migrate import upgrade
 from tuneforge.executors import make_executor
 from tuneforge.scheduler.loop import Scheduler
 from tuneforge.services.context import Platform
+from tuneforge.services.webhook_delivery import Dispatcher
 from tuneforge.settings import Settings
 
 
@@ -29,6 +30,8 @@ class ControlPlane:
         self.platform = Platform.from_settings(settings)
         self.app = create_app(settings, platform=self.platform)
         self.scheduler = Scheduler(self.platform, make_executor(settings)) if run_scheduler else None
+        # every control plane sends webhooks; their claim keeps two from sending one attempt twice
+        self.webhooks = Dispatcher(self.platform)
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
@@ -41,6 +44,7 @@ class ControlPlane:
     def serve_forever(self) -> None:
         if self.scheduler:
             self.scheduler.start()
+        self.webhooks.start()
         try:
             self.server.run()
         finally:
@@ -49,6 +53,7 @@ class ControlPlane:
     def start_in_background(self, timeout_s: float = 30.0) -> "ControlPlane":
         if self.scheduler:
             self.scheduler.start()
+        self.webhooks.start()
         self._thread = threading.Thread(target=self.server.run, name="tuneforge-api", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
@@ -61,6 +66,7 @@ class ControlPlane:
     def close(self) -> None:
         if self.scheduler:
             self.scheduler.stop()
+        self.webhooks.stop()
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import events
 from tuneforge.db.tables import Job
 from tuneforge.domain.status import TERMINAL, JobStatus, can_transition
+from tuneforge.services import webhooks
 
 
 class IllegalTransition(RuntimeError):
@@ -44,6 +45,8 @@ def transition(
         job.error = error
     payload = {"status": target.value, **(data or {})}
     events.add(session, job.job_id, message, level=level, data=payload, attempt=job.attempt)
+    if target in TERMINAL:  # the outbox row commits (or rolls back) with the change itself
+        webhooks.enqueue_job_event(session, job, target)
 
 
 def is_terminal(job: Job) -> bool:

@@ -1,0 +1,91 @@
+"""/v1/webhooks — a tenant's endpoints for job outcomes, and their deliveries for debugging.
+
+Not part of OpenAI's API (its webhooks are configured in a dashboard); the events
+and their signatures are OpenAI's, so receivers written for it work unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from tuneforge.api import deps
+from tuneforge.api.objects import list_object
+from tuneforge.db.repos import webhooks as repo
+from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
+from tuneforge.services import webhooks as webhook_service
+
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
+TENANT = Depends(deps.tenant)
+
+
+class WebhookCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(description="http:// or https:// URL that receives the events (POST, JSON)")
+    events: list[str] | None = Field(
+        default=None, description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
+
+
+def endpoint_object(row: WebhookEndpoint, *, with_secret: bool = False) -> dict[str, Any]:
+    present = {"id": row.endpoint_id, "object": "webhook_endpoint", "url": row.url,
+               "events": list(row.event_types or []), "created_at": row.created_at}
+    if with_secret:  # shown when created, never again: the tenant stores it to verify signatures
+        present["secret"] = row.secret
+    return present
+
+
+def delivery_object(row: WebhookDelivery) -> dict[str, Any]:
+    pending = row.status == repo.PENDING
+    return {"id": row.delivery_id, "object": "webhook_delivery", "endpoint_id": row.endpoint_id,
+            "type": row.event_type, "status": row.status, "attempts": row.attempts,
+            "last_status_code": row.last_status_code, "last_error": row.last_error,
+            "created_at": row.created_at, "delivered_at": row.delivered_at,
+            "next_attempt_at": int(row.next_attempt_at) if pending else None,
+            "event": row.payload}
+
+
+@router.post("")
+def create_webhook(body: WebhookCreate, tenant: Tenant = TENANT,
+                   session: Session = deps.SESSION) -> dict:
+    row = webhook_service.register(session, tenant.tenant_id, body.url, body.events)
+    return endpoint_object(row, with_secret=True)
+
+
+@router.get("")
+def list_webhooks(
+    after: str | None = None,
+    limit: int = Query(default=20, ge=1, le=100),
+    tenant: Tenant = TENANT,
+    session: Session = deps.SESSION,
+) -> dict:
+    page = webhook_service.list_endpoints(session, tenant.tenant_id, after=after, limit=limit)
+    return list_object(page.rows, endpoint_object, page.has_more)
+
+
+@router.get("/{webhook_id}")
+def retrieve_webhook(webhook_id: str, tenant: Tenant = TENANT,
+                     session: Session = deps.SESSION) -> dict:
+    return endpoint_object(webhook_service.get(session, tenant.tenant_id, webhook_id))
+
+
+@router.delete("/{webhook_id}")
+def delete_webhook(webhook_id: str, tenant: Tenant = TENANT,
+                   session: Session = deps.SESSION) -> dict:
+    row = webhook_service.delete(session, tenant.tenant_id, webhook_id)
+    return {"id": row.endpoint_id, "object": "webhook_endpoint", "deleted": True}
+
+
+@router.get("/{webhook_id}/deliveries")
+def list_deliveries(
+    webhook_id: str,
+    after: str | None = None,
+    limit: int = Query(default=20, ge=1, le=100),
+    tenant: Tenant = TENANT,
+    session: Session = deps.SESSION,
+) -> dict:
+    """Newest first: each event's status, attempts so far and the last answer, to debug a receiver."""
+    page = webhook_service.list_deliveries(session, tenant.tenant_id, webhook_id, after=after, limit=limit)
+    return list_object(page.rows, delivery_object, page.has_more)
