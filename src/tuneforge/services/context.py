@@ -17,6 +17,7 @@ class Platform:
     store: FsspecStore
     inventory: Any = None  # the executor's last reported Capacity (set by the scheduler), for queue views
     scheduler_role: str = "off"  # "leader" | "standby" | "off", set by the scheduler thread
+    inference: Any = None  # serve.InferenceEngine, created on first use by serve.engine_for
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Platform":

@@ -1,0 +1,310 @@
+"""/v1/chat/completions and /v1/completions — OpenAI's inference API on base models
+and the calling tenant's fine-tuned models.
+
+Bodies follow OpenAI's fields. Parameters tuneforge cannot honour (several
+choices, log probabilities, penalties, tools) answer 400 naming the parameter
+rather than being silently ignored; a few that change nothing here (`user`,
+`metadata`, `store`, `service_tier`) are accepted. `stream: true` answers with
+Server-Sent Events, one chunk per piece of text as it is generated, then
+`data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from tuneforge.api import deps
+from tuneforge.db.tables import Tenant
+from tuneforge.domain.errors import ApiError, invalid
+from tuneforge.domain.ids import new_id
+from tuneforge.serve import engine_for
+from tuneforge.serve.params import Chunk, ModelTarget, Prompt, SamplingParams
+from tuneforge.serve.targets import resolve_target
+from tuneforge.services.context import Platform
+
+router = APIRouter(prefix="/v1", tags=["inference"])
+_log = logging.getLogger(__name__)
+
+MAX_STOP_SEQUENCES = 4  # as OpenAI
+TENANT = Depends(deps.tenant)
+PLATFORM = Depends(deps.platform)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = Field(False, description="Send a last chunk with the usage of the whole request.")
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant"]
+    # Checked by hand (`_message_text`): a union here would put pydantic's branch names in the error.
+    content: Any = Field(description="The text, or a list of {type: 'text', text} parts.")
+    name: str | None = Field(None, description="Accepted; the chat template decides whether it is shown.")
+
+
+class _Sampling(_Body):
+    model: str
+    max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate.")
+    temperature: float | None = Field(None, ge=0, le=2, description="0: greedy; default 1.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling mass; default 1.")
+    n: int | None = Field(None, description="Choices per request: only 1.")
+    stop: Any = Field(None, description="Up to 4 strings; the output ends before the first one.")
+    seed: int | None = Field(None, description="Makes sampling repeatable.")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = Field(None, description="Only 0.")
+    presence_penalty: float | None = Field(None, description="Only 0.")
+    logit_bias: dict[str, float] | None = Field(None, description="Only empty.")
+    user: str | None = None
+
+
+class ChatCompletionBody(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (wins over "
+                                                                      "max_tokens).")
+    logprobs: bool | None = Field(None, description="Only false.")
+    top_logprobs: int | None = Field(None, description="Not supported.")
+    response_format: dict[str, Any] | None = Field(None, description="Only {type: 'text'}.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    tool_choice: Any = Field(None, description="Only 'none'.")
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class CompletionBody(_Sampling):
+    # Checked by hand (`_completion_prompt`), for the same reason as message content.
+    prompt: Any = Field(description="A string (or a list holding one), or token ids (or a list holding one list).")
+    echo: bool | None = Field(False, description="Return the prompt before the completion.")
+    best_of: int | None = Field(None, description="Only 1.")
+    logprobs: int | None = Field(None, description="Not supported.")
+    suffix: str | None = Field(None, description="Not supported.")
+
+
+@router.post("/chat/completions")
+def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
+                     platform: Platform = PLATFORM) -> Any:
+    _check_chat_extras(body)
+    prompt = Prompt(messages=tuple({"role": _role(m.role), "content": _message_text(m, index)}
+                                   for index, m in enumerate(body.messages)))
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    params = _sampling(body, max_tokens, platform.settings.inference_default_max_tokens)
+    target = _target(session, tenant, body.model)
+    reply_id, created = new_id("chatcmpl"), int(time.time())
+    if body.stream:
+        chunks = engine_for(platform).stream(target, prompt, params)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _sse(_chat_events(chunks, reply_id, created, target, include_usage))
+    completion = engine_for(platform).complete(target, prompt, params)
+    return {
+        "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": completion.text, "refusal": None},
+                     "finish_reason": completion.finish_reason, "logprobs": None}],
+        "usage": completion.usage.as_dict(), "system_fingerprint": None,
+    }
+
+
+@router.post("/completions")
+def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
+                platform: Platform = PLATFORM) -> Any:
+    _check_completion_extras(body)
+    prompt = _completion_prompt(body.prompt)
+    params = _sampling(body, body.max_tokens, platform.settings.inference_default_max_tokens)
+    target = _target(session, tenant, body.model)
+    reply_id, created = new_id("cmpl"), int(time.time())
+    echoed = prompt.text if body.echo and prompt.text is not None else ""
+    if body.stream:
+        chunks = engine_for(platform).stream(target, prompt, params)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _sse(_completion_events(chunks, reply_id, created, target, include_usage, echoed))
+    completion = engine_for(platform).complete(target, prompt, params)
+    return {
+        "id": reply_id, "object": "text_completion", "created": created, "model": target.name,
+        "choices": [{"text": echoed + completion.text, "index": 0, "finish_reason": completion.finish_reason,
+                     "logprobs": None}],
+        "usage": completion.usage.as_dict(), "system_fingerprint": None,
+    }
+
+
+def _target(session: Session, tenant: Tenant, model: str) -> ModelTarget:
+    target = resolve_target(session, tenant.tenant_id, model)
+    # Hand the database connection back before a generation that can take seconds:
+    # requests waiting for the model must not hold the pool.
+    session.commit()
+    return target
+
+
+# -- request checks --------------------------------------------------------------------------------
+
+def _sampling(body: _Sampling, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
+    if body.n not in (None, 1):
+        raise invalid("n: only 1 choice per request is supported", param="n")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(body, name) not in (None, 0):
+            raise invalid(f"{name}: only 0 is supported", param=name)
+    if body.logit_bias:
+        raise invalid("logit_bias is not supported", param="logit_bias")
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options is only allowed with stream: true", param="stream_options")
+    return SamplingParams(
+        max_new_tokens=max_tokens or default_max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=_stop_sequences(body.stop),
+        seed=body.seed,
+    )
+
+
+def _stop_sequences(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    sequences = [stop] if isinstance(stop, str) else stop
+    if not isinstance(sequences, list) or not all(isinstance(s, str) for s in sequences):
+        raise invalid("stop must be a string or a list of strings", param="stop")
+    if len(sequences) > MAX_STOP_SEQUENCES:
+        raise invalid(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, not {len(sequences)}", param="stop")
+    if any(s == "" for s in sequences):
+        raise invalid("stop sequences must not be empty", param="stop")
+    return tuple(sequences)
+
+
+def _check_chat_extras(body: ChatCompletionBody) -> None:
+    if body.logprobs or body.top_logprobs is not None:
+        param = "logprobs" if body.logprobs else "top_logprobs"
+        raise invalid(f"{param}: log probabilities are not supported", param=param)
+    if body.response_format is not None and body.response_format.get("type") != "text":
+        raise invalid("response_format: only {\"type\": \"text\"} is supported", param="response_format")
+    if body.tools:
+        raise invalid("tools are not supported", param="tools")
+    if body.tool_choice not in (None, "none"):
+        raise invalid("tool_choice: only 'none' is supported", param="tool_choice")
+
+
+def _check_completion_extras(body: CompletionBody) -> None:
+    if body.best_of not in (None, 1):
+        raise invalid("best_of: only 1 is supported", param="best_of")
+    if body.logprobs is not None:
+        raise invalid("logprobs: log probabilities are not supported", param="logprobs")
+    if body.suffix:
+        raise invalid("suffix is not supported", param="suffix")
+
+
+def _role(role: str) -> str:
+    # OpenAI's newer name for the system message; chat templates know "system".
+    return "system" if role == "developer" else role
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    param = f"messages.{index}.content"
+    content = message.content
+    if isinstance(content, str):
+        return content
+    if content is None:
+        raise invalid(f"{param} is missing", param=param)
+    if not isinstance(content, list):
+        raise invalid(f"{param} must be a string or a list of text parts", param=param)
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise invalid(f"{param}: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported, "
+                          f"not {kind!r}", param=param)
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _completion_prompt(prompt: Any) -> Prompt:
+    """One prompt: a string, or token ids. OpenAI's batches (a list of several) answer 400."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return Prompt(text=prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return Prompt(token_ids=tuple(prompt))
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise invalid("prompt: only one prompt per request is supported", param="prompt")
+    raise invalid("prompt must be a string or a list of token ids", param="prompt")
+
+
+# -- streamed answers -------------------------------------------------------------------------------
+
+def _sse(events: Iterator[dict[str, Any]]) -> StreamingResponse:
+    def encode() -> Iterator[bytes]:
+        for event in events:
+            yield f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(encode(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _guarded(chunks: Iterator[Chunk]) -> Iterator[Chunk | ApiError]:
+    """The chunks; a failure once the answer has started can only be reported in the stream."""
+    try:
+        yield from chunks
+    except ApiError as exc:
+        yield exc
+    except Exception:  # noqa: BLE001 - the status line is gone; the client still gets an error event
+        _log.exception("generation failed in a stream")
+        yield ApiError(500, "The server had an error while generating.", type="server_error", code="internal_error")
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def _chat_events(chunks: Iterator[Chunk], reply_id: str, created: int, target: ModelTarget,
+                 include_usage: bool) -> Iterator[dict[str, Any]]:
+    head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
+            "system_fingerprint": None}
+    extra = {"usage": None} if include_usage else {}
+
+    def event(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                    "finish_reason": finish_reason}]} | extra
+
+    yield event({"role": "assistant", "content": ""})
+    for chunk in _guarded(chunks):
+        if isinstance(chunk, ApiError):
+            yield chunk.envelope()
+            return
+        if chunk.text:
+            yield event({"content": chunk.text})
+        if chunk.finish_reason is not None:
+            yield event({}, chunk.finish_reason)
+            if include_usage and chunk.usage is not None:
+                yield head | {"choices": [], "usage": chunk.usage.as_dict()}
+
+
+def _completion_events(chunks: Iterator[Chunk], reply_id: str, created: int, target: ModelTarget,
+                       include_usage: bool, echoed: str) -> Iterator[dict[str, Any]]:
+    head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
+            "system_fingerprint": None}
+    extra = {"usage": None} if include_usage else {}
+
+    def event(text: str, finish_reason: str | None = None) -> dict[str, Any]:
+        return head | {"choices": [{"text": text, "index": 0, "logprobs": None,
+                                    "finish_reason": finish_reason}]} | extra
+
+    if echoed:
+        yield event(echoed)
+    for chunk in _guarded(chunks):
+        if isinstance(chunk, ApiError):
+            yield chunk.envelope()
+            return
+        if chunk.text or chunk.finish_reason is not None:
+            yield event(chunk.text, chunk.finish_reason)
+        if chunk.finish_reason is not None and include_usage and chunk.usage is not None:
+            yield head | {"choices": [], "usage": chunk.usage.as_dict()}

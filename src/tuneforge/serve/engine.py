@@ -1,0 +1,387 @@
+"""The inference engine: base models loaded once, fine-tuned adapters hot-swapped on them.
+
+One loaded base model per base SHA (at most `max_models`, least recently used
+evicted). The first adapter wraps it in a PEFT model, once; later adapters are
+loaded into that same model by name, and a request selects its adapter
+(`set_adapter`) or, for the base alone, runs with the adapters switched off
+(`disable_adapter()`). Each base keeps at most `max_adapters` adapters; loading
+one more deletes the least recently used from the model. Adapter files are
+downloaded from the object store once, into a local cache folder.
+
+A full fine-tune holds complete weights: it is loaded as a model of its own and
+counts against `max_models` like a base.
+
+A lock per loaded model serialises everything that uses or changes it
+(selecting an adapter, generating): the model has one active adapter at a time,
+and on a CPU two generations side by side are no faster than one after the
+other.
+
+This module imports torch; nothing imports it until the first inference
+request (`tuneforge.serve.engine_for`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuneforge.domain.errors import ApiError, invalid
+from tuneforge.serve.generation import generate_chunks, prompt_token_ids
+from tuneforge.serve.params import (
+    FULL_MODEL,
+    Chunk,
+    Completion,
+    ModelTarget,
+    Prompt,
+    SamplingParams,
+)
+from tuneforge.settings import Settings
+from tuneforge.storage.model_cache import fetch_base_model
+from tuneforge.storage.store import ObjectStore
+from tuneforge.train.model import load_base_model
+
+log = logging.getLogger(__name__)
+
+_COMPLETE_MARKER = ".complete"
+_RECENT_SWITCHES = 1024  # switch durations kept for percentiles
+_END = object()  # the end of a stream's queue
+
+
+@dataclass
+class EngineCounters:
+    base_loads: int = 0
+    full_model_loads: int = 0
+    model_evictions: int = 0
+    adapter_loads: int = 0
+    adapter_evictions: int = 0
+    adapter_switches: int = 0
+    adapter_switch_time_s: float = 0.0  # all switches together
+    recent_switch_times_s: deque = field(default_factory=lambda: deque(maxlen=_RECENT_SWITCHES))
+
+    def snapshot(self) -> dict[str, Any]:
+        values = {name: getattr(self, name) for name in (
+            "base_loads", "full_model_loads", "model_evictions", "adapter_loads", "adapter_evictions",
+            "adapter_switches", "adapter_switch_time_s")}
+        return values | {"recent_switch_times_s": list(self.recent_switch_times_s)}
+
+
+@dataclass
+class LoadedModel:
+    key: str
+    model: Any  # a base is wrapped in place by `peft` once its first adapter loads
+    tokenizer: Any
+    device: torch.device
+    context_tokens: int
+    eos_ids: frozenset[int]
+    logits_to_keep: bool  # the model's forward can skip the logits of all but the last position
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    peft: Any = None  # the PeftModel around `model`, from the first adapter on
+    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)  # least recently used first
+    active_adapter: str | None = None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A request checked and its weights loaded, ready to generate."""
+
+    entry: LoadedModel
+    target: ModelTarget
+    adapter_dir: Path | None
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def adapter_name(artifact_prefix: str) -> str:
+    """The adapter's name inside the PEFT model: PEFT keys modules by it, so no dots or colons."""
+    return "ft_" + hashlib.sha256(artifact_prefix.encode()).hexdigest()[:16]
+
+
+class InferenceEngine:
+    def __init__(self, store: ObjectStore, *, cache_dir: Path, device: str = "auto", max_models: int = 1,
+                 max_adapters: int = 8) -> None:
+        if max_models < 1 or max_adapters < 1:
+            raise ValueError("max_models and max_adapters must be at least 1")
+        self.store = store
+        self.cache_dir = Path(cache_dir)
+        self.device = resolve_device(device)
+        self.max_models = max_models
+        self.max_adapters = max_adapters
+        self.counters = EngineCounters()
+        self._models: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
+        self._models_lock = threading.Lock()
+        self._fetch_lock = threading.Lock()
+        self._counters_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, store: ObjectStore) -> InferenceEngine:
+        return cls(store, cache_dir=settings.home / "cache", device=settings.inference_device,
+                   max_models=settings.inference_max_base_models, max_adapters=settings.inference_max_adapters)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def complete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Completion:
+        prepared = self._prepare(target, prompt, params)
+        pieces: list[str] = []
+        last: Chunk | None = None
+        for chunk in self._run(prepared):
+            pieces.append(chunk.text)
+            last = chunk
+        assert last is not None and last.finish_reason is not None and last.usage is not None
+        return Completion("".join(pieces), last.finish_reason, last.usage)
+
+    def stream(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Iterator[Chunk]:
+        """Chunks as they are generated. Loading and prompt checks happen in this call,
+        so their errors come before the first chunk; generation runs on a worker thread,
+        and closing the iterator (a client that went away) cancels it."""
+        prepared = self._prepare(target, prompt, params)
+        chunks: queue.SimpleQueue = queue.SimpleQueue()
+        cancelled = threading.Event()
+
+        def work() -> None:
+            try:
+                for chunk in self._run(prepared, cancelled):
+                    chunks.put(chunk)
+            except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
+                chunks.put(exc)
+            finally:
+                chunks.put(_END)
+
+        threading.Thread(target=work, name="tuneforge-generate", daemon=True).start()
+        return _drain(chunks, cancelled)
+
+    def logits(self, target: ModelTarget, token_ids: list[int]) -> torch.Tensor:
+        """Next-token logits at every position of `token_ids` ([positions, vocabulary],
+        float32, on the CPU), from exactly the weights a request on `target` uses."""
+        entry = self._model(target)
+        adapter_dir = self._adapter_dir(target)
+        with entry.lock, self._activated(entry, target, adapter_dir) as model, torch.inference_mode():
+            output = model(input_ids=torch.tensor([token_ids], dtype=torch.long, device=entry.device))
+        return output.logits[0].float().cpu()
+
+    def resident(self) -> dict[str, list[str]]:
+        """Loaded models (keys, least recently used first) and the adapters on each."""
+        with self._models_lock:
+            return {key: list(entry.adapters) for key, entry in self._models.items()}
+
+    # -- one request's preparation and run -----------------------------------------------------------
+
+    def _prepare(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> _Prepared:
+        entry = self._model(target)
+        adapter_dir = self._adapter_dir(target)
+        prompt_ids = prompt_token_ids(entry.tokenizer, prompt, target.name)
+        if not prompt_ids:
+            raise invalid(f"The {prompt.param} is empty", param=prompt.param)
+        room = entry.context_tokens - len(prompt_ids)
+        if room <= 0:
+            raise invalid(f"The {prompt.param} is {len(prompt_ids)} tokens long; {target.name} reads at most "
+                          f"{entry.context_tokens} tokens, prompt and completion together",
+                          param=prompt.param, code="context_length_exceeded")
+        # The completion ends where the context does (finish_reason "length").
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
+        return _Prepared(entry, target, adapter_dir, prompt_ids, params)
+
+    def _run(self, prepared: _Prepared, cancelled: threading.Event | None = None) -> Iterator[Chunk]:
+        entry = prepared.entry
+        with entry.lock, self._activated(entry, prepared.target, prepared.adapter_dir) as model:
+            yield from generate_chunks(model, entry.tokenizer, prepared.prompt_ids, prepared.params,
+                                       device=entry.device, eos_ids=entry.eos_ids, cancelled=cancelled,
+                                       logits_to_keep=entry.logits_to_keep)
+
+    @contextmanager
+    def _activated(self, entry: LoadedModel, target: ModelTarget, adapter_dir: Path | None) -> Iterator[Any]:
+        """The model to run for `target`, its adapter selected. The caller holds `entry.lock`."""
+        if adapter_dir is None:
+            if entry.peft is None or target.artifact_kind == FULL_MODEL:
+                yield entry.model
+            else:
+                with entry.peft.disable_adapter():
+                    yield entry.peft
+            return
+        name = adapter_name(str(target.artifact_prefix))
+        self._ensure_adapter(entry, name, adapter_dir)
+        if entry.active_adapter != name:
+            started_s = time.perf_counter()
+            entry.peft.set_adapter(name, inference_mode=True)
+            self._count_switch(time.perf_counter() - started_s)
+            entry.active_adapter = name
+        yield entry.peft
+
+    # -- adapters ---------------------------------------------------------------------------------
+
+    def _ensure_adapter(self, entry: LoadedModel, name: str, adapter_dir: Path) -> None:
+        """`name` loaded on `entry` (the caller holds its lock), the least recently used
+        adapter deleted when that makes one too many."""
+        if name in entry.adapters:
+            entry.adapters.move_to_end(name)
+            return
+        started_s = time.perf_counter()
+        if entry.peft is None:
+            from peft import PeftModel
+
+            entry.peft = PeftModel.from_pretrained(entry.model, str(adapter_dir), adapter_name=name,
+                                                   is_trainable=False, torch_device=str(entry.device))
+            entry.peft.eval()
+            entry.active_adapter = name
+        else:
+            entry.peft.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False,
+                                    torch_device=str(entry.device))
+        entry.adapters[name] = None
+        self._count("adapter_loads")
+        log.info("adapter %s loaded on %s in %.3f s", name, entry.key, time.perf_counter() - started_s)
+        # Loaded first, deleted second: PEFT keeps a model with no adapter at all badly.
+        while len(entry.adapters) > self.max_adapters:
+            evicted, _ = entry.adapters.popitem(last=False)
+            entry.peft.delete_adapter(evicted)
+            if entry.active_adapter == evicted:
+                entry.active_adapter = None  # PEFT activated another one; the next request selects its own
+            self._count("adapter_evictions")
+            log.info("adapter %s evicted from %s", evicted, entry.key)
+        if entry.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _adapter_dir(self, target: ModelTarget) -> Path | None:
+        if target.is_base or target.artifact_kind == FULL_MODEL:
+            return None
+        return self._artifact_dir(str(target.artifact_prefix))
+
+    def _artifact_dir(self, prefix: str) -> Path:
+        """A local copy of the artifact under `prefix`, downloaded once: artifacts are
+        immutable once registered, so the prefix names the content."""
+        target = self.cache_dir / "artifacts" / hashlib.sha256(prefix.encode()).hexdigest()[:32]
+        if (target / _COMPLETE_MARKER).exists():
+            return target
+        with self._fetch_lock:
+            if (target / _COMPLETE_MARKER).exists():
+                return target
+            staging = target.with_name(f".{target.name}.partial-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            if not self.store.download_prefix(prefix, staging):
+                shutil.rmtree(staging, ignore_errors=True)
+                raise _unavailable(f"the files of this model are missing from the object store ({prefix})")
+            (staging / _COMPLETE_MARKER).write_text(prefix)
+            shutil.rmtree(target, ignore_errors=True)  # a copy that an earlier crash left unfinished
+            staging.rename(target)
+        return target
+
+    # -- loaded models ------------------------------------------------------------------------------
+
+    def _model(self, target: ModelTarget) -> LoadedModel:
+        full = target.artifact_kind == FULL_MODEL and not target.is_base
+        key = f"model:{target.artifact_prefix}" if full else f"base:{target.base.sha256}"
+        # Held while loading: a second request for the same model waits instead of loading it again.
+        with self._models_lock:
+            entry = self._models.get(key)
+            if entry is not None:
+                self._models.move_to_end(key)
+                return entry
+            # Evicted before the load, so memory never holds one model too many; a
+            # request still running on an evicted model keeps it alive until it ends.
+            while len(self._models) >= self.max_models:
+                evicted_key, _ = self._models.popitem(last=False)
+                self._count("model_evictions")
+                log.info("model %s evicted", evicted_key)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            entry = self._load_full(key, target) if full else self._load_base(key, target)
+            self._models[key] = entry
+            return entry
+
+    def _load_base(self, key: str, target: ModelTarget) -> LoadedModel:
+        try:
+            local_dir = fetch_base_model(self.store, target.base, self.cache_dir / "base-models")
+        except FileNotFoundError as exc:
+            raise _unavailable(f"the files of base model {target.base.name} are missing from the object "
+                               "store") from exc
+        entry = self._load(key, local_dir)
+        self._count("base_loads")
+        return entry
+
+    def _load_full(self, key: str, target: ModelTarget) -> LoadedModel:
+        entry = self._load(key, self._artifact_dir(str(target.artifact_prefix)))
+        self._count("full_model_loads")
+        return entry
+
+    def _load(self, key: str, local_dir: Path) -> LoadedModel:
+        started_s = time.perf_counter()
+        model, tokenizer = load_base_model(local_dir, self.device)
+        model.eval()
+        log.info("%s loaded on %s in %.2f s", key, self.device, time.perf_counter() - started_s)
+        return LoadedModel(key=key, model=model, tokenizer=tokenizer, device=self.device,
+                           context_tokens=context_tokens(model, tokenizer), eos_ids=eos_ids(model, tokenizer),
+                           logits_to_keep="logits_to_keep" in inspect.signature(model.forward).parameters)
+
+    # -- counters -------------------------------------------------------------------------------
+
+    def _count(self, name: str) -> None:
+        with self._counters_lock:
+            setattr(self.counters, name, getattr(self.counters, name) + 1)
+
+    def _count_switch(self, elapsed_s: float) -> None:
+        with self._counters_lock:
+            self.counters.adapter_switches += 1
+            self.counters.adapter_switch_time_s += elapsed_s
+            self.counters.recent_switch_times_s.append(elapsed_s)
+
+    def stats(self) -> dict[str, Any]:
+        with self._counters_lock:
+            return self.counters.snapshot()
+
+
+def _drain(chunks: queue.SimpleQueue, cancelled: threading.Event) -> Iterator[Chunk]:
+    try:
+        while (item := chunks.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        cancelled.set()  # the reader stopped (done, failed or gone): the worker stops too
+
+
+def _unavailable(message: str) -> ApiError:
+    # Not the caller's mistake, and not a crash: the platform lost files it should hold.
+    return ApiError(503, message, type="server_error", param="model", code="model_unavailable")
+
+
+def context_tokens(model: Any, tokenizer: Any) -> int:
+    """Positions the model reads: its config's limit, else the tokenizer's, else 2048."""
+    config = model.config
+    for attribute in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    # Tokenizers without a limit report a huge sentinel (int(1e30)).
+    return int(limit) if isinstance(limit, int) and 0 < limit < 1_000_000 else 2048
+
+
+def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Every id that ends a generation: the generation config's (an int or a list) and the tokenizer's."""
+    ids: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, (list, tuple)):
+        ids.update(int(value) for value in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
