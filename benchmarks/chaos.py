@@ -96,6 +96,8 @@ SERVER_ENV = {
     # longer than a restart of the control plane takes on a loaded machine, so no
     # adopted trainer loses its lease while the control plane is away
     "TUNEFORGE_LEASE_TIMEOUT_S": "30",
+    # training is what is disturbed and compared; the post-training eval would only add time
+    "TUNEFORGE_EVAL_BY_DEFAULT": "false",
 }
 ACTION_WEIGHTS = {"sigterm": 0.5, "sigkill": 0.3, "restart": 0.2}
 GAP_S = (2.0, 6.0)  # pause between two chaos actions

@@ -37,6 +37,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # others) gives the same result there and ran in the SQLite pass already.
         if postgres_pass and "database_url" not in fixtures:
             item.add_marker(pytest.mark.skip(reason="uses no database: covered by the SQLite pass"))
+        # Long runs whose database work other tests cover on both backends run once.
+        if postgres_pass and item.get_closest_marker("sqlite_pass_only"):
+            item.add_marker(pytest.mark.skip(reason="trains and evaluates; its database work is covered by "
+                                                    "tests that run in both passes"))
 
 
 @pytest.fixture

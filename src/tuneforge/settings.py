@@ -113,6 +113,17 @@ class Settings(BaseSettings):
     default_checkpoint_keep_last: int = Field(
         default=3, description="Checkpoints kept per job when a job sets none."
     )
+    inference_max_adapters: int = Field(
+        default=8, ge=1, description="Fine-tuned adapters kept loaded on each base model for inference; "
+                                     "one more evicts the least recently used.")
+    inference_max_base_models: int = Field(
+        default=1, ge=1, description="Models kept loaded for inference: base models (with their adapters) and "
+                                     "full fine-tunes; one more evicts the least recently used.")
+    inference_default_max_tokens: int = Field(
+        default=256, ge=1, description="Completion tokens when a request sets no max_tokens.")
+    inference_device: str = Field(
+        default="auto", description="Device of inference models: 'auto' (cuda if available, else cpu), "
+                                    "'cpu', 'cuda' or 'cuda:N'.")
 
     def max_upload_bytes_by_tier(self, tier: str) -> int:
         return {"free": self.max_upload_bytes_free, "standard": self.max_upload_bytes_standard}.get(
@@ -128,6 +139,28 @@ class Settings(BaseSettings):
         description='Price table per GPU type, e.g. {"a100-80gb": 2.5, "h100": 4.0} (JSON in the environment).',
     )
     price_currency: str = Field(default="USD", description="Currency of the price table.")
+    eval_by_default: bool = Field(
+        default=True, description="Evaluate every job after training (status evaluating) unless its body says "
+                                  "eval.enabled = false.")
+    eval_golden_max_loss_increase: float = Field(
+        default=0.5, description="Default gate: golden-set loss may rise at most this much (nats) over the base.")
+    eval_golden_max_accuracy_drop: float = Field(
+        default=0.10, description="Default gate: golden-set token accuracy may fall at most this much.")
+    eval_safety_max_refusal_drop: float = Field(
+        default=0.10, description="Default gate: the refusal rate on harmful prompts may fall at most this much.")
+    model_delete_grace_s: float = Field(
+        default=7 * 86400.0, description="A deleted fine-tuned model's artifacts are removed after this long "
+                                         "(it can be restored until then).")
+    webhook_timeout_s: float = Field(
+        default=10.0, description="A webhook receiver must answer within this long (per connect, send and "
+                                  "read), or the attempt counts as failed and is retried.")
+    webhook_max_attempts: int = Field(
+        default=8, description="Attempts per webhook event; after the last failed one the delivery is failed.")
+    webhook_backoff_s: float = Field(
+        default=10.0, description="Wait after a webhook's first failed attempt; doubles after each further one.")
+    webhook_backoff_max_s: float = Field(default=3600.0, description="Longest wait between webhook attempts.")
+    webhook_poll_s: float = Field(
+        default=1.0, description="How often an idle control plane looks for due webhook deliveries.")
 
     @property
     def resolved_database_url(self) -> str:

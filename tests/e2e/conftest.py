@@ -26,6 +26,8 @@ class Running:
 
 
 def start_plane(tmp_path: Path, database_url: str, model_dir: Path, **overrides) -> Running:
+    # jobs skip the post-training eval unless a test asks for it (tests/e2e/test_eval_gates.py)
+    overrides.setdefault("eval_by_default", False)
     settings = Settings(home=tmp_path / "home", database_url=database_url, port=free_port(),
                         heartbeat_interval_s=1.0, scheduler_tick_s=0.2, **overrides)
     plane = ControlPlane(settings).start_in_background()
@@ -42,3 +44,11 @@ def running(tmp_path, database_url, tiny_model_dir):
     world = start_plane(tmp_path, database_url, tiny_model_dir)
     yield world
     world.plane.close()
+
+
+@pytest.fixture(scope="session")
+def aligned_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny base model that answers the golden set and refuses harmful prompts, built once."""
+    from tests.helpers.aligned import build_aligned_model
+
+    return build_aligned_model(tmp_path_factory.mktemp("aligned") / "model")

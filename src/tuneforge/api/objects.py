@@ -76,7 +76,17 @@ def job_object(job: Job) -> dict[str, Any]:
         "base_model_sha256": job.base_model_sha256,
         "estimate": (job.resolved or {}).get("estimate"),
         "data": _data_summary(job),
+        "eval": _eval_config(job),
+        "eval_results": job.eval_results,
+        "config_hash": job.config_hash,
     }
+
+
+def _eval_config(job: Job) -> dict[str, Any] | None:
+    resolved = (job.resolved or {}).get("eval")
+    if resolved is None:
+        return None
+    return {k: v for k, v in resolved.items() if k != "task_file_key"}  # a storage key is not the tenant's business
 
 
 def _data_summary(job: Job) -> dict[str, Any] | None:
@@ -119,8 +129,19 @@ def base_model_object(row: BaseModelRow) -> dict[str, Any]:
 
 
 def fine_tuned_model_object(row: FineTunedModel) -> dict[str, Any]:
+    lineage = dict(row.lineage or {})
+    if "artifact" in lineage:  # the digests stay; the storage prefix is the platform's business
+        lineage["artifact"] = {"files": lineage["artifact"].get("files")}
+    gates = row.gate_report or {}
     return {"id": row.model_id, "object": "model", "created": row.created_at, "owned_by": row.tenant_id,
-            "type": "fine-tuned", "base_model": row.base_model, "job_id": row.job_id}
+            # extensions
+            "type": "fine-tuned", "base_model": row.base_model, "job_id": row.job_id,
+            "artifact": row.artifact_kind, "stage": row.stage, "promotable": row.promotable,
+            "gate_failures": [g.get("reason") for g in gates.get("gates", []) if not g.get("passed")],
+            "suggestions": gates.get("suggestions", []),
+            "eval_results": row.eval_results, "gates": gates.get("gates"), "lineage": lineage,
+            "config_hash": row.config_hash, "deprecated": row.deprecated_at is not None,
+            "delete_after": row.delete_after}
 
 
 def list_object(items: Iterable[Any], present: Callable[[Any], dict[str, Any]], has_more: bool) -> dict[str, Any]:

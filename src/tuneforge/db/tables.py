@@ -115,6 +115,9 @@ class Job(Base):
     started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     estimated_finish: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # hash of everything that determines the trained weights (services/lineage.py): duplicates are pointed out
+    config_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    eval_results: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # with the gate report
 
     __table_args__ = (
         Index("ix_jobs_tenant_pk", "tenant_id", "pk"),
@@ -190,3 +193,73 @@ class FineTunedModel(Base):
     base_model_sha256: Mapped[str] = mapped_column(String(64))
     artifact_prefix: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # registry (registry/models.py): stage, gates, lineage; artifacts are immutable once registered
+    artifact_kind: Mapped[str] = mapped_column(String(16), default="adapter", server_default="adapter")
+    stage: Mapped[str] = mapped_column(String(16), default="dev", server_default="dev")
+    promotable: Mapped[bool] = mapped_column(Boolean, default=True)
+    eval_results: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    gate_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    lineage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    config_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    deprecated_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    delete_after: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    artifacts_deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class ModelStageChange(Base):
+    """The audit trail of a fine-tuned model's stages: who moved it, from where to where,
+    and whether an admin overrode a failed gate (with the reason given)."""
+
+    __tablename__ = "model_stage_changes"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("fine_tuned_models.model_id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    from_stage: Mapped[str] = mapped_column(String(16))
+    to_stage: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(128))  # "tenant:<id>" or "admin"
+    override: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookEndpoint(Base):
+    """Where a tenant wants job outcomes POSTed (services/webhooks.py). A deleted endpoint keeps
+    its row (disabled_at set) so its deliveries stay readable and their foreign key valid."""
+
+    __tablename__ = "webhook_endpoints"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    endpoint_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    url: Mapped[str] = mapped_column(String(2048))
+    secret: Mapped[str] = mapped_column(String(128))  # kept in clear: every delivery is signed with it
+    event_types: Mapped[list[Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    disabled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_webhook_endpoints_tenant_pk", "tenant_id", "pk"),)
+
+
+class WebhookDelivery(Base):
+    """The outbox: one row per (event, endpoint), written in the transaction that changed the
+    job and sent later by services/webhook_delivery.py."""
+
+    __tablename__ = "webhook_deliveries"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(String(64), unique=True)  # the event id, "evt_..."
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.endpoint_id"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    event_type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # unix seconds: when a pending delivery is due; a claimed one is pushed past its send's end
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    delivered_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint_pk", "endpoint_id", "pk"),
+    )

@@ -114,6 +114,34 @@ class DataOptions(_Strict):
         None, gt=0.0, le=0.5, description="Without a validation file: share of examples held out, by seed.")
 
 
+class EvalGate(_Strict):
+    metric: str = Field(description="A result key, e.g. golden.loss, safety.refusal_rate, task.exact_match.")
+    op: Literal["<", "<=", ">", ">=", "=="] = Field(description="How the value compares with the threshold.")
+    threshold: float = Field(description="The bound the value is compared with.")
+    relative_to_base: bool = Field(
+        False, description="Compare fine-tuned minus base (a difference) instead of the fine-tuned value.")
+
+
+class EvalConfig(_Strict):
+    enabled: bool = Field(True, description="Evaluate after training (status evaluating); false skips every eval.")
+    task_file: str | None = Field(
+        None, description="Id of an uploaded file of chat (or prompt/completion) examples: the model's answer to "
+                          "each prompt is scored against the last assistant turn by `metrics`.")
+    metrics: list[Union[str, dict]] | None = Field(
+        None, description='Task metrics: names or objects, e.g. ["exact_match", {"type": "regex", "pattern": '
+                          '"^\\d+$"}, {"type": "llm_judge", "endpoint": "http://judge/v1", "model": "m"}]; '
+                          'default ["exact_match", "rouge_l"].')
+    gates: list[EvalGate] | None = Field(
+        None, description="Conditions the fine-tuned model must meet to be promotable; default: the platform's "
+                          "golden-set and safety gates.")
+    golden: bool = Field(True, description="Run the platform's general-ability (golden) set.")
+    safety: bool = Field(True, description="Run the platform's harmful-prompt set and measure refusals.")
+    safety_detector: Union[str, dict, None] = Field(
+        None, description='Refusal detector: "keywords" (default) or {"type": "guard_model", "endpoint", "model"}.')
+    max_new_tokens: int = Field(64, ge=1, le=2048, description="Tokens generated per task or safety prompt.")
+    max_examples: int = Field(200, ge=1, le=10_000, description="Task and validation examples evaluated at most.")
+
+
 class Integration(_Strict):
     type: str
     wandb: dict | None = None
@@ -136,3 +164,4 @@ class JobCreate(_Strict):
     divergence: Divergence | None = None
     data: DataOptions | None = None
     resources: Resources | None = None
+    eval: EvalConfig | None = Field(None, description="Post-training evaluation and gates (docs/eval.md).")

@@ -40,8 +40,10 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
             JobStatus.PAUSED,
         }
     ),
+    # evaluating -> queued: the attempt was preempted or lost during the eval; it resumes from the
+    # checkpoint of the last step and evaluates again
     JobStatus.EVALUATING: frozenset(
-        {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}
+        {JobStatus.QUEUED, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PAUSED}
     ),
     JobStatus.PAUSED: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.SUCCEEDED: frozenset(),

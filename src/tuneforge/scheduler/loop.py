@@ -21,6 +21,7 @@ from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.status import AttemptStatus, JobStatus
 from tuneforge.executors.protocol import Executor, Placement, PollResult
+from tuneforge.registry import models as registry
 from tuneforge.scheduler.leader import LeaderLock
 from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
 from tuneforge.scheduler.spec_builder import build_spec
@@ -49,12 +50,28 @@ class Scheduler:
         # GPUs being freed by preemption, promised to the job they are freed for. Kept in
         # memory: a new leader starts without holds, and preempts again if it must.
         self._holds: dict[str, Hold] = {}
+        self._last_purge = 0.0
 
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:
         self._validate_new_jobs()
         self._reconcile_attempts()
         self._admit_queued_jobs()
+        self._purge_deleted_models()
+
+    def _purge_deleted_models(self, every_s: float = 60.0) -> None:
+        """Artifacts of deleted models whose grace period is over (at most once a minute)."""
+        now = time.time()
+        if now - self._last_purge < every_s:
+            return
+        self._last_purge = now
+        try:
+            with self.platform.db.session() as session:
+                purged = registry.purge_expired(session, self.platform.store, now)
+            if purged:
+                log.info("removed the artifacts of %d deleted model(s): %s", len(purged), ", ".join(purged))
+        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
+            log.exception("purging deleted models failed")
 
     def _validate_new_jobs(self) -> None:
         with self.platform.db.session() as session:

@@ -56,6 +56,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         divergence_min_increase=float(divergence.get("min_increase", settings.divergence_min_increase)),
         cache_dir=str((settings.home / "cache" / "base-models").resolve()),
         extra={**(resolved.get("extra") or {}),
+               **({"eval": resolved["eval"]} if (resolved.get("eval") or {}).get("enabled") else {}),
                **({"gradient_checkpointing": True}
                   if (resolved.get("resources") or {}).get("gradient_checkpointing") else {})},
     )

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import base_models as base_model_repo
+from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus
+from tuneforge.registry import lineage
+from tuneforge.services import evaluation
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
@@ -63,6 +67,10 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
         "min_increase": divergence.min_increase if divergence and divergence.min_increase is not None
         else settings.divergence_min_increase,
     }}
+    resolved_eval = evaluation.resolve(session, settings, job.tenant_id, request)  # queries: may autoflush
+    job.resolved = {**job.resolved, "eval": resolved_eval}  # a new dict, so the JSON column is written
+    job.config_hash = lineage.config_hash(job, training, validation)
+    _point_out_duplicate(session, job)
     prepared = plan.prepared
     warnings = sum(item.get("count", 0) for item in prepared.report.get("warnings", {}).values())
     transition(session, job, JobStatus.QUEUED,
@@ -70,6 +78,20 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
                f"validation examples, {prepared.train_tokens} tokens per epoch, {warnings} warning(s); job queued",
                data={"dataset_id": prepared.dataset_id, "train_tokens": prepared.train_tokens,
                      "reused_dataset": prepared.reused, "estimate": plan.estimate})
+
+
+def _point_out_duplicate(session: Session, job: Job) -> None:
+    """An earlier job of the tenant with the same configuration hash would train the same weights."""
+    twin = session.scalars(select(Job).where(
+        Job.tenant_id == job.tenant_id, Job.config_hash == job.config_hash, Job.job_id != job.job_id,
+        Job.status != JobStatus.CANCELLED.value).order_by(Job.pk)).first()
+    if twin is None:
+        return
+    model = f" (model {twin.fine_tuned_model})" if twin.fine_tuned_model else ""
+    events.add(session, job.job_id, f"This job has the same configuration as {twin.job_id}{model}, which is "
+                                    f"{twin.status}: same base model, data, method, hyperparameters and seed",
+               level="warn", data={"code": "duplicate_config", "config_hash": job.config_hash,
+                                   "same_as_job": twin.job_id, "same_as_model": twin.fine_tuned_model})
 
 
 def _fail(session: Session, job: Job, code: str, message: str, param: str | None = "training_file") -> None:

@@ -11,6 +11,7 @@ from typing import IO, Iterator
 
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError, invalid, not_found
@@ -43,13 +44,21 @@ def _archive(store: ObjectStore, prefix: str, folder: str, keep: tuple[str, ...]
 
 
 def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact: str | None,
-                    step: int | None) -> tuple[str, IO[bytes]]:
+                    step: int | None, dtype: str | None = None, cache_dir: Path | None = None,
+                    ) -> tuple[str, IO[bytes]]:
     """The job's trained weights as a .tar.gz: the adapter (LoRA, QLoRA), or the whole
-    model (a full fine-tune: `artifact=model`); `step=N`: a checkpoint's weights."""
+    model (a full fine-tune: `artifact=model`); `step=N`: a checkpoint's weights;
+    `artifact=merged`: base + adapter as full weights of `dtype` (bf16 by default)."""
     full = ((job.request.get("training_type") or {}).get("type")) == "full"
     artifact = artifact or ("model" if full else "adapter")
-    if artifact not in ("adapter", "model"):
-        raise invalid("artifact must be 'adapter' or 'model'", param="artifact")
+    if artifact not in ("adapter", "model", "merged"):
+        raise invalid("artifact must be 'adapter', 'model' or 'merged'", param="artifact")
+    if dtype is not None and artifact != "merged":
+        raise invalid("dtype applies to artifact=merged only", param="dtype")
+    if artifact == "merged":
+        if step is not None:
+            raise invalid("artifact=merged is built from the final weights; step cannot be given", param="step")
+        return _merged_archive(session, store, job, dtype or "bf16", cache_dir)
     if (artifact == "model") != full:
         kind = "a full fine-tune: its artifact is 'model'" if full else "an adapter: its artifact is 'adapter'"
         raise invalid(f"{job.job_id} is {kind}", param="artifact", code="artifact_not_found")
@@ -66,6 +75,28 @@ def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact:
     prefix = layout.artifact_prefix(job.tenant_id, job.job_id, artifact)
     folder = f"{job.job_id}-{artifact}"
     return f"{folder}.tar.gz", _archive(store, prefix, folder, keep=None)
+
+
+def _merged_archive(session: Session, store: ObjectStore, job: Job, dtype: str,
+                    cache_dir: Path | None) -> tuple[str, IO[bytes]]:
+    from tuneforge.registry import export
+    from tuneforge.registry import models as registry
+
+    if dtype not in export.DTYPES:
+        raise invalid(f"dtype must be one of {', '.join(export.DTYPES)}", param="dtype")
+    if job.status != JobStatus.SUCCEEDED.value or not job.fine_tuned_model:
+        raise ApiError(409, f"{job.job_id} is {job.status}; merged weights exist once it has succeeded",
+                       param="artifact", code="artifact_not_ready")
+    row = registry.get(session, job.tenant_id, job.fine_tuned_model)
+    base = base_model_repo.by_name(session, job.model)
+    if base is None or base.sha256 != row.base_model_sha256:
+        raise ApiError(409, f"the base model {job.model} this adapter was trained on is no longer registered",
+                       param="artifact", code="base_model_gone")
+    prefix = export.build_merged(store, row, base.sha256, base.prefix, dtype,
+                                 cache_dir or Path(tempfile.gettempdir()) / "tuneforge-base-models")
+    folder = f"{job.job_id}-merged-{dtype}"
+    keys_kept = tuple(k.rsplit("/", 1)[-1] for k in store.list(prefix) if not k.endswith("/.complete"))
+    return f"{folder}.tar.gz", _archive(store, prefix, folder, keep=keys_kept)
 
 
 def iter_file(handle: IO[bytes], chunk_bytes: int = 1 << 20) -> Iterator[bytes]:

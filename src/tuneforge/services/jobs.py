@@ -26,7 +26,7 @@ from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobCreate
 from tuneforge.domain.status import JobStatus
-from tuneforge.services import artifacts, estimates, hyperparams
+from tuneforge.services import artifacts, estimates, evaluation, hyperparams
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
@@ -121,6 +121,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
     if request.validation_file:
         validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1,
                                  method)
+    evaluation.check_request(session, tenant.tenant_id, request)
     return base, training, validation
 
 
@@ -222,7 +223,7 @@ def cancel_job(session: Session, tenant_id: str, job_id: str, store: ObjectStore
             400, f"Job {job_id} has already {job.status}; it cannot be cancelled",
             param="fine_tuning_job_id", code="job_not_cancellable",
         )
-    running = job.status == JobStatus.RUNNING.value
+    running = job.status in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value)
     job.cancel_requested = True
     transition(session, job, JobStatus.CANCELLED, "Fine-tuning job cancelled")
     if not running and store is not None:  # a running trainer is stopped first; the scheduler discards then
@@ -236,7 +237,7 @@ def pause_job(session: Session, tenant_id: str, job_id: str) -> Job:
     job = get_job(session, tenant_id, job_id)
     if job.status == JobStatus.QUEUED.value:
         transition(session, job, JobStatus.PAUSED, "Fine-tuning job paused")
-    elif job.status == JobStatus.RUNNING.value:
+    elif job.status in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value):
         if not job.pause_requested:
             job.pause_requested = True
             events.add(session, job.job_id, "Pause requested: the trainer checkpoints and stops")

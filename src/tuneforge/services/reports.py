@@ -21,11 +21,13 @@ from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Attempt, Checkpoint, FineTunedModel, Job
+from tuneforge.db.tables import Attempt, Checkpoint, Job
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.ids import new_id, short_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
+from tuneforge.registry import models as registry
+from tuneforge.services import evaluation
 from tuneforge.services import files as file_service
 from tuneforge.services.transitions import transition
 from tuneforge.storage import layout
@@ -52,7 +54,7 @@ def authorize(session: Session, job_id: str, number: int, authorization: str | N
 def _require_current(job: Job, attempt: Attempt) -> None:
     if attempt.number != job.attempt or AttemptStatus(attempt.status) not in ATTEMPT_ACTIVE:
         raise _stale(f"attempt {attempt.number} of {job.job_id} is no longer current")
-    if job.status != JobStatus.RUNNING.value:
+    if job.status not in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value):
         raise _stale(f"{job.job_id} is {job.status}")
 
 
@@ -174,8 +176,22 @@ def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:
         session.delete(row)
 
 
+def evaluating(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+    """Training is done and the artifacts are written; the trainer evaluates now."""
+    seq = int(body["seq"])
+    if _already_applied(attempt, seq):
+        return
+    _require_current(job, attempt)
+    attempt.last_seq = seq
+    if job.status == JobStatus.RUNNING.value:
+        transition(session, job, JobStatus.EVALUATING,
+                   "Training finished; evaluating the base and the fine-tuned model on the same data",
+                   data={"step": body.get("step")})
+
+
 def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
-    """The trainer wrote its final artifacts: register the model, finish the job."""
+    """The trainer wrote its final artifacts (and eval results): check the gates, register the
+    model with its lineage, finish the job."""
     seq = int(body["seq"])
     if _already_applied(attempt, seq):
         return
@@ -191,15 +207,37 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
         )
         job.result_files = [results.file_id]
     model_id = f"ft:{job.model}:{tenant.name if tenant else job.tenant_id}:{job.suffix or ''}:{short_id()}"
-    session.add(FineTunedModel(
-        model_id=model_id, tenant_id=job.tenant_id, job_id=job.job_id, base_model=job.model,
-        base_model_sha256=job.base_model_sha256, artifact_prefix=str(body["adapter_prefix"]),
-        created_at=int(time.time()),
-    ))
     job.fine_tuned_model = model_id
     job.trained_tokens = int(body.get("trained_tokens") or 0)
+    eval_results, report = _gate(session, job, body.get("eval"))
+    registry.register(session, store, job, model_id=model_id, artifact_prefix=str(body["adapter_prefix"]),
+                      artifact_kind=str(body.get("artifact_kind") or "adapter"), attempts=attempt.number,
+                      eval_results=eval_results, gate_report=report)
     transition(session, job, JobStatus.SUCCEEDED, "The job has successfully completed",
-               data={"fine_tuned_model": model_id, "trained_tokens": job.trained_tokens})
+               data={"fine_tuned_model": model_id, "trained_tokens": job.trained_tokens,
+                     "promotable": bool(report is None or report.get("passed"))})
+
+
+def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[dict | None, dict | None]:
+    """Check the job's gates against the eval results; the verdict goes to the job and its events."""
+    resolved_eval = (job.resolved or {}).get("eval") or {}
+    if not results or not resolved_eval.get("enabled"):
+        return None, None
+    hyperparameters = {**((job.resolved or {}).get("hyperparameters") or {}),
+                       "lora": (job.resolved or {}).get("lora"),
+                       "method": (job.request.get("method") or {}).get("type") or "supervised"}
+    report = evaluation.check_gates(resolved_eval, results, hyperparameters)
+    job.eval_results = {**results, "gates": report}
+    if report["passed"]:
+        events.add(session, job.job_id, f"All {len(report['gates'])} eval gates passed; the model can be promoted",
+                   data={"gates": report["gates"]})
+    else:
+        reasons = "; ".join(g["reason"] for g in report["gates"] if not g["passed"])
+        advice = " Suggestions: " + " ".join(report["suggestions"]) if report["suggestions"] else ""
+        events.add(session, job.job_id, f"Eval gates failed: {reasons}. The model is registered but cannot be "
+                                        f"promoted to staging or production.{advice}", level="warn",
+                   data={"code": "gates_failed", "gates": report["gates"], "suggestions": report["suggestions"]})
+    return results, report
 
 
 def fail(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:

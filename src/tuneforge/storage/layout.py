@@ -98,6 +98,18 @@ def artifact_prefix(tenant_id: str, job_id: str, kind: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/artifacts/{kind}"
 
 
+def merged_prefix(tenant_id: str, job_id: str, dtype: str) -> str:
+    """Base + adapter merged into full weights of `dtype` (built on first download, then kept)."""
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"unknown merged dtype {dtype!r}")
+    return f"{artifact_prefix(tenant_id, job_id, 'merged')}/{dtype}"
+
+
+def eval_base_results_key(base_sha256: str, suite_sha256: str) -> str:
+    """A base model's results on a platform eval suite, computed once and shared by every job."""
+    return f"eval-cache/{_part(base_sha256)}/{_part(suite_sha256)}.json"
+
+
 def results_key(tenant_id: str, job_id: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/results.csv"
 

@@ -27,7 +27,7 @@ import httpx
 
 log = logging.getLogger(__name__)
 
-REPORT_KINDS = ("events", "checkpoints", "resumed", "result", "failure")
+REPORT_KINDS = ("events", "checkpoints", "resumed", "evaluating", "result", "failure")
 FENCED_STATUSES = (401, 409)  # the attempt is no longer current, or its token is bad
 _MAX_EVENTS_PER_REQUEST = 100
 

@@ -8,7 +8,7 @@ from tuneforge.db.migrate import downgrade, upgrade
 from tuneforge.db.tables import Base
 
 TABLES = {"tenants", "api_keys", "base_models", "files", "jobs", "attempts", "job_events", "checkpoints",
-          "fine_tuned_models", "alembic_version"}
+          "fine_tuned_models", "model_stage_changes", "webhook_endpoints", "webhook_deliveries", "alembic_version"}
 
 
 def test_upgrade_creates_every_table_and_downgrade_removes_them(database_url):

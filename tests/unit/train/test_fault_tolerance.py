@@ -79,16 +79,17 @@ def test_notice_mid_step_loses_no_completed_step_and_resumes_exactly(
 
 
 def test_loss_far_above_its_best_stops_the_job_without_saving(tmp_path: Path, tiny_model_dir: Path) -> None:
-    spec, store = stage_job(tmp_path, tiny_model_dir, checkpoint={"every_steps": 1})
-    # a multiple below 1 makes every step "far above" the best: the guard must fire after `patience` steps
+    spec, store = stage_job(tmp_path, tiny_model_dir, checkpoint={"every_steps": 1}, hyperparameters={"n_epochs": 8})
+    # a multiple below 1 makes every step "far above" the best: the guard must fire `patience` steps after
+    # the lowest value starts to count (step 10, once the moving average spans its window)
     spec = replace(spec, divergence_loss_multiple=0.5, divergence_patience_steps=3, divergence_min_increase=-1.0)
     reporter = RecordingReporter()
     assert run_attempt(spec, store, reporter) == TrainerExit.USER_ERROR
     failure = reporter.of_kind("failure")[0]
     assert failure["code"] == "training_diverged"
-    assert "at step 3" in failure["message"] and "learning_rate_multiplier" in failure["message"]
-    assert reporter.of_kind("checkpoints") == []  # nothing saved during the streak
-    assert max(_losses(reporter)) == 3
+    assert "at step 12" in failure["message"] and "learning_rate_multiplier" in failure["message"]
+    assert [c["step"] for c in reporter.of_kind("checkpoints")] == list(range(1, 10))  # none during the streak
+    assert max(_losses(reporter)) == 12
 
 
 def test_a_normal_run_never_trips_the_divergence_guard(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError, unauthorized
 from tuneforge.executors.local import local_inventory
+from tuneforge.registry import models as registry
 from tuneforge.scheduler.policy import PolicyConfig
 from tuneforge.scheduler.queue_view import queue_view
 from tuneforge.services import quotas, usage
@@ -107,3 +109,17 @@ def whole_queue(session: Session = deps.SESSION, platform: Platform = Depends(de
         {"position": e.position, "job_id": e.job_id, "tenant_id": e.tenant_id, "tier": e.tier, "gpus": e.gpus,
          "queued_at": int(e.queued_at),
          "estimated_start": None if e.estimated_start is None else int(e.estimated_start)} for e in entries]}
+
+
+class AdminPromote(_Strict):
+    stage: Literal["dev", "staging", "production", "archived"]
+    reason: str | None = Field(None, max_length=2000, description="Required when the model's gates failed.")
+    override: bool = Field(False, description="Promote a model whose eval gates failed (recorded with the reason).")
+
+
+@router.post("/models/{model_id:path}/promote", dependencies=[Depends(admin)])
+def promote_model(model_id: str, body: AdminPromote, session: Session = deps.SESSION) -> dict:
+    """Any tenant's model; with `override` past failed gates — audited in the model's stage history."""
+    row = registry.get_any(session, model_id)
+    registry.promote(session, row, body.stage, actor="admin", override=body.override, reason=body.reason)
+    return fine_tuned_model_object(row)

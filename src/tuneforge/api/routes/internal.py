@@ -40,6 +40,8 @@ def report(
         reports.add_checkpoint(session, job, attempt, body)
     elif kind == "resumed":
         return {"recovered_steps": reports.resumed(session, platform.store, job, attempt, body)}
+    elif kind == "evaluating":
+        reports.evaluating(session, job, attempt, body)
     elif kind == "result":
         reports.complete(session, platform.store, job, attempt, body)
     elif kind == "failure":

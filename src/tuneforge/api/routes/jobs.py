@@ -207,12 +207,14 @@ def download(
     job_id: str,
     artifact: str | None = None,
     step: int | None = Query(default=None, ge=0),
+    dtype: str | None = Query(default=None, description="artifact=merged: bf16 (default), fp16 or fp32"),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> Response:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
-    name, archive = artifacts.adapter_archive(session, platform.store, job, artifact=artifact, step=step)
+    name, archive = artifacts.adapter_archive(session, platform.store, job, artifact=artifact, step=step,
+                                              dtype=dtype, cache_dir=platform.settings.home / "cache" / "base-models")
     return StreamingResponse(
         artifacts.iter_file(archive), media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},

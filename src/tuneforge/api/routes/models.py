@@ -1,25 +1,81 @@
-"""/v1/models — base models and the calling tenant's fine-tuned models."""
+"""/v1/models — base models and the calling tenant's fine-tuned models (the registry).
+
+OpenAI's list, retrieve and delete, plus the registry's extensions: filters
+(`type`, `base_model`, `stage`), `POST /v1/models/{model}/promote`, restore of
+a deleted (deprecated) model during its grace period, and the stage history.
+Deleting deprecates: the model disappears from listings at once and its
+artifacts are removed once `TUNEFORGE_MODEL_DELETE_GRACE_S` has passed.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import base_model_object, fine_tuned_model_object
 from tuneforge.db.repos import base_models as base_model_repo
-from tuneforge.db.repos import models as model_repo
 from tuneforge.db.tables import Tenant
-from tuneforge.domain.errors import not_found
+from tuneforge.domain.errors import invalid
+from tuneforge.registry import models as registry
+from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
+class PromoteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stage: Literal["dev", "staging", "production", "archived"] = Field(description="The stage to move to.")
+
+
+def _actor(tenant: Tenant) -> str:
+    return f"tenant:{tenant.tenant_id}"
+
+
 @router.get("")
-def list_models(tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
-    data = [base_model_object(row) for row in base_model_repo.list_all(session)]
-    data += [fine_tuned_model_object(row) for row in model_repo.list_for_tenant(session, tenant.tenant_id)]
+def list_models(
+    type: Literal["base", "fine-tuned"] | None = Query(None, description="Only base or only fine-tuned models."),
+    base_model: str | None = Query(None, description="Fine-tuned models of this base model."),
+    stage: str | None = Query(None, description="Fine-tuned models in this stage."),
+    include_deprecated: bool = Query(False, description="Also deleted models still in their grace period."),
+    tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
+) -> dict:
+    data = []
+    if type in (None, "base") and base_model is None and stage is None:
+        data += [base_model_object(row) for row in base_model_repo.list_all(session)]
+    if type in (None, "fine-tuned"):
+        rows = registry.listing(session, tenant.tenant_id, base_model=base_model, stage=stage,
+                                include_deprecated=include_deprecated)
+        data += [fine_tuned_model_object(row) for row in rows]
     return {"object": "list", "data": data}
+
+
+@router.post("/{model_id:path}/promote")
+def promote_model(model_id: str, body: PromoteBody, tenant: Tenant = Depends(deps.tenant),
+                  session: Session = deps.SESSION) -> dict:
+    row = registry.get(session, tenant.tenant_id, model_id)
+    return fine_tuned_model_object(registry.promote(session, row, body.stage, actor=_actor(tenant)))
+
+
+@router.post("/{model_id:path}/restore")
+def restore_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
+    row = registry.get(session, tenant.tenant_id, model_id)
+    return fine_tuned_model_object(registry.restore(session, row, actor=_actor(tenant)))
+
+
+@router.get("/{model_id:path}/stages")
+def stage_history(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
+    row = registry.get(session, tenant.tenant_id, model_id)
+    return {"object": "list", "data": [stage_change_object(c) for c in registry.history(session, row)]}
+
+
+def stage_change_object(change) -> dict:  # noqa: ANN001 - a ModelStageChange row
+    return {"object": "model.stage_change", "model": change.model_id, "from_stage": change.from_stage,
+            "to_stage": change.to_stage, "actor": change.actor, "override": change.override,
+            "reason": change.reason, "created_at": change.created_at}
 
 
 @router.get("/{model_id:path}")
@@ -28,7 +84,15 @@ def retrieve_model(model_id: str, tenant: Tenant = Depends(deps.tenant),
     base = base_model_repo.by_name(session, model_id)
     if base is not None:
         return base_model_object(base)
-    row = model_repo.get(session, tenant.tenant_id, model_id)
-    if row is None:
-        raise not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
-    return fine_tuned_model_object(row)
+    return fine_tuned_model_object(registry.get(session, tenant.tenant_id, model_id))
+
+
+@router.delete("/{model_id:path}")
+def delete_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
+                 platform: Platform = Depends(deps.platform)) -> dict:
+    if base_model_repo.by_name(session, model_id) is not None:
+        raise invalid(f"{model_id} is a base model; only fine-tuned models can be deleted", param="model",
+                      code="model_not_deletable")
+    row = registry.get(session, tenant.tenant_id, model_id)
+    registry.deprecate(session, row, grace_s=platform.settings.model_delete_grace_s, actor=_actor(tenant))
+    return {"id": row.model_id, "object": "model", "deleted": True, "delete_after": row.delete_after}

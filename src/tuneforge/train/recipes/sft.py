@@ -68,6 +68,7 @@ from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train import distributed
+from tuneforge.train import evaluate
 from tuneforge.train.batches import (
     MicroBatch,
     collate,
@@ -517,6 +518,7 @@ def _would_overrun(run: Run, started: float, done: int, total: int) -> bool:
 
 
 LOSS_SMOOTHING = 0.9  # the guard watches an exponential moving average: one hard batch is not divergence
+LOSS_WINDOW_STEPS = 10  # about 1 / (1 - LOSS_SMOOTHING): the steps the average mostly spans
 
 
 def check_divergence(run: Run, stats: StepStats) -> TrainingDiverged | None:
@@ -526,9 +528,11 @@ def check_divergence(run: Run, stats: StepStats) -> TrainingDiverged | None:
     ema = stats.train_loss if state.loss_ema is None else \
         LOSS_SMOOTHING * state.loss_ema + (1 - LOSS_SMOOTHING) * stats.train_loss
     state.loss_ema = ema
-    if state.best_loss is None or ema < state.best_loss:
+    # the lowest value counts from the step where the average spans a whole window, so that a
+    # first batch of easy examples (data the base model already knows) cannot set it
+    if state.step >= LOSS_WINDOW_STEPS and (state.best_loss is None or ema < state.best_loss):
         state.best_loss = ema
-    far_above = ema > spec.divergence_loss_multiple * state.best_loss and \
+    far_above = state.best_loss is not None and ema > spec.divergence_loss_multiple * state.best_loss and \
         ema - state.best_loss > spec.divergence_min_increase
     state.bad_steps = state.bad_steps + 1 if far_above else 0
     if spec.divergence_patience_steps > 0 and state.bad_steps >= spec.divergence_patience_steps:
@@ -623,7 +627,10 @@ def save_final(run: Run) -> TrainerExit:
     last = state.history[-1]
     if run.valid_set and last["valid_loss"] is None:
         last["valid_loss"], last["valid_mean_token_accuracy"] = validate(run)
-    if not run.dist.main:  # rank 0 writes the artifacts and reports
+    evaluating = evaluate.eval_config(spec.extra) is not None
+    if evaluating and run.last_checkpoint_step != state.step:
+        save_checkpoint(run)  # a preemption during the eval then loses no training
+    if not run.dist.main:  # rank 0 writes the artifacts, evaluates and reports
         return TrainerExit.SUCCESS
     if is_adapter(run.model):
         adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
@@ -634,9 +641,11 @@ def save_final(run: Run) -> TrainerExit:
     results_key = layout.results_key(spec.tenant_id, spec.job_id)
     run.store.put_bytes(results_key, results_csv(state.history))
     metrics = {**checkpoint_metrics(last), "steps": state.step}
+    eval_results = evaluate.evaluate(run, validate) if evaluating else None
     run.reporter.report("result", {
         "trained_tokens": state.trained_tokens, "adapter_prefix": adapter_prefix,
-        "results_key": results_key, "metrics": metrics,
+        "results_key": results_key, "metrics": metrics, "eval": eval_results,
+        "artifact_kind": "adapter" if is_adapter(run.model) else "model",
     })
     log.info("finished: %d steps, %d trained tokens, adapter at %s", state.step, state.trained_tokens, adapter_prefix)
     return TrainerExit.SUCCESS

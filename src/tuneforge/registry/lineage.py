@@ -1,0 +1,99 @@
+"""Lineage of a fine-tuned model: everything needed to trace it to its inputs
+and to tell whether two jobs would train the same weights.
+
+The configuration hash covers what determines the trained weights — base
+model SHA, the content hashes of the data files, method, training type, the
+resolved hyperparameters and LoRA settings, and the seed — and nothing that
+does not (job id, suffix, metadata, GPU count)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tuneforge import __version__
+from tuneforge.db.tables import FileRow, Job
+from tuneforge.storage.store import ObjectStore
+
+
+def _canonical_sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def hyperparameters_hash(resolved: dict[str, Any]) -> str:
+    """SHA-256 of the resolved hyperparameters and LoRA settings (canonical JSON)."""
+    return _canonical_sha256({"hyperparameters": resolved.get("hyperparameters"), "lora": resolved.get("lora")})
+
+
+def config_hash(job: Job, training: FileRow, validation: FileRow | None) -> str:
+    request = job.request or {}
+    resolved = job.resolved or {}
+    return _canonical_sha256({
+        "base_model_sha256": job.base_model_sha256,
+        "training_file_sha256": training.sha256,
+        "validation_file_sha256": validation.sha256 if validation else None,
+        "method": (request.get("method") or {}).get("type") or "supervised",
+        "training_type": (request.get("training_type") or {}).get("type") or "lora",
+        "hyperparameters": hyperparameters_hash(resolved),
+        "data": {k: v for k, v in (request.get("data") or {}).items()},
+        "seed": job.seed,
+    })
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """The package version, and the git commit when running from a checkout."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{__version__}+g{commit}" if commit else __version__
+
+
+def artifact_digests(store: ObjectStore, prefix: str) -> dict[str, str]:
+    """SHA-256 of every file of a registered artifact, by its path under the prefix: what
+    makes a registered artifact checkably immutable."""
+    strip = len(prefix.rstrip("/")) + 1
+    digests = {}
+    for key in sorted(store.list(prefix)):
+        digest = hashlib.sha256()
+        with store.open_read(key) as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        digests[key[strip:]] = digest.hexdigest()
+    return digests
+
+
+def build_lineage(job: Job, training: FileRow | None, validation: FileRow | None, *, attempts: int,
+                  artifact_prefix: str, artifact_files: dict[str, str]) -> dict[str, Any]:
+    resolved = job.resolved or {}
+    request = job.request or {}
+
+    def file_entry(row: FileRow | None, file_id: str | None) -> dict[str, Any] | None:
+        if file_id is None:
+            return None
+        return {"id": file_id, "sha256": row.sha256 if row else None, "filename": row.filename if row else None}
+
+    return {
+        "base_model": {"name": job.model, "sha256": job.base_model_sha256},
+        "training_file": file_entry(training, job.training_file),
+        "validation_file": file_entry(validation, job.validation_file),
+        "dataset_id": (resolved.get("data") or {}).get("dataset_id"),
+        "method": (request.get("method") or {}).get("type") or "supervised",
+        "training_type": (request.get("training_type") or {}).get("type") or "lora",
+        "hyperparameters": resolved.get("hyperparameters"),
+        "lora": resolved.get("lora"),
+        "hyperparameters_sha256": hyperparameters_hash(resolved),
+        "config_hash": job.config_hash,
+        "seed": job.seed,
+        "job_id": job.job_id,
+        "attempts": attempts,
+        "trained_tokens": job.trained_tokens,
+        "code_version": code_version(),
+        "artifact": {"prefix": artifact_prefix, "files": artifact_files},
+    }

@@ -1,0 +1,168 @@
+"""Registering, promoting, deprecating and purging fine-tuned models.
+
+A model is registered once its job's trainer has written the artifacts and
+the eval results are in: lineage, eval results and the gate report are stored
+with it, and the SHA-256 of every artifact file, so a changed artifact is
+detected (`verify_artifacts`). A model whose gates failed is registered but
+cannot reach staging or production without an audited admin override."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import events
+from tuneforge.db.repos import files as file_repo
+from tuneforge.db.tables import FineTunedModel, Job, ModelStageChange
+from tuneforge.db.tenancy import owned
+from tuneforge.domain.errors import ApiError, invalid, not_found
+from tuneforge.registry import lineage
+from tuneforge.registry.stages import GATED, STAGES, can_move
+from tuneforge.storage.store import ObjectStore
+
+
+def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, artifact_prefix: str,
+             artifact_kind: str, attempts: int, eval_results: dict[str, Any] | None,
+             gate_report: dict[str, Any] | None) -> FineTunedModel:
+    training = file_repo.get(session, job.tenant_id, job.training_file)
+    validation = file_repo.get(session, job.tenant_id, job.validation_file) if job.validation_file else None
+    digests = lineage.artifact_digests(store, artifact_prefix)
+    row = FineTunedModel(
+        model_id=model_id, tenant_id=job.tenant_id, job_id=job.job_id, base_model=job.model,
+        base_model_sha256=job.base_model_sha256, artifact_prefix=artifact_prefix, created_at=int(time.time()),
+        artifact_kind=artifact_kind, stage="dev",
+        promotable=bool(gate_report is None or gate_report.get("passed")),
+        eval_results=eval_results, gate_report=gate_report, config_hash=job.config_hash,
+        lineage=lineage.build_lineage(job, training, validation, attempts=attempts,
+                                      artifact_prefix=artifact_prefix, artifact_files=digests),
+    )
+    session.add(row)
+    twin = same_config(session, job.tenant_id, job.config_hash, exclude_job=job.job_id)
+    if twin is not None:
+        events.add(session, job.job_id, f"{model_id} was trained with the same configuration as {twin.model_id} "
+                                        f"(job {twin.job_id}): same base model, data, method, hyperparameters "
+                                        "and seed", level="warn",
+                   data={"code": "duplicate_config", "config_hash": job.config_hash, "same_as": twin.model_id})
+    return row
+
+
+def same_config(session: Session, tenant_id: str, config_hash: str | None, *,
+                exclude_job: str | None = None) -> FineTunedModel | None:
+    if not config_hash:
+        return None
+    query = owned(FineTunedModel, tenant_id).where(FineTunedModel.config_hash == config_hash)
+    if exclude_job:
+        query = query.where(FineTunedModel.job_id != exclude_job)
+    return session.scalars(query.order_by(FineTunedModel.pk)).first()
+
+
+def get(session: Session, tenant_id: str, model_id: str) -> FineTunedModel:
+    row = session.scalar(owned(FineTunedModel, tenant_id).where(FineTunedModel.model_id == model_id))
+    if row is None or row.artifacts_deleted_at is not None:
+        raise not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    return row
+
+
+def get_any(session: Session, model_id: str) -> FineTunedModel:
+    """A model of any tenant (operators only)."""
+    row = session.scalar(select(FineTunedModel).where(FineTunedModel.model_id == model_id))
+    if row is None or row.artifacts_deleted_at is not None:
+        raise not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    return row
+
+
+def listing(session: Session, tenant_id: str, *, base_model: str | None = None, stage: str | None = None,
+            include_deprecated: bool = False) -> list[FineTunedModel]:
+    if stage is not None and stage not in STAGES:
+        raise invalid(f"stage must be one of {', '.join(STAGES)}", param="stage")
+    query = owned(FineTunedModel, tenant_id).where(FineTunedModel.artifacts_deleted_at.is_(None))
+    if base_model:
+        query = query.where(FineTunedModel.base_model == base_model)
+    if stage:
+        query = query.where(FineTunedModel.stage == stage)
+    if not include_deprecated:
+        query = query.where(FineTunedModel.deprecated_at.is_(None))
+    return list(session.scalars(query.order_by(FineTunedModel.pk)))
+
+
+def promote(session: Session, row: FineTunedModel, target: str, *, actor: str, override: bool = False,
+            reason: str | None = None) -> FineTunedModel:
+    """Move a model to `target`; gated stages need passing gates or an admin override with a reason."""
+    if target not in STAGES:
+        raise invalid(f"stage must be one of {', '.join(STAGES)}", param="stage")
+    if row.deprecated_at is not None:
+        raise ApiError(409, f"{row.model_id} is deprecated (deleted); restore it first", param="model",
+                       code="model_deprecated")
+    if target == row.stage:
+        return row
+    if not can_move(row.stage, target):
+        raise ApiError(409, f"{row.model_id} is in {row.stage}; it cannot move to {target} directly",
+                       param="stage", code="invalid_stage_transition")
+    if target in GATED and not row.promotable:
+        if not override:
+            reasons = "; ".join(failure_reasons(row)) or "its gates failed"
+            raise ApiError(409, f"{row.model_id} failed its eval gates and cannot reach {target}: {reasons}",
+                           param="stage", code="gates_failed")
+        if not (reason and reason.strip()):
+            raise invalid("an override of failed gates needs a reason", param="reason")
+    session.add(ModelStageChange(model_id=row.model_id, tenant_id=row.tenant_id, from_stage=row.stage,
+                                 to_stage=target, actor=actor, override=bool(override and not row.promotable),
+                                 reason=reason, created_at=int(time.time())))
+    row.stage = target
+    return row
+
+
+def failure_reasons(row: FineTunedModel) -> list[str]:
+    return [str(g.get("reason")) for g in (row.gate_report or {}).get("gates", []) if not g.get("passed")]
+
+
+def history(session: Session, row: FineTunedModel) -> list[ModelStageChange]:
+    return list(session.scalars(select(ModelStageChange).where(ModelStageChange.model_id == row.model_id)
+                                .order_by(ModelStageChange.pk)))
+
+
+def deprecate(session: Session, row: FineTunedModel, *, grace_s: float, actor: str) -> FineTunedModel:
+    """Deleting a model: hidden from listings at once, artifacts removed after the grace period
+    (`purge_expired`); `restore` undoes it until then."""
+    if row.deprecated_at is None:
+        now = int(time.time())
+        row.deprecated_at, row.delete_after = now, now + int(grace_s)
+        session.add(ModelStageChange(model_id=row.model_id, tenant_id=row.tenant_id, from_stage=row.stage,
+                                     to_stage="deprecated", actor=actor, created_at=now))
+    return row
+
+
+def restore(session: Session, row: FineTunedModel, *, actor: str) -> FineTunedModel:
+    if row.deprecated_at is None:
+        raise ApiError(409, f"{row.model_id} is not deprecated", param="model", code="model_not_deprecated")
+    row.deprecated_at, row.delete_after = None, None
+    session.add(ModelStageChange(model_id=row.model_id, tenant_id=row.tenant_id, from_stage="deprecated",
+                                 to_stage=row.stage, actor=actor, created_at=int(time.time())))
+    return row
+
+
+def purge_expired(session: Session, store: ObjectStore, now: float | None = None) -> list[str]:
+    """Remove the artifacts of models whose grace period is over; the row stays (lineage)."""
+    now = time.time() if now is None else now
+    rows = session.scalars(select(FineTunedModel).where(
+        FineTunedModel.delete_after.is_not(None), FineTunedModel.delete_after <= now,
+        FineTunedModel.artifacts_deleted_at.is_(None))).all()
+    for row in rows:
+        store.delete_prefix(row.artifact_prefix)
+        row.artifacts_deleted_at = int(now)
+    return [row.model_id for row in rows]
+
+
+def verify_artifacts(store: ObjectStore, row: FineTunedModel) -> None:
+    """Raise when a registered artifact's files differ from the digests recorded at registration."""
+    recorded = ((row.lineage or {}).get("artifact") or {}).get("files")
+    if not recorded:
+        return
+    actual = lineage.artifact_digests(store, row.artifact_prefix)
+    if actual != recorded:
+        changed = sorted(k for k in set(actual) | set(recorded) if actual.get(k) != recorded.get(k))
+        raise ApiError(409, f"the artifacts of {row.model_id} changed since registration: {', '.join(changed)}",
+                       param="model", code="artifact_modified")

@@ -1,0 +1,90 @@
+"""The control plane's side of post-training evaluation: the `eval` body checked
+at creation, resolved (platform defaults) when the job is planned, and the
+gates checked against the results the trainer reports.
+
+The trainer measures (`train/evaluate.py`); gates, suggestions and the
+decision whether a model may be promoted are made here, from the job's
+resolved gates, so a trainer cannot grade itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import files as file_repo
+from tuneforge.domain.errors import invalid
+from tuneforge.domain.job_config import EvalConfig, JobCreate
+from tuneforge.eval import gates as eval_gates
+from tuneforge.eval import metrics as task_metrics
+from tuneforge.eval import refusal
+from tuneforge.settings import Settings
+
+TASK_FILE_PURPOSES = ("fine-tune", "evals")
+
+
+def check_request(session: Session, tenant_id: str, request: JobCreate) -> None:
+    """At creation: the task file is the tenant's and usable; metrics, gates and detector parse."""
+    config = request.eval
+    if config is None:
+        return
+    if config.task_file:
+        row = file_repo.get(session, tenant_id, config.task_file)
+        if row is None:
+            raise invalid(f"invalid eval.task_file: no such file {config.task_file}", param="eval.task_file",
+                          code="file_not_found")
+        if row.purpose not in TASK_FILE_PURPOSES:
+            raise invalid(f"invalid eval.task_file: file {config.task_file} has purpose {row.purpose!r}, "
+                          f"expected {' or '.join(TASK_FILE_PURPOSES)}", param="eval.task_file",
+                          code="invalid_file_purpose")
+        if row.status == "error":
+            raise invalid(f"invalid eval.task_file {config.task_file}: {row.status_details}",
+                          param="eval.task_file", code="invalid_file")
+    elif config.metrics:
+        raise invalid("eval.metrics score answers to eval.task_file: give a task file", param="eval.task_file")
+    task_metrics.parse_metrics(config.metrics)
+    eval_gates.parse_gates([g.model_dump() for g in config.gates] if config.gates is not None else None)
+    refusal.detector_from_config(config.safety_detector)
+
+
+def resolve(session: Session, settings: Settings, tenant_id: str, request: JobCreate) -> dict[str, Any]:
+    """What the trainer and the gate check use (`jobs.resolved["eval"]`)."""
+    config = request.eval or EvalConfig(enabled=settings.eval_by_default)
+    resolved: dict[str, Any] = config.model_dump(mode="json")
+    if config.task_file:
+        row = file_repo.get(session, tenant_id, config.task_file)
+        resolved["task_file_key"] = row.key if row else None
+    if config.task_file and config.metrics is None:
+        resolved["metrics"] = [spec_name(s) for s in task_metrics.parse_metrics(None)]
+    if config.gates is None:
+        resolved["gates"] = [gate_dict(g) for g in default_gates(settings, config)]
+    return resolved
+
+
+def default_gates(settings: Settings, config: EvalConfig) -> list[Any]:
+    gates = eval_gates.default_gates(
+        golden_max_loss_increase=settings.eval_golden_max_loss_increase,
+        golden_max_accuracy_drop=settings.eval_golden_max_accuracy_drop,
+        safety_max_refusal_drop=settings.eval_safety_max_refusal_drop,
+    )
+    skipped = {"golden": not config.golden, "safety": not config.safety}
+    return [g for g in gates if not skipped.get(g.metric.split(".", 1)[0], False)]
+
+
+def spec_name(spec: Any) -> Any:
+    return getattr(spec, "name", spec)
+
+
+def gate_dict(gate: Any) -> dict[str, Any]:
+    return {"metric": gate.metric, "op": gate.op, "threshold": gate.threshold,
+            "relative_to_base": gate.relative_to_base}
+
+
+def check_gates(resolved_eval: dict[str, Any], results: dict[str, Any],
+                hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    """The gate report stored with the model: every gate's value and verdict, the reasons of
+    the failures and concrete hyperparameter suggestions."""
+    gates = eval_gates.parse_gates(resolved_eval.get("gates") or [])
+    report = eval_gates.check(gates, results)
+    suggestions = eval_gates.suggestions(report, hyperparameters) if not report.passed else []
+    return {**report.as_dict(), "suggestions": suggestions}

@@ -1,0 +1,151 @@
+"""The trainer's evaluate phase: after the artifacts are written, the base and
+the fine-tuned model are measured on the same data (validation set, the
+tenant's task file, the platform's golden and safety sets).
+
+With an adapter (LoRA, QLoRA) both are the same loaded weights, the adapter
+switched off for the base; a full fine-tune loads the base model beside it
+for the duration. The control plane checks gates against the results
+(`eval/gates.py`); the trainer only measures.
+
+A failing eval input (a bad line in the task file, an unreachable judge) does
+not throw the training away: the error is recorded with the results, and the
+gates that needed the missing metric fail with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from tuneforge.data.errors import BadDataError
+from tuneforge.domain.errors import ApiError
+from tuneforge.eval import metrics as task_metrics
+from tuneforge.eval import refusal, runner, shipped
+from tuneforge.storage.model_cache import fetch_base_model
+from tuneforge.train.model import is_adapter, load_base_model
+from tuneforge.train.reporter import message_event
+
+log = logging.getLogger(__name__)
+
+# examples of each suite shown with the results (prompt, base answer, fine-tuned answer)
+_SAMPLES = 5
+
+
+def eval_config(spec_extra: dict[str, Any]) -> dict[str, Any] | None:
+    config = spec_extra.get("eval")
+    return config if config and config.get("enabled", True) else None
+
+
+def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[str, Any] | None:
+    """Measure base and fine-tuned model; None when the job has no eval. `validate(run)` is the
+    recipe's validation pass (its objective's loss and token accuracy on the validation set)."""
+    config = eval_config(run.spec.extra)
+    if config is None:
+        return None
+    started = time.monotonic()
+    run.reporter.report("evaluating", {"step": run.state.step})
+    errors: list[dict[str, Any]] = []
+    golden = shipped.golden_examples() if config.get("golden", True) else []
+    safety = shipped.safety_examples() if config.get("safety", True) else []
+    tasks, specs = _tasks(run, config, errors)
+    detector = refusal.detector_from_config(config.get("safety_detector"))
+    limit = int(config.get("max_examples") or 200)
+    suites = dict(golden=golden, safety=safety, tasks=tasks, max_new_tokens=int(config.get("max_new_tokens") or 64),
+                  max_seq_length=run.spec.hyperparameters.max_seq_length)
+    valid_rows = run.valid_set[:limit]
+    tuned = runner.observe(run.model, run.tokenizer, run.device, **suites)
+    tuned_valid = _validation(run, validate, valid_rows)
+    with _base_model(run) as base_model:
+        base = runner.observe(base_model, run.tokenizer, run.device, **suites)
+        base_valid = _validation(run, validate, valid_rows, model=base_model)
+    try:
+        results = runner.score(base, tuned, safety=safety, tasks=tasks, metric_specs=specs, detector=detector)
+    except task_metrics.JudgeError as exc:
+        errors.append({"suite": "task", "metric": "llm_judge", "message": str(exc)})
+        results = runner.score(base, tuned, safety=safety, tasks=tasks, detector=detector,
+                               metric_specs=[s for s in specs if s.name != "llm_judge"])
+    except refusal.GuardModelError as exc:  # the guard model is unreachable: no safety figures
+        errors.append({"suite": "safety", "metric": "refusal_rate", "message": str(exc)})
+        results = runner.score(base, tuned, safety=[], tasks=tasks, metric_specs=specs, detector=detector)
+    results["base"].update(base_valid)
+    results["fine_tuned"].update(tuned_valid)
+    samples = {
+        "task": [{"prompt": t.prompt_for_judge, "reference": t.reference, "base": b, "fine_tuned": f}
+                 for t, b, f in list(zip(tasks, base.task_answers, tuned.task_answers))[:_SAMPLES]],
+        "safety": [{"prompt": row["messages"][-2]["content"], "base": b, "fine_tuned": f}
+                   for row, b, f in list(zip(safety, base.safety_replies, tuned.safety_replies))[:_SAMPLES]],
+    }
+    counts = {"validation": len(valid_rows), "task": len(tasks), "golden": len(golden), "safety": len(safety)}
+    duration = time.monotonic() - started
+    run.reporter.report("events", message_event(
+        f"evaluated base and fine-tuned model in {duration:.1f} s "
+        f"({', '.join(f'{n} {k}' for k, n in counts.items() if n)} examples)",
+        data={"eval": {k: results[k] for k in ("base", "fine_tuned")}}))
+    return {**results, "examples": counts, "samples": samples, "errors": errors, "duration_s": round(duration, 3)}
+
+
+def _tasks(run: Any, config: dict[str, Any], errors: list[dict[str, Any]]) -> tuple[list[runner.TaskExample], list]:
+    key = config.get("task_file_key")
+    if not key:
+        return [], []
+    try:
+        specs = task_metrics.parse_metrics(config.get("metrics"))
+        rows = _read_jsonl(run.store.get_bytes(key))
+        return runner.task_examples(rows, int(config.get("max_examples") or 200)), specs
+    except (BadDataError, ApiError, OSError) as exc:
+        errors.append({"suite": "task", "message": str(exc)})
+        run.reporter.report("events", message_event(f"task eval skipped: {exc}", level="warn"))
+        return [], []
+
+
+def _read_jsonl(data: bytes) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(data.decode("utf-8-sig").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadDataError("invalid_json", f"eval task file: {exc.msg}", line_number=number) from None
+        if not isinstance(row, dict):
+            raise BadDataError("invalid_example", "eval task file: a line must be a JSON object", line_number=number)
+        rows.append(row)
+    return rows
+
+
+def _validation(run: Any, validate: Callable[[Any], tuple[float, float]], rows: list[Any],
+                model: Any = None) -> dict[str, float]:
+    if not rows:
+        return {}
+    saved_model, saved_rows = run.model, run.valid_set
+    run.model, run.valid_set = (model if model is not None else run.model), rows
+    try:
+        loss, accuracy = validate(run)
+    finally:
+        run.model, run.valid_set = saved_model, saved_rows
+    return runner.validation_results(loss, accuracy, perplexity=run.spec.method in ("supervised", "cpt"))
+
+
+@contextlib.contextmanager
+def _base_model(run: Any) -> Iterator[Any]:
+    """The base model: the adapter switched off, or (a full fine-tune) the base loaded beside it."""
+    if is_adapter(run.model):
+        with run.model.disable_adapter():
+            yield run.model
+        return
+    base_dir = fetch_base_model(run.store, run.spec.base_model,
+                                Path(run.spec.cache_dir) if run.spec.cache_dir else None)
+    base, _tokenizer = load_base_model(base_dir, run.device)
+    try:
+        yield base
+    finally:
+        del base
+        if run.device.type == "cuda":
+            torch.cuda.empty_cache()
