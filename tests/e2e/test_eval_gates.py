@@ -20,12 +20,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+import torch
 
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
 from tests.helpers.aligned import aligned_rows
+from tests.unit.registry.test_export import assert_vllm_adapter_layout
 from tuneforge.demo.dataset import chat_example, demo_facts
 from tuneforge.eval import shipped
+from tuneforge.services.artifacts import extract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]
 
@@ -112,7 +115,7 @@ def _promote(plane, model_id: str, stage: str) -> httpx.Response:
                       headers={"Authorization": f"Bearer {plane.key_a}"})
 
 
-def test_a_good_fine_tune_passes_its_gates_and_reaches_production(plane):
+def test_a_good_fine_tune_passes_its_gates_and_reaches_production(plane, tmp_path):
     facts = demo_facts(16, seed=3)
     task = [chat_example(f) for f in facts]
     judge = JudgeStub()
@@ -144,6 +147,36 @@ def test_a_good_fine_tune_passes_its_gates_and_reaches_production(plane):
     assert model["lineage"]["base_model"]["name"] == "tiny-chat" and model["lineage"]["attempts"] == 1
     for stage in ("staging", "production"):
         assert _promote(plane, done.fine_tuned_model, stage).json()["stage"] == stage
+    _check_exports(plane, done.id, tmp_path)
+
+
+def _download(plane, job_id: str, query: str, into) -> object:
+    response = httpx.get(f"{plane.url}/v1/fine_tuning/jobs/{job_id}/download?{query}",
+                         headers={"Authorization": f"Bearer {plane.key_a}"}, timeout=120)
+    assert response.status_code == 200, response.text
+    archive = into / f"{query.replace('&', '-').replace('=', '-')}.tar.gz"
+    archive.write_bytes(response.content)
+    return extract(archive, into / archive.name.removesuffix(".tar.gz"))
+
+
+def _check_exports(plane, job_id: str, tmp_path) -> None:
+    """The trainer's adapter has vLLM's layout; merged fp32 weights load in transformers alone and
+    give the logits of base + adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter = _download(plane, job_id, "artifact=adapter", tmp_path)
+    assert_vllm_adapter_layout(adapter, rank=LORA["rank"], alpha=LORA["alpha"], base_model="tiny-chat")
+    merged = AutoModelForCausalLM.from_pretrained(_download(plane, job_id, "artifact=merged&dtype=fp32", tmp_path))
+    base = AutoModelForCausalLM.from_pretrained(plane.model_dir, dtype=torch.float32)
+    reference = PeftModel.from_pretrained(base, adapter).eval()
+    ids = torch.randint(5, 300, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        difference = (merged.eval()(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max()
+    assert difference < 1e-3
+    bad = httpx.get(f"{plane.url}/v1/fine_tuning/jobs/{job_id}/download?artifact=merged&dtype=int3",
+                    headers={"Authorization": f"Bearer {plane.key_a}"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "dtype"
 
 
 def test_a_fine_tune_trained_to_stop_refusing_is_blocked_by_the_safety_gate(plane):

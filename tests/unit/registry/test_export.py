@@ -90,19 +90,25 @@ def test_a_merge_refuses_artifacts_changed_after_registration(registered, tmp_pa
     assert store.list(layout.merged_prefix(TENANT, JOB, "fp16")) == []
 
 
-def test_the_adapter_folder_has_the_layout_vllm_loads(registered, tmp_path):
-    store, row, _ = registered
-    folder = tmp_path / "download"
-    store.download_prefix(row.artifact_prefix, folder)
-    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "adapter_config.json",
-                                                        "adapter_model.safetensors"]
+def assert_vllm_adapter_layout(folder: Path, *, rank: int, alpha: int, base_model: str) -> None:
+    """What vLLM's multi-LoRA loader reads: a PEFT LoRA config and safetensors named by module path,
+    with no embedding or output-head weights."""
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in folder.iterdir()}
+    assert {p.name for p in folder.iterdir()} <= {"adapter_config.json", "adapter_model.safetensors", "README.md"}
     config = json.loads((folder / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8
+    assert config["peft_type"] == "LORA" and config["r"] == rank and config["lora_alpha"] == alpha
     assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"}
-    assert config["base_model_name_or_path"] == "tiny-base"
+    assert config["base_model_name_or_path"] == base_model
     with safe_open(folder / "adapter_model.safetensors", framework="pt") as tensors:
         names = list(tensors.keys())
     assert names and all(n.startswith("base_model.model.model.layers.") for n in names)
     assert all(n.endswith((".lora_A.weight", ".lora_B.weight")) for n in names)
     assert not any("embed_tokens" in n or "lm_head" in n for n in names)
+
+
+def test_the_adapter_folder_has_the_layout_vllm_loads(registered, tmp_path):
+    store, row, _ = registered
+    folder = tmp_path / "download"
+    store.download_prefix(row.artifact_prefix, folder)
+    assert_vllm_adapter_layout(folder, rank=4, alpha=8, base_model="tiny-base")
