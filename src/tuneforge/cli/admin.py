@@ -21,7 +21,8 @@ from tuneforge.services import usage as usage_service
 from tuneforge.services.context import Platform
 from tuneforge.settings import get_settings
 
-console = Console(stderr=True)
+# soft_wrap: a message is one line however narrow the terminal, so scripts can grep it
+console = Console(stderr=True, soft_wrap=True)
 tenants_app = typer.Typer(help="Create and manage tenants (admin).", no_args_is_help=True)
 base_models_app = typer.Typer(help="Register base models (admin).", no_args_is_help=True)
 eval_sets_app = typer.Typer(help="Platform-wide eval sets that training data is checked against (admin).",

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tuneforge.settings import get_settings
 
-console = Console()
+console = Console(soft_wrap=True)  # one message, one line: scripts grep them
 files_app = typer.Typer(help="Upload and list files.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Create and follow fine-tuning jobs.", no_args_is_help=True)
 TERMINAL = ("succeeded", "failed", "cancelled")
