@@ -16,13 +16,17 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+# Ray (tests/helpers/ray_cluster.py) must keep 127.0.0.1 as it is rather than swap in this
+# host's own address: read when Ray is imported, so set before anything imports it.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import pytest  # noqa: E402
 
 # Plain asserts in shared helpers (e.g. store_contract) get pytest's detailed messages.
 pytest.register_assert_rewrite("tests.helpers")
 
-from tests.helpers import postgres, s3
-from tests.helpers.s3 import S3Storage
+from tests.helpers import postgres, s3  # noqa: E402
+from tests.helpers.s3 import S3Storage  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

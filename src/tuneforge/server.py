@@ -29,7 +29,11 @@ class ControlPlane:
             upgrade(settings.resolved_database_url)
         self.platform = Platform.from_settings(settings)
         self.app = create_app(settings, platform=self.platform)
-        self.scheduler = Scheduler(self.platform, make_executor(settings)) if run_scheduler else None
+        self.executor = make_executor(settings) if run_scheduler else None
+        self.scheduler = Scheduler(self.platform, self.executor) if self.executor is not None else None
+        if self.executor is not None:
+            # jobs created before the first tick are checked against the real inventory too
+            self.platform.inventory = self.executor.capacity()
         # every control plane sends webhooks; their claim keeps two from sending one attempt twice
         self.webhooks = Dispatcher(self.platform)
         config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
@@ -70,6 +74,9 @@ class ControlPlane:
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)
+        if self.executor is not None:
+            self.executor.close()  # disconnects; running attempts carry on
+            self.executor = None
         self.platform.db.dispose()
 
     def __enter__(self) -> "ControlPlane":

@@ -47,7 +47,39 @@ class Settings(BaseSettings):
 
     admin_api_key: str | None = Field(
         default=None, description="Bearer key of the admin API (/v1/admin/...); unset: the admin API is off.")
-    executor: str = Field(default="local", description="Executor: 'local' (subprocesses).")
+    executor: str = Field(default="local", description="Executor: 'local' (subprocesses on this host) or 'ray' "
+                                                       "(attempts on a Ray cluster, one placement group each).")
+    ray_address: str | None = Field(
+        default=None, description="Ray cluster to run attempts on: 'host:6379' when this host is a node of the "
+                                  "cluster, 'ray://head:10001' (Ray Client) when it is not, or 'auto'; unset: "
+                                  "RAY_ADDRESS, else 'auto'.")
+    ray_namespace: str = Field(
+        default="tuneforge", description="Ray namespace of the trainer actors and placement groups; control planes "
+                                         "of different platforms on one cluster need different namespaces.")
+    ray_gpu_resource: str = Field(
+        default="GPU", description="The Ray resource that counts as one GPU slot (a custom resource such as "
+                                   "'trainer_slot' lets a CPU-only cluster run trainers).")
+    ray_cpus_per_gpu: float = Field(
+        default=1.0, ge=0.0, description="CPUs reserved beside each GPU of an attempt's placement group (data "
+                                         "loading, tokenization, the trainer's own threads).")
+    ray_placement_timeout_s: float = Field(
+        default=60.0, gt=0.0, description="How long a launch waits for its placement group; one that is not ready "
+                                          "by then is removed and the job requeued (GPUs taken by work outside "
+                                          "tuneforge, or a node that left).")
+    ray_node_workdir: str = Field(
+        default="/tmp/tuneforge/attempts", description="Folder on each Ray node for attempts' specs and logs; "
+                                                       "'{node_id}' in it is replaced by the node's Ray id.")
+    ray_node_cache_dir: str = Field(
+        default="~/.cache/tuneforge/base-models", description="Folder on each Ray node where base models are cached "
+                                                            "by SHA, so a second job on that node downloads "
+                                                            "nothing; '{node_id}' is replaced by the node's id.")
+    ray_runtime_env: dict | None = Field(
+        default=None, description="Ray runtime_env of the trainer actors (JSON), e.g. env_vars such as "
+                                  "NCCL_SOCKET_IFNAME, or a container image; unset: the nodes' own Python "
+                                  "environment, which must have tuneforge installed.")
+    ray_shared_storage: bool = Field(
+        default=False, description="With the ray executor, allow a local-folder object store: only right when "
+                                   "every node mounts that folder at the same path (otherwise use s3://).")
     local_gpus: int = Field(
         default=1,
         description="Slots of the local executor: GPUs on this host, or logical slots on a CPU-only host.",
@@ -180,6 +212,15 @@ class Settings(BaseSettings):
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
+
+    def trainer_storage_env(self) -> dict[str, str]:
+        """The TUNEFORGE_S3_* variables a trainer needs to open the same object store."""
+        env = {}
+        for name in ("s3_endpoint_url", "s3_region", "s3_access_key_id", "s3_secret_access_key"):
+            value = getattr(self, name)
+            if value:
+                env[f"TUNEFORGE_{name.upper()}"] = str(value)
+        return env
 
     def storage_options(self) -> dict[str, object]:
         """fsspec options for the object store (S3 endpoint and credentials)."""

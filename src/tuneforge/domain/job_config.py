@@ -97,6 +97,10 @@ class Resources(_Strict):
     gpus: int | None = Field(None, ge=1, le=1024, description="GPUs for the job; default from model size.")
     gpu_type: str | None = Field(None, max_length=64, description="GPU type, e.g. a100-80gb.")
     gpu_memory_gb: float | None = Field(None, gt=0, le=1024, description="Least memory per GPU.")
+    nodes: int | None = Field(
+        None, ge=1, le=256, description="Nodes the GPUs are spread over, the same number on each: 1 keeps every "
+                                        "GPU on one node (the job waits rather than split); default: one node up to "
+                                        "TUNEFORGE_GPUS_PER_NODE GPUs, whole nodes of that size above.")
 
 
 class DataOptions(_Strict):

@@ -1,4 +1,5 @@
-"""Executors carry out the scheduler's decisions: `local` (subprocesses)."""
+"""Executors carry out the scheduler's decisions: `local` (subprocesses on this
+host) and `ray` (attempts on a Ray cluster)."""
 
 from tuneforge.executors.protocol import Capacity, Executor, NodeCapacity, Placement, PollResult
 
@@ -10,4 +11,8 @@ def make_executor(settings):  # noqa: ANN001, ANN201
         from tuneforge.executors.local import LocalExecutor
 
         return LocalExecutor(settings)
-    raise ValueError(f"unknown executor {settings.executor!r}; available: local")
+    if settings.executor == "ray":
+        from tuneforge.executors.ray import RayExecutor
+
+        return RayExecutor(settings)
+    raise ValueError(f"unknown executor {settings.executor!r} (TUNEFORGE_EXECUTOR); available: local, ray")

@@ -27,15 +27,6 @@ def node_name(index: int) -> str:
     return NODE_NAME if index == 0 else f"{NODE_NAME}-{index}"
 
 
-def _storage_env(settings: Settings) -> dict[str, str]:
-    env = {}
-    for name in ("s3_endpoint_url", "s3_region", "s3_access_key_id", "s3_secret_access_key"):
-        value = getattr(settings, name)
-        if value:
-            env[f"TUNEFORGE_{name.upper()}"] = str(value)
-    return env
-
-
 def local_inventory(settings: Settings) -> Capacity:
     """`local_nodes` logical nodes of `local_gpus` slots each."""
     gpus = max(0, int(settings.local_gpus))
@@ -66,7 +57,7 @@ class LocalExecutor:
         with os.fdopen(fd, "w") as handle:
             handle.write(spec.to_json())
         env = dict(os.environ)
-        env.update(_storage_env(self.settings))
+        env.update(self.settings.trainer_storage_env())
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_ids)
         env["TUNEFORGE_NODE"] = placement.node
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -119,6 +110,15 @@ class LocalExecutor:
                 os.killpg(pid, signals.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def release(self, handle: dict[str, Any]) -> None:
+        """Nothing to free: an exited process holds nothing, and slots are the database's."""
+
+    def reap(self, active: set[tuple[str, int]]) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        """Trainers run in their own sessions and outlive the control plane on purpose."""
 
     def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str:
         path = Path(handle.get("log_path", ""))

@@ -50,7 +50,11 @@ class Placement:
 
 @dataclass(frozen=True)
 class PollResult:
-    state: Literal["running", "exited", "unknown"]
+    """`running`; `exited` with the trainer's exit code; `lost`: known to be gone without
+    an exit code (its node died), so the lease need not run out first; `unknown`: cannot
+    tell now (the scheduler trusts the lease)."""
+
+    state: Literal["running", "exited", "lost", "unknown"]
     exit_code: int | None = None
     detail: str = ""
 
@@ -61,3 +65,15 @@ class Executor(Protocol):
     def poll(self, handle: dict[str, Any]) -> PollResult: ...
     def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None: ...
     def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str: ...
+
+    def release(self, handle: dict[str, Any]) -> None:
+        """Free what an ended attempt still holds (processes, reserved GPUs); called once its
+        end is recorded, and safe to call again."""
+
+    def reap(self, active: set[tuple[str, int]]) -> list[str]:
+        """Free what this executor holds for attempts other than `active` (job id, attempt
+        number) — left behind when a control plane died between an attempt's end and its
+        release. Returns what was freed."""
+
+    def close(self) -> None:
+        """Disconnect (the control plane is stopping); running attempts carry on."""

@@ -51,13 +51,58 @@ class Scheduler:
         # memory: a new leader starts without holds, and preempts again if it must.
         self._holds: dict[str, Hold] = {}
         self._last_purge = 0.0
+        self._last_reap = 0.0
 
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:
+        # what the executor has first: validation checks new jobs against it, admission places on it
+        self.platform.inventory = self.executor.capacity()
         self._validate_new_jobs()
         self._reconcile_attempts()
         self._admit_queued_jobs()
+        self._release_ended()
         self._purge_deleted_models()
+        self._reap_executor()
+
+    def _release_ended(self) -> None:
+        """An attempt that ended — by its result or failure report, its exit, a cancel, a lost
+        lease or node — may still hold what the executor gave it (a Ray placement group keeps
+        its GPUs until removed). Each is released once its processes are gone, or once the
+        preemption grace has passed since its end, and marked so (`released_at` in its handle).
+        Attempts older than the window are left to `reap`."""
+        now = time.time()
+        grace_s = self.platform.settings.preempt_grace_s
+        with self.platform.db.session() as session:
+            pending = [(a.job_id, a.number) for a in attempt_repo.ended_since(session, now - max(600.0, 2 * grace_s))
+                       if a.handle and not a.handle.get("released_at")]
+        for job_id, number in pending:
+            try:
+                with self.platform.db.session() as session:
+                    attempt = attempt_repo.current(session, job_id, number)
+                    handle = attempt.handle if attempt is not None else None
+                    if not handle or handle.get("released_at"):
+                        continue
+                    if now - (attempt.ended_at or now) < grace_s and \
+                            self.executor.poll(handle).state in ("running", "unknown"):
+                        continue  # still flushing its last reports, or checkpointing
+                    self.executor.release(handle)
+                    attempt.handle = {**handle, "released_at": now}
+            except Exception:  # noqa: BLE001 - one broken attempt must not stop the loop
+                log.exception("releasing %s attempt %s failed", job_id, number)
+
+    def _reap_executor(self, every_s: float = 60.0) -> None:
+        """Free what the executor still holds for attempts that ended without being released
+        (a control plane that died between recording an end and releasing it)."""
+        now = time.time()
+        if now - self._last_reap < every_s:
+            return
+        self._last_reap = now
+        try:
+            with self.platform.db.session() as session:
+                active = {(a.job_id, a.number) for a in attempt_repo.active(session)}
+            self.executor.reap(active)
+        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
+            log.exception("reaping the executor's leftovers failed")
 
     def _purge_deleted_models(self, every_s: float = 60.0) -> None:
         """Artifacts of deleted models whose grace period is over (at most once a minute)."""
@@ -205,8 +250,7 @@ class Scheduler:
         preemption for jobs that would wait past their tier's target; the GPUs a
         preemption frees are held for the job it was made for."""
         now = time.time()
-        capacity = self.executor.capacity()
-        self.platform.inventory = capacity
+        capacity = self.platform.inventory or self.executor.capacity()
         with self.platform.db.session() as session:
             state = read_state(session, capacity, now)
             allowed = self._start_allowance(session, state)

@@ -1,8 +1,11 @@
 """The cluster as the policy sees it, read from the database and the executor's inventory.
 
-The database is the truth about which GPUs are held (an attempt's placement
-is written before it is launched), so a restarted control plane sees the same
-picture; the executor only says which nodes exist and how many GPUs each has.
+The database is the truth about which GPUs tuneforge's attempts hold (an
+attempt's placement is written before it is launched), so a restarted control
+plane sees the same picture; the executor says which nodes exist, how many GPUs
+each has and how many it sees free. On a shared cluster (Ray) GPUs can be busy
+with work outside tuneforge: what the executor sees taken beyond the database's
+attempts is taken away from the node's free GPUs as well.
 """
 
 from __future__ import annotations
@@ -59,11 +62,13 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
     running: list[RunningJob] = []
     stopping: set[str] = set()
     handles: dict[str, tuple[int, dict[str, Any]]] = {}
+    held: dict[str, int] = defaultdict(int)  # node -> GPUs our attempts hold there
     for attempt in active:
         spans = placement_spans(attempt.placement)
         for name, ids in spans.items():
             if name in nodes:
                 nodes[name].free.difference_update(ids)
+                held[name] += len(ids)
         job = jobs.get(attempt.job_id)
         if job is None:
             continue
@@ -78,6 +83,8 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
         if (attempt.handle or {}).get("preempt_sent"):
             stopping.add(job.job_id)
 
+    _take_foreign_use(nodes, capacity, held)
+
     queued = []
     for job in jobs.values():
         if job.status != JobStatus.QUEUED.value or (job.not_before and job.not_before > now):
@@ -91,6 +98,18 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
             gpus_per_node=int(resources.get("gpus_per_node") or 0), seq=job.pk))
     queued.sort(key=lambda job: (job.queued_at, job.seq, job.job_id))  # arrival order: QueueIndex appends
     return ClusterState(list(nodes.values()), running, queued, recent_usage(session, now), stopping, handles)
+
+
+def _take_foreign_use(nodes: dict[str, Node], capacity: Capacity, held: dict[str, int]) -> None:
+    """GPUs the executor sees taken on a node beyond what our attempts hold there are busy
+    with other work: remove that many (the highest ids) from the node's free set."""
+    for reported in capacity.nodes:
+        node = nodes.get(reported.name)
+        if node is None:
+            continue
+        foreign = (reported.total_gpus - reported.free_gpus) - held.get(reported.name, 0)
+        for gpu_id in sorted(node.free, reverse=True)[:max(0, foreign)]:
+            node.free.discard(gpu_id)
 
 
 def recent_usage(session: Session, now: float, window_s: float = FAIR_SHARE_WINDOW_S) -> dict[str, float]:

@@ -108,6 +108,7 @@ def _never_fits(platform: Platform, resources: dict) -> str | None:
     if place(probe, nodes) is not None:
         return None
     sizes = sorted({n.total for n in nodes}, reverse=True)
-    return (f"resources.gpus = {probe.gpus} cannot be placed: the inventory has {len(nodes)} node(s) of "
-            f"{', '.join(map(str, sizes))} GPUs and a job's GPUs must be on one node (or whole nodes above "
-            f"{platform.settings.gpus_per_node} GPUs)")
+    shape = (f"{probe.gpus // probe.gpus_per_node} nodes with {probe.gpus_per_node} GPUs each"
+             if probe.gpus_per_node else "all of them on one node")
+    return (f"resources.gpus = {probe.gpus} cannot be placed: the job needs {shape}, and the inventory has "
+            f"{len(nodes)} node(s) of {', '.join(map(str, sizes))} GPUs")

@@ -124,12 +124,25 @@ def resolve_resources(settings: Settings, request: JobCreate, base: BaseModelRow
         gpus = 1
         while gpus * memory_gb * _MEMORY_HEADROOM < need_gb:
             gpus *= 2
+    per_node = _gpus_per_node(settings, gpus, asked.nodes if asked else None)
+    return {"gpus": gpus, "gpus_per_node": per_node, "gpu_type": (asked and asked.gpu_type) or settings.gpu_type,
+            "gpu_memory_gb": memory_gb, "gradient_checkpointing": checkpointing}
+
+
+def _gpus_per_node(settings: Settings, gpus: int, nodes: int | None) -> int:
+    """GPUs on each node of a multi-node job; 0: all on one node."""
+    if nodes is not None:
+        if nodes == 1:
+            return 0
+        if gpus % nodes:
+            raise invalid(f"resources.gpus ({gpus}) must split evenly over resources.nodes ({nodes})",
+                          param="resources.nodes")
+        return gpus // nodes
     per_node = settings.gpus_per_node if gpus > settings.gpus_per_node else 0
     if per_node and gpus % per_node:
         raise invalid(f"resources.gpus ({gpus}) above one node must be a multiple of the node size "
                       f"({per_node})", param="resources.gpus")
-    return {"gpus": gpus, "gpus_per_node": per_node, "gpu_type": (asked and asked.gpu_type) or settings.gpu_type,
-            "gpu_memory_gb": memory_gb, "gradient_checkpointing": checkpointing}
+    return per_node
 
 
 def _gpus_from_memory_model(shape: memory.ModelShape, training_type: str, seq_len: int, memory_gb: float,

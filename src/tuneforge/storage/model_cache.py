@@ -20,6 +20,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneforge" / "base-models"
 
 
+def is_cached(ref: BaseModelRef, cache_dir: Path | None = None) -> bool:
+    """Whether this host's cache already holds a complete copy of the base model."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    return (cache_dir / ref.sha256 / _COMPLETE_MARKER).exists()
+
+
 def fetch_base_model(store: ObjectStore, ref: BaseModelRef, cache_dir: Path | None = None) -> Path:
     """A local folder with the base model's files, downloaded once per SHA.
 

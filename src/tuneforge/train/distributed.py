@@ -1,13 +1,18 @@
 """Data-parallel training over several processes: one per GPU (NCCL), or per
 logical slot on a CPU host (gloo).
 
-An attempt with `spec.gpus > 1` starts as one process, rank 0, the one the
-executor launched. It starts ranks 1..N-1 (`launch_workers`: the same
+An attempt with `spec.gpus > 1` under the local executor starts as one
+process, rank 0, the one the executor launched. It starts ranks 1..N-1 (`launch_workers`: the same
 `python -m tuneforge.train SPEC`, told their rank through the environment,
 in the same process group, so a preemption notice or a kill reaches them
 all), then every rank joins the group (`join`). Rank 0 alone reports to the
 control plane, writes checkpoints and artifacts and leaves the exit code;
 the others only train.
+
+Under the Ray executor every node's actor starts that node's ranks itself,
+each told its rank, its local rank (its GPU on the node) and rank 0's address
+and port (`TUNEFORGE_DIST_ADDR`, on another node for a multi-node attempt);
+rank 0 then starts no workers of its own.
 
 How a step is shared: every rank knows the step's examples (the epoch order
 is a pure function of the seed), takes every N-th of them, and scales its
@@ -38,12 +43,18 @@ log = logging.getLogger(__name__)
 
 RANK_ENV = "TUNEFORGE_RANK"
 WORLD_ENV = "TUNEFORGE_WORLD_SIZE"
+LOCAL_RANK_ENV = "TUNEFORGE_LOCAL_RANK"  # the rank's GPU among its node's; default: the rank
+ADDR_ENV = "TUNEFORGE_DIST_ADDR"  # rank 0's address (another node's in a multi-node attempt)
 PORT_ENV = "TUNEFORGE_DIST_PORT"
 JOIN_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 def rank_from_env() -> tuple[int, int]:
     return int(os.environ.get(RANK_ENV, "0")), int(os.environ.get(WORLD_ENV, "1"))
+
+
+def local_rank_from_env() -> int:
+    return int(os.environ.get(LOCAL_RANK_ENV) or os.environ.get(RANK_ENV, "0"))
 
 
 def _free_port() -> int:
@@ -142,8 +153,9 @@ def join(device: torch.device) -> Dist:
     if world <= 1:
         return Dist()
     backend = "nccl" if device.type == "cuda" else "gloo"
+    address = os.environ.get(ADDR_ENV) or "127.0.0.1"
     torch_dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{os.environ[PORT_ENV]}", rank=rank, world_size=world,
+        backend, init_method=f"tcp://{address}:{os.environ[PORT_ENV]}", rank=rank, world_size=world,
         timeout=JOIN_TIMEOUT)
     log.info("rank %d of %d joined (%s)", rank, world, backend)
     return Dist(rank, world, _joined=True)

@@ -23,6 +23,7 @@ class FakeExecutor:
         self.launched = []  # specs
         self.states: dict[int, PollResult] = {}
         self.signals: list[tuple[int, str]] = []
+        self.released: list[int] = []
 
     def capacity(self) -> Capacity:
         return Capacity([NodeCapacity("fake", self.gpus, self.gpus)])
@@ -41,6 +42,15 @@ class FakeExecutor:
 
     def log_tail(self, handle, max_bytes=4000):
         return "fake log"
+
+    def release(self, handle):
+        self.released.append(handle["pid"])
+
+    def reap(self, active):
+        return []
+
+    def close(self):
+        pass
 
 
 @pytest.fixture

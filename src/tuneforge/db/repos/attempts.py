@@ -27,3 +27,9 @@ def for_job(session: Session, job_id: str) -> list[Attempt]:
     return list(
         session.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number))
     )
+
+
+def ended_since(session: Session, since: float) -> list[Attempt]:
+    """Attempts that ended after `since` (epoch seconds), oldest first."""
+    return list(session.scalars(
+        select(Attempt).where(Attempt.ended_at.is_not(None), Attempt.ended_at > since).order_by(Attempt.pk)))

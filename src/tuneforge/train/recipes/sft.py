@@ -64,7 +64,7 @@ from tuneforge.data.tokenize import TokenizedExample
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.spec import Hyperparameters, JobSpec
-from tuneforge.storage import layout
+from tuneforge.storage import layout, model_cache
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train import distributed
@@ -232,8 +232,7 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
     if hp.lr_scheduler_type not in LR_SCHEDULES:
         raise ValueError(f"unknown lr_scheduler_type {hp.lr_scheduler_type!r}")
     seed_everything(spec.seed)
-    rank, _world = distributed.rank_from_env()
-    device = pick_device(spec.gpus, rank)
+    device = pick_device(spec.gpus, distributed.local_rank_from_env())
     dist = distributed.join(device)
     try:
         return _train(spec, store, reporter, stop, objective, device, dist)
@@ -246,12 +245,18 @@ def _train(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadin
     hp = spec.hyperparameters
 
     # ------------------------------------------------------------------ load
-    base_dir = fetch_base_model(store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
+    cache_dir = Path(spec.cache_dir) if spec.cache_dir else None
+    cached = model_cache.is_cached(spec.base_model, cache_dir)
+    base_dir = fetch_base_model(store, spec.base_model, cache_dir)
     model, tokenizer = load_base_model(base_dir, device, quantize_4bit=spec.training_type == "qlora")
     threads = configure_threads(device, model.num_parameters(), spec.extra.get("cpu_threads"))
+    node = os.environ.get("TUNEFORGE_NODE", "")
     reporter.report("events", message_event(
-        f"attempt {spec.attempt} started on {device.type}",
-        data={"device": device.type, "threads": threads, "base_model_parameters": model.num_parameters()},
+        f"attempt {spec.attempt} started on {device.type}" + (f" on node {node}" if node else ""),
+        data={"device": device.type, "threads": threads, "base_model_parameters": model.num_parameters(),
+              "node": node, "world_size": dist.world,
+              # "downloaded": this node fetched the base model from the object store for this attempt
+              "base_model_cache": "hit" if cached else "downloaded"},
     ))
     base_sha = spec.base_model.sha256
     if not dist.main:  # rank 0 tokenizes first and caches; the others then read its cache
@@ -303,8 +308,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(gpus: int, rank: int = 0) -> torch.device:
-    return torch.device("cuda", rank) if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+def pick_device(gpus: int, local_rank: int = 0) -> torch.device:
+    """The rank's GPU among those visible on its node, or the CPU."""
+    return torch.device("cuda", local_rank) if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
 
 
 # Below this size an op is too small to split across threads: one thread runs

@@ -1,0 +1,300 @@
+"""Ray executor: each attempt runs on an existing Ray cluster, in a placement group
+of its own.
+
+The scheduler has already chosen the nodes and GPU counts (`Placement`); this
+module only carries that out:
+
+- `capacity()` reads the cluster's live nodes, their GPUs (`ray_gpu_resource`)
+  and what Ray says is still free on each (work outside tuneforge included).
+- `launch()` reserves one bundle per node — `{GPU: n, CPU: n * cpus_per_gpu}`
+  pinned to that node by its `ray.io/node-id` label — with STRICT_PACK for a
+  one-node job and STRICT_SPREAD across nodes, so the attempt gets all its
+  GPUs or none. It then starts one `TrainerHost` actor per bundle; the actors
+  start the trainer processes, one per GPU, rank 0 on the first node, all
+  joined in one data-parallel process group at rank 0's address.
+- `poll()` asks the actors: rank 0's exit code is the attempt's; an actor that
+  died with its node makes the attempt `lost` at once (the scheduler requeues
+  it; Ray never retries anything by itself: `max_restarts=0`).
+- `signal()` forwards preempt (SIGTERM, then SIGKILL after the grace period)
+  and cancel (SIGKILL) to every rank.
+- `release()` kills the actors and removes the placement group once the
+  attempt's end is recorded; `reap()` does the same for attempts a crashed
+  control plane never released.
+
+Actors and placement groups are detached and named after the attempt
+(`{namespace}:{job_id}:{attempt}`), so a restarted control plane finds the
+attempts it launched before and they keep training while it is away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Literal
+
+from tuneforge.domain.spec import JobSpec
+from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
+from tuneforge.executors.ray_host import TrainerHost
+from tuneforge.settings import Settings
+
+log = logging.getLogger(__name__)
+
+NODE_ID_LABEL = "ray.io/node-id"
+CALL_TIMEOUT_S = 10.0  # a question to an actor; no answer in time: "unknown", the lease decides
+
+
+class StorageUnreachable(ValueError):
+    """The object store is a local folder that trainers on other nodes cannot read."""
+
+
+def check_storage(settings: Settings) -> None:
+    url = settings.resolved_storage_url
+    if url.startswith("s3://") or "://" in url and not url.startswith("file://"):
+        return
+    if not settings.ray_shared_storage:
+        raise StorageUnreachable(
+            f"TUNEFORGE_EXECUTOR=ray runs trainers on other nodes, which cannot read the local object store "
+            f"{url}: set TUNEFORGE_STORAGE_URL=s3://bucket/prefix (and TUNEFORGE_S3_*), or "
+            "TUNEFORGE_RAY_SHARED_STORAGE=true if every node mounts that folder at the same path")
+
+
+def attempt_name(namespace: str, job_id: str, attempt: int) -> str:
+    return f"{namespace}:{job_id}:{int(attempt)}"
+
+
+def parse_attempt_name(namespace: str, name: str) -> tuple[str, int] | None:
+    """(job id, attempt) of one of this platform's placement groups, else None."""
+    parts = name.split(":")
+    if len(parts) != 3 or parts[0] != namespace or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
+
+
+def bundles_for(placement: Placement, settings: Settings) -> tuple[list[str], list[dict[str, float]]]:
+    """Nodes (the placement's first node first: rank 0 runs there) and one bundle each."""
+    spans = placement.spans or {placement.node: placement.gpu_ids}
+    order = [placement.node] + sorted(name for name in spans if name != placement.node)
+    bundles = []
+    for name in order:
+        gpus = len(spans[name])
+        bundle: dict[str, float] = {settings.ray_gpu_resource: float(gpus)}
+        cpus = settings.ray_cpus_per_gpu * max(gpus, 1)
+        if cpus > 0:
+            bundle["CPU"] = float(cpus)
+        bundles.append(bundle)
+    return order, bundles
+
+
+class RayExecutor:
+    def __init__(self, settings: Settings) -> None:
+        check_storage(settings)
+        import ray
+
+        self.settings = settings
+        self.namespace = settings.ray_namespace
+        self._ray = ray
+        self._owns_connection = False
+        if not ray.is_initialized():
+            address = settings.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+            ray.init(address=address, namespace=self.namespace, log_to_driver=False,
+                     configure_logging=False)
+            self._owns_connection = True
+        self._host_class = ray.remote(TrainerHost)
+        self._actors: dict[str, Any] = {}  # actor name -> handle, looked up once
+
+    # ---- the protocol ------------------------------------------------------
+    def capacity(self) -> Capacity:
+        resource = self.settings.ray_gpu_resource
+        free_by_node = self._available_per_node()
+        nodes = []
+        for node in self._ray.nodes():
+            total = int(node.get("Resources", {}).get(resource, 0))
+            if not node.get("Alive") or total <= 0:
+                continue
+            node_id = node["NodeID"]
+            free = total if free_by_node is None else int(free_by_node.get(node_id, {}).get(resource, 0))
+            nodes.append(NodeCapacity(node_id, total, max(0, min(total, free))))
+        return Capacity(nodes=sorted(nodes, key=lambda n: n.name))
+
+    def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray = self._ray
+        settings = self.settings
+        name = attempt_name(self.namespace, spec.job_id, spec.attempt)
+        nodes, bundles = bundles_for(placement, settings)
+        ranks_per_node = [int(bundle[settings.ray_gpu_resource]) or 1 for bundle in bundles]
+        handle = {"executor": "ray", "name": name, "nodes": nodes, "ranks": ranks_per_node,
+                  "node": nodes[0]}
+        group = placement_group(bundles, strategy="STRICT_PACK" if len(nodes) == 1 else "STRICT_SPREAD",
+                                name=name, lifetime="detached",
+                                bundle_label_selector=[{NODE_ID_LABEL: node} for node in nodes])
+        try:
+            try:
+                ray.get(group.ready(), timeout=settings.ray_placement_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(
+                    f"the placement group for {sum(ranks_per_node)} GPU(s) on node(s) {', '.join(nodes)} was not "
+                    f"ready within {settings.ray_placement_timeout_s:.0f} s (GPUs taken by work outside "
+                    "tuneforge, or a node that left)") from None
+            hosts = []
+            for index, bundle in enumerate(bundles):
+                gpus = bundle[settings.ray_gpu_resource]
+                options: dict[str, Any] = {
+                    "name": f"{name}:{index}", "namespace": self.namespace, "lifetime": "detached",
+                    "max_restarts": 0, "max_task_retries": 0, "num_cpus": bundle.get("CPU", 0.0),
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        group, placement_group_bundle_index=index),
+                }
+                if settings.ray_gpu_resource == "GPU":
+                    options["num_gpus"] = gpus
+                else:
+                    options["resources"] = {settings.ray_gpu_resource: gpus}
+                if settings.ray_runtime_env:
+                    options["runtime_env"] = settings.ray_runtime_env
+                hosts.append(self._host_class.options(**options).remote(
+                    name, settings.ray_node_workdir, settings.ray_node_cache_dir))
+            start_timeout_s = max(settings.start_timeout_s, CALL_TIMEOUT_S)
+            where = ray.get([host.where.remote() for host in hosts], timeout=start_timeout_s)
+            master = where[0]
+            handle["addresses"] = [w["address"] for w in where]
+            # credentials go in the start call, not in a runtime_env the dashboard shows
+            env = settings.trainer_storage_env()
+            world = sum(ranks_per_node)
+            first = 0
+            calls = []
+            for host, count in zip(hosts, ranks_per_node):
+                calls.append(host.start.remote(spec.to_json(), env, list(range(first, first + count)), world,
+                                               master["address"], master["port"]))
+                first += count
+            ray.get(calls, timeout=start_timeout_s)
+        except BaseException:
+            self.release(handle)
+            raise
+        for index, host in enumerate(hosts):
+            self._actors[f"{name}:{index}"] = host
+        return handle
+
+    def poll(self, handle: dict[str, Any]) -> PollResult:
+        ray = self._ray
+        try:
+            hosts = self._hosts(handle)
+        except ValueError as exc:
+            return PollResult("lost", detail=f"the attempt's trainer actors are gone ({exc})")
+        try:
+            statuses = ray.get([host.status.remote() for host in hosts], timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.ActorDiedError as exc:
+            self._forget(handle)
+            return PollResult("lost", detail=f"a node of the attempt was lost: {_first_line(exc)}")
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as exc:
+            return PollResult("unknown", detail=f"no answer from the attempt's actors: {_first_line(exc)}")
+        rank0 = statuses[0].get(0)
+        if rank0 is not None:
+            return PollResult("exited", int(rank0))
+        return PollResult("running")
+
+    def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None:
+        ray = self._ray
+        try:
+            hosts = self._hosts(handle)
+        except ValueError:
+            return  # nothing left to signal
+        calls = [host.signal.remote(action, self.settings.preempt_grace_s) for host in hosts]
+        try:
+            ray.get(calls, timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:  # a dead node's ranks are beyond signals
+            log.warning("signalling %s (%s): %s", handle.get("name"), action, _first_line(exc))
+
+    def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str:
+        try:
+            host = self._hosts(handle)[0]
+            return str(self._ray.get(host.log_tail.remote(max_bytes), timeout=CALL_TIMEOUT_S))
+        except (ValueError, self._ray.exceptions.RayError):
+            return ""
+
+    def release(self, handle: dict[str, Any]) -> None:
+        name = handle.get("name")
+        if not name:
+            return
+        ray = self._ray
+        for index in range(len(handle.get("nodes") or [])):
+            actor_name = f"{name}:{index}"
+            try:
+                host = self._actors.pop(actor_name, None) or ray.get_actor(actor_name, namespace=self.namespace)
+            except ValueError:
+                continue  # never created, or already gone
+            try:
+                ray.get(host.stop.remote(), timeout=CALL_TIMEOUT_S)
+            except ray.exceptions.RayError:
+                pass
+            ray.kill(host, no_restart=True)
+        self._remove_group(name)
+
+    def reap(self, active: set[tuple[str, int]]) -> list[str]:
+        from ray.util import placement_group_table
+
+        freed = []
+        for group in placement_group_table().values():
+            name = group.get("name") or ""
+            key = parse_attempt_name(self.namespace, name)
+            if key is None or key in active or group.get("state") == "REMOVED":
+                continue
+            self.release({"name": name, "nodes": list(group.get("bundles") or {})})
+            freed.append(name)
+        if freed:
+            log.warning("released %d placement group(s) of attempts that had ended: %s", len(freed),
+                        ", ".join(freed))
+        return freed
+
+    def close(self) -> None:
+        self._actors.clear()
+        if self._owns_connection and self._ray.is_initialized():
+            self._ray.shutdown()
+            self._owns_connection = False
+
+    # ---- helpers -------------------------------------------------------------
+    def _hosts(self, handle: dict[str, Any]) -> list[Any]:
+        """The attempt's actors, rank 0's first; ValueError if one of them does not exist."""
+        name = handle["name"]
+        hosts = []
+        for index in range(len(handle.get("nodes") or [])):
+            actor_name = f"{name}:{index}"
+            host = self._actors.get(actor_name)
+            if host is None:
+                host = self._ray.get_actor(actor_name, namespace=self.namespace)
+                self._actors[actor_name] = host
+            hosts.append(host)
+        if not hosts:
+            raise ValueError(f"the handle of {name} lists no nodes")
+        return hosts
+
+    def _forget(self, handle: dict[str, Any]) -> None:
+        for index in range(len(handle.get("nodes") or [])):
+            self._actors.pop(f"{handle['name']}:{index}", None)
+
+    def _remove_group(self, name: str) -> None:
+        from ray.util import get_placement_group, remove_placement_group
+
+        try:
+            group = get_placement_group(name)
+        except ValueError:
+            return
+        try:
+            remove_placement_group(group)
+        except Exception as exc:  # noqa: BLE001 - removing twice, or a GCS hiccup: reap() retries
+            log.warning("removing placement group %s: %s", name, exc)
+
+    def _available_per_node(self) -> dict[str, dict[str, float]] | None:
+        """Ray's free resources per node; None where Ray cannot tell (Ray Client)."""
+        try:
+            from ray._private.state import available_resources_per_node
+
+            return available_resources_per_node()
+        except Exception:  # noqa: BLE001 - a private API: without it, trust the database alone
+            return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,106 @@
+"""Ray clusters on this host for tests: a head and worker nodes with logical GPUs.
+
+Built with Ray's multi-node test utility (`ray.cluster_utils.Cluster`): every
+node is a real raylet with its own resources, so placement groups, node
+labels and node loss behave as on a cluster. The head is what
+`ray start --head --num-gpus=N` starts. Everything listens on 127.0.0.1:
+`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (set in tests/conftest.py before Ray is
+imported) keeps Ray from swapping 127.0.0.1 for the host's own address.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+CPUS_PER_NODE = 8  # logical: Ray's bookkeeping, not this host's cores
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+@dataclass
+class TestCluster:
+    cluster: Any  # ray.cluster_utils.Cluster
+    head_gpus: int
+    workers: list[Any] = field(default_factory=list)  # ray._private.node.Node, in order added
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    @property
+    def head_id(self) -> str:
+        return self.cluster.head_node.node_id
+
+    def worker_ids(self) -> list[str]:
+        return [node.node_id for node in self.workers]
+
+    def add_worker(self, gpus: int) -> Any:
+        node = self.cluster.add_node(num_gpus=gpus, num_cpus=CPUS_PER_NODE, node_ip_address=LOOPBACK,
+                                     object_store_memory=OBJECT_STORE_BYTES)
+        self.workers.append(node)
+        return node
+
+    def remove_worker(self, node_id: str) -> None:
+        """The node dies: its raylet and every process of it are killed, as when a host is lost."""
+        node = next(node for node in self.workers if node.node_id == node_id)
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.workers.remove(node)
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+def start_cluster(head_gpus: int, worker_gpus: list[int]) -> TestCluster:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_gpus": head_gpus, "num_cpus": CPUS_PER_NODE, "node_ip_address": LOOPBACK,
+        "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES})
+    test_cluster = TestCluster(cluster, head_gpus)
+    try:
+        for gpus in worker_gpus:
+            test_cluster.add_worker(gpus)
+        cluster.wait_for_nodes()
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return test_cluster
+
+
+def node_paths(root: Path) -> dict[str, str]:
+    """Per-node work and cache folders (several 'nodes' share this host's disk)."""
+    return {"ray_node_workdir": str(root / "{node_id}" / "attempts"),
+            "ray_node_cache_dir": str(root / "{node_id}" / "base-models")}
+
+
+def placement_groups(namespace: str) -> list[dict[str, Any]]:
+    """This platform's placement groups as Ray reports them (needs a connected driver)."""
+    from ray.util import placement_group_table
+
+    return [group for group in placement_group_table().values()
+            if (group.get("name") or "").startswith(f"{namespace}:")]
+
+
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def plane_settings(cluster: TestCluster, storage: Any, root: Path, namespace: str = "tuneforge-test",
+                   **overrides: Any) -> dict[str, Any]:
+    """Settings of a control plane that runs attempts on `cluster` and keeps its objects in
+    the S3 bucket `storage` (tests.helpers.s3.S3Storage): the cluster configuration."""
+    return {
+        "executor": "ray", "ray_address": cluster.address, "ray_namespace": namespace,
+        "storage_url": storage.url, "s3_endpoint_url": storage.endpoint_url, "s3_region": storage.region,
+        "s3_access_key_id": storage.key, "s3_secret_access_key": storage.secret,
+        "retry_backoff_s": 1.0, **node_paths(root), **overrides,
+    }
