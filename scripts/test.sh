@@ -3,10 +3,16 @@
 #
 #   scripts/test.sh [PYTEST ARGS...]     e.g. scripts/test.sh tests/unit -x
 #
-# Installs the package with its dev extras, then runs pytest once per backend:
-# first on SQLite (the embedded default), then on a throwaway PostgreSQL
-# started by scripts/pg.sh (TUNEFORGE_TEST_POSTGRES_URL set), which is stopped
-# again on exit. Exits non-zero if any run failed.
+# Installs the package with its dev extras, then runs pytest once per stage:
+#   sqlite    the whole suite on SQLite (the embedded default)
+#   postgres  the whole suite on a throwaway PostgreSQL started by scripts/pg.sh
+#             (TUNEFORGE_TEST_POSTGRES_URL set), stopped again on exit
+#   ray       the slower cluster stage: the end-to-end suite with the Ray executor
+#             (a Ray cluster of this host) and the S3 store (moto), on that
+#             PostgreSQL, plus the Ray tests (placement, multi-node, node loss,
+#             restart); TUNEFORGE_TEST_EXECUTOR=ray. Unless PYTEST ARGS name
+#             tests, it runs tests/e2e and tests/integration.
+# Exits non-zero if any run failed.
 #
 # Each invocation starts its own server on a free port, so that runs side by
 # side on one machine do not stop each other's server; set TUNEFORGE_PG_PORT
@@ -14,7 +20,7 @@
 # left running).
 #
 # Environment:
-#   TUNEFORGE_TEST_BACKENDS       runs to do, in order (default "sqlite postgres")
+#   TUNEFORGE_TEST_BACKENDS       runs to do, in order (default "sqlite postgres ray")
 #   TUNEFORGE_TEST_SKIP_INSTALL=1 skip the pip installs (quick local loops)
 #   TUNEFORGE_PG_PORT             port of the test PostgreSQL (default: a free one)
 #   PYTHON                        interpreter to use (default "python")
@@ -23,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON="${PYTHON:-python}"
-BACKENDS="${TUNEFORGE_TEST_BACKENDS:-sqlite postgres}"
+BACKENDS="${TUNEFORGE_TEST_BACKENDS:-sqlite postgres ray}"
 
 header() {
     printf '\n==============================================================\n'
@@ -33,9 +39,9 @@ header() {
 
 for backend in $BACKENDS; do
     case "$backend" in
-        sqlite | postgres) ;;
+        sqlite | postgres | ray) ;;
         *)
-            echo "scripts/test.sh: unknown backend '$backend' in TUNEFORGE_TEST_BACKENDS (use sqlite, postgres)" >&2
+            echo "scripts/test.sh: unknown backend '$backend' in TUNEFORGE_TEST_BACKENDS (use sqlite, postgres, ray)" >&2
             exit 2
             ;;
     esac
@@ -65,8 +71,8 @@ free_port() {
     "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-if [[ " $BACKENDS " == *" postgres "* ]]; then
-    header "starting PostgreSQL for the postgres run"
+if [[ " $BACKENDS " == *" postgres "* || " $BACKENDS " == *" ray "* ]]; then
+    header "starting PostgreSQL for the postgres and ray runs"
     pg_port="${TUNEFORGE_PG_PORT:-$(free_port)}"
     if bash scripts/pg.sh status "$pg_port"; then
         echo "scripts/test.sh: reusing the PostgreSQL already running on port $pg_port"
@@ -77,6 +83,18 @@ if [[ " $BACKENDS " == *" postgres "* ]]; then
     pg_url="$(bash scripts/pg.sh url "$pg_port")"
 fi
 
+# Whether the pytest arguments name tests (a file or folder, maybe with ::node) rather than
+# only options.
+has_test_path() {
+    local arg
+    for arg in "$@"; do
+        if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then
+            return 0
+        fi
+    done
+    return 1
+}
+
 summary=()
 failed=0
 ran_tests=0
@@ -84,13 +102,23 @@ for backend in $BACKENDS; do
     if [[ "$backend" == sqlite ]]; then
         header "pytest on SQLite"
         set +e
-        env -u TUNEFORGE_TEST_POSTGRES_URL "$PYTHON" -m pytest "$@"
+        env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR "$PYTHON" -m pytest "$@"
+        rc=$?
+        set -e
+    elif [[ "$backend" == ray ]]; then
+        header "pytest on Ray + S3 + PostgreSQL: the end-to-end suite and the Ray tests (slower stage)"
+        args=("$@")
+        if ! has_test_path "$@"; then
+            args+=(tests/e2e tests/integration)
+        fi
+        set +e
+        TUNEFORGE_TEST_EXECUTOR=ray TUNEFORGE_TEST_POSTGRES_URL="$pg_url" "$PYTHON" -m pytest "${args[@]}"
         rc=$?
         set -e
     else
         header "pytest on PostgreSQL ($pg_url)"
         set +e
-        TUNEFORGE_TEST_POSTGRES_URL="$pg_url" "$PYTHON" -m pytest "$@"
+        env -u TUNEFORGE_TEST_EXECUTOR TUNEFORGE_TEST_POSTGRES_URL="$pg_url" "$PYTHON" -m pytest "$@"
         rc=$?
         set -e
     fi

@@ -7,6 +7,10 @@ after the test.
 
 S3: `s3_endpoint` is a moto server started once per session; `s3_storage` is a
 new bucket on it for one test.
+
+Ray: `ray_head` is a one-node Ray cluster started once per session, for the
+ray stage (TUNEFORGE_TEST_EXECUTOR=ray), which runs only the end-to-end and Ray
+tests; other runs skip the tests marked `ray`.
 """
 
 from __future__ import annotations
@@ -25,17 +29,29 @@ import pytest  # noqa: E402
 # Plain asserts in shared helpers (e.g. store_contract) get pytest's detailed messages.
 pytest.register_assert_rewrite("tests.helpers")
 
-from tests.helpers import postgres, s3  # noqa: E402
+from tests.helpers import postgres, ray_cluster, s3  # noqa: E402
 from tests.helpers.s3 import S3Storage  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A test that needs the S3 server is marked so that `-m "not s3"` skips it.
     postgres_pass = bool(os.environ.get(postgres.POSTGRES_URL_ENV))
+    on_ray = ray_cluster.ray_stage()
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "s3_endpoint" in fixtures:
             item.add_marker(pytest.mark.s3)
+        # The ray stage runs the end-to-end suite on a Ray cluster, and the Ray tests; those
+        # need a cluster, so the other passes leave them to it.
+        if on_ray:
+            if not (item.get_closest_marker("e2e") or item.get_closest_marker("ray")):
+                item.add_marker(pytest.mark.skip(reason="the ray stage runs the end-to-end and Ray tests"))
+            elif item.get_closest_marker("local_executor"):
+                item.add_marker(pytest.mark.skip(reason="about the local executor's processes"))
+            continue
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.skip(reason="needs a Ray cluster: runs in the ray stage of scripts/test.sh"))
+            continue
         # The PostgreSQL pass exists for what the database does: a test that never asks
         # for a database (no `database_url` among its fixtures, directly or through
         # others) gives the same result there and ran in the SQLite pass already.
@@ -99,3 +115,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.helpers.tiny import build_model_once
 
     return build_model_once(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[ray_cluster.TestCluster]:
+    """A one-node Ray cluster for the ray stage's end-to-end runs: a head with 4 logical
+    GPUs and a Ray Client server, as `ray start --head --num-gpus=4` starts it."""
+    cluster = ray_cluster.start_cluster(head_gpus=4, worker_gpus=[], client_server=True)
+    yield cluster
+    cluster.shutdown()

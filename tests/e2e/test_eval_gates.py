@@ -40,7 +40,7 @@ LORA = {"type": "lora", "rank": 16, "alpha": 32, "dropout": 0.0, "target_modules
 def plane(tmp_path, database_url, aligned_model_dir):
     world = start_plane(tmp_path, database_url, aligned_model_dir, eval_by_default=True, admin_api_key="adm")
     yield world
-    world.plane.close()
+    world.close()
 
 
 class JudgeStub:

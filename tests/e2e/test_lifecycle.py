@@ -148,4 +148,4 @@ def test_lifecycle_with_the_s3_object_store(tmp_path, database_url, tiny_model_d
         adapter = download(world.url, world.key_a, job.id, tmp_path)
         assert (adapter / "adapter_model.safetensors").stat().st_size > 0
     finally:
-        world.plane.close()
+        world.close()

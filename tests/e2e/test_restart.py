@@ -27,7 +27,7 @@ from tests.helpers.net import free_port, wait_for_http
 from tests.helpers.platform import add_base_model, add_tenant, make_platform
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.local_executor]
 
 START_TIMEOUT_S = 60.0
 JOB_TIMEOUT_S = 300.0

@@ -10,14 +10,21 @@ imported) keeps Ray from swapping 127.0.0.1 for the host's own address.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+EXECUTOR_ENV = "TUNEFORGE_TEST_EXECUTOR"  # "ray": scripts/test.sh's ray stage
 LOOPBACK = "127.0.0.1"
 CPUS_PER_NODE = 8  # logical: Ray's bookkeeping, not this host's cores
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+def ray_stage() -> bool:
+    """Whether this pytest run is the ray stage (end-to-end tests on a Ray cluster)."""
+    return os.environ.get(EXECUTOR_ENV, "") == "ray"
 
 
 @dataclass
@@ -25,10 +32,18 @@ class TestCluster:
     cluster: Any  # ray.cluster_utils.Cluster
     head_gpus: int
     workers: list[Any] = field(default_factory=list)  # ray._private.node.Node, in order added
+    client_port: int | None = None  # the head's Ray Client server, if started
 
     @property
     def address(self) -> str:
+        """The GCS address: what a driver on a node of the cluster connects to."""
         return self.cluster.address
+
+    @property
+    def client_address(self) -> str:
+        """ray://: what a control plane outside the cluster (e.g. beside KubeRay) connects to."""
+        assert self.client_port, "the cluster was started without a Ray Client server"
+        return f"ray://{LOOPBACK}:{self.client_port}"
 
     @property
     def head_id(self) -> str:
@@ -53,13 +68,18 @@ class TestCluster:
         self.cluster.shutdown()
 
 
-def start_cluster(head_gpus: int, worker_gpus: list[int]) -> TestCluster:
+def start_cluster(head_gpus: int, worker_gpus: list[int], *, client_server: bool = False) -> TestCluster:
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_gpus": head_gpus, "num_cpus": CPUS_PER_NODE, "node_ip_address": LOOPBACK,
-        "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES})
-    test_cluster = TestCluster(cluster, head_gpus)
+    from tests.helpers.net import free_port
+
+    head_args = {"num_gpus": head_gpus, "num_cpus": CPUS_PER_NODE, "node_ip_address": LOOPBACK,
+                 "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES}
+    client_port = free_port() if client_server else None
+    if client_port:
+        head_args["ray_client_server_port"] = client_port
+    cluster = Cluster(initialize_head=True, head_node_args=head_args)
+    test_cluster = TestCluster(cluster, head_gpus, client_port=client_port)
     try:
         for gpus in worker_gpus:
             test_cluster.add_worker(gpus)
@@ -95,11 +115,13 @@ def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.2):
 
 
 def plane_settings(cluster: TestCluster, storage: Any, root: Path, namespace: str = "tuneforge-test",
-                   **overrides: Any) -> dict[str, Any]:
+                   *, client: bool = False, **overrides: Any) -> dict[str, Any]:
     """Settings of a control plane that runs attempts on `cluster` and keeps its objects in
-    the S3 bucket `storage` (tests.helpers.s3.S3Storage): the cluster configuration."""
+    the S3 bucket `storage` (tests.helpers.s3.S3Storage): the cluster configuration.
+    `client`: connect through Ray Client (ray://), as a control plane outside the cluster does."""
     return {
-        "executor": "ray", "ray_address": cluster.address, "ray_namespace": namespace,
+        "executor": "ray", "ray_address": cluster.client_address if client else cluster.address,
+        "ray_namespace": namespace,
         "storage_url": storage.url, "s3_endpoint_url": storage.endpoint_url, "s3_region": storage.region,
         "s3_access_key_id": storage.key, "s3_secret_access_key": storage.secret,
         "retry_backoff_s": 1.0, **node_paths(root), **overrides,

@@ -24,7 +24,7 @@ from tests.helpers.net import free_port
 from tests.helpers.platform import add_base_model, add_tenant, make_platform
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.local_executor]
 
 HYPERPARAMETERS = {"n_epochs": 20, "batch_size": 2, "learning_rate_multiplier": 1.0}
 LEASE_S = 15.0  # above a trainer's start-up (imports) before its first heartbeat

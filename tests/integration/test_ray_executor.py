@@ -52,9 +52,7 @@ def world(tmp_path, database_url, tiny_model_dir, s3_storage, cluster):
     running.training = running.sdk_a.files.create(file=files.training_path.open("rb"), purpose="fine-tune").id
     running.validation = running.sdk_a.files.create(file=files.validation_path.open("rb"), purpose="fine-tune").id
     yield running
-    # whatever the test left running is freed before the next test looks at the cluster
-    running.plane.executor.reap(set())
-    running.plane.close()
+    running.close()  # frees what the test left running before the next test looks at the cluster
 
 
 def create_job(world, resources: dict, *, n_epochs: int | None = None):

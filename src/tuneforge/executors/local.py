@@ -71,6 +71,8 @@ class LocalExecutor:
         return {"pid": proc.pid, "spec_path": str(spec_path), "log_path": str(log_path), "node": placement.node}
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
+        if "pid" not in handle:  # launched by another executor (the platform moved): its lease decides
+            return PollResult("unknown", detail="launched by another executor")
         pid = int(handle["pid"])
         proc = self._children.get(pid)
         if proc is not None:
@@ -88,6 +90,8 @@ class LocalExecutor:
         return PollResult("unknown", None, "process not found (exit code unknown)")
 
     def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None:
+        if "pid" not in handle:
+            return
         pid = int(handle["pid"])
         if pid not in self._children and not _is_our_process(pid, handle.get("spec_path", "")):
             return

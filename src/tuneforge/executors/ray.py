@@ -6,6 +6,8 @@ module only carries that out:
 
 - `capacity()` reads the cluster's live nodes, their GPUs (`ray_gpu_resource`)
   and what Ray says is still free on each (work outside tuneforge included).
+  The control plane connects as a driver on a node (`host:6379`) or from
+  outside the cluster through Ray Client (`ray://head:10001`); both work.
 - `launch()` reserves one bundle per node — `{GPU: n, CPU: n * cpus_per_gpu}`
   pinned to that node by its `ray.io/node-id` label — with STRICT_PACK for a
   one-node job and STRICT_SPREAD across nodes, so the attempt gets all its
@@ -30,11 +32,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Literal
 
 from tuneforge.domain.spec import JobSpec
 from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
-from tuneforge.executors.ray_host import TrainerHost
+from tuneforge.executors.ray_host import TrainerHost, free_resources_per_node
 from tuneforge.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -94,12 +97,16 @@ class RayExecutor:
         self.namespace = settings.ray_namespace
         self._ray = ray
         self._owns_connection = False
+        address = settings.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+        self._client_mode = address.startswith("ray://")
         if not ray.is_initialized():
-            address = settings.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
-            ray.init(address=address, namespace=self.namespace, log_to_driver=False,
-                     configure_logging=False)
+            options: dict[str, Any] = {"namespace": self.namespace, "log_to_driver": False}
+            if not self._client_mode:
+                options["configure_logging"] = False  # the control plane's logging stays its own
+            _connect(ray, address, options)
             self._owns_connection = True
         self._host_class = ray.remote(TrainerHost)
+        self._free_task = ray.remote(num_cpus=0, max_retries=0)(free_resources_per_node)
         self._actors: dict[str, Any] = {}  # actor name -> handle, looked up once
 
     # ---- the protocol ------------------------------------------------------
@@ -178,6 +185,8 @@ class RayExecutor:
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
         ray = self._ray
+        if handle.get("executor") != "ray":  # launched before the platform moved to Ray
+            return PollResult("unknown", detail="launched by another executor: its lease decides")
         try:
             hosts = self._hosts(handle)
         except ValueError as exc:
@@ -196,6 +205,8 @@ class RayExecutor:
 
     def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None:
         ray = self._ray
+        if handle.get("executor") != "ray":
+            return
         try:
             hosts = self._hosts(handle)
         except ValueError:
@@ -207,6 +218,8 @@ class RayExecutor:
             log.warning("signalling %s (%s): %s", handle.get("name"), action, _first_line(exc))
 
     def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str:
+        if handle.get("executor") != "ray":
+            return ""
         try:
             host = self._hosts(handle)[0]
             return str(self._ray.get(host.log_tail.remote(max_bytes), timeout=CALL_TIMEOUT_S))
@@ -215,7 +228,7 @@ class RayExecutor:
 
     def release(self, handle: dict[str, Any]) -> None:
         name = handle.get("name")
-        if not name:
+        if not name or handle.get("executor", "ray") != "ray":
             return
         ray = self._ray
         for index in range(len(handle.get("nodes") or [])):
@@ -286,13 +299,32 @@ class RayExecutor:
             log.warning("removing placement group %s: %s", name, exc)
 
     def _available_per_node(self) -> dict[str, dict[str, float]] | None:
-        """Ray's free resources per node; None where Ray cannot tell (Ray Client)."""
+        """Ray's free resources per node (through Ray Client: asked of a task in the cluster);
+        None when Ray cannot tell, and the database alone says what is free."""
         try:
-            from ray._private.state import available_resources_per_node
-
-            return available_resources_per_node()
-        except Exception:  # noqa: BLE001 - a private API: without it, trust the database alone
+            if self._client_mode:
+                return self._ray.get(self._free_task.remote(), timeout=CALL_TIMEOUT_S)
+            return free_resources_per_node()
+        except Exception as exc:  # noqa: BLE001 - a private API of Ray's; without it the database decides
+            log.debug("free resources per node unknown: %s", exc)
             return None
+
+
+def _connect(ray: Any, address: str, options: dict[str, Any], tries: int = 3, backoff_s: float = 2.0) -> None:
+    """ray.init, tried again when the connection itself fails (a head that is restarting, a
+    Ray Client server whose per-client process did not come up)."""
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(address=address, **options)
+            return
+        except (ConnectionError, TimeoutError) as exc:
+            if attempt == tries:
+                raise ConnectionError(f"cannot connect to the Ray cluster at {address} (TUNEFORGE_RAY_ADDRESS): "
+                                      f"{_first_line(exc)}") from exc
+            log.warning("connecting to Ray at %s failed (%s); trying again", address, _first_line(exc))
+            if ray.is_initialized():
+                ray.shutdown()
+            time.sleep(backoff_s * attempt)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -128,13 +128,15 @@ class TrainerHost:
             self._send(signals.SIGKILL)
 
     def stop(self) -> None:
-        """Kill whatever still runs and reap it (the attempt has ended)."""
+        """Kill whatever still runs and reap it (the attempt has ended). The spec goes too:
+        it holds the job token; the logs stay for whoever debugs the attempt."""
         self._send(signals.SIGKILL)
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        (self.workdir / SPEC_NAME).unlink(missing_ok=True)
 
     def log_tail(self, max_bytes: int = 4000) -> str:
         if not self._logs:
@@ -155,3 +157,11 @@ class TrainerHost:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def free_resources_per_node() -> dict[str, dict[str, float]]:
+    """Ray's free resources on every node, read inside the cluster: run as a zero-CPU task
+    for a control plane connected through Ray Client, where the state API is out of reach."""
+    from ray._private.state import available_resources_per_node
+
+    return available_resources_per_node()

@@ -103,6 +103,10 @@ def _check_request(request: JobCreate, settings: Settings) -> None:
     hyperparams.check_static(hyperparams.requested_hyperparameters(request), method)
     if request.training_type is not None:
         hyperparams.resolve_lora(request.training_type)
+    resources = request.resources
+    if resources is not None and resources.gpus and resources.nodes and resources.gpus % resources.nodes:
+        raise invalid(f"resources.gpus ({resources.gpus}) must split evenly over resources.nodes "
+                      f"({resources.nodes})", param="resources.nodes")
 
 
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant,

@@ -253,3 +253,71 @@ def test_the_divergence_guard_is_set_per_job(setup):
     body = {"model": "tiny-base", "training_file": spec.training_file.file_id, "divergence": {"loss_multiple": 0.5}}
     bad = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "divergence.loss_multiple"
+
+
+def test_a_lost_attempt_is_requeued_at_once_not_after_its_lease(setup):
+    platform, http, scheduler, executor, create_job, job, auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    spec = executor.launched[0]
+    assert _report(http, spec, "heartbeat", {"step": 1}).status_code == 200  # a fresh lease
+    executor.states[1] = PollResult("lost", detail="a node of the attempt was lost: node n1 died")
+    scheduler.tick()
+    with platform.db.session() as session:
+        first = attempt_repo.current(session, job_id, 1)
+        assert (first.status, first.failure_class, first.exit_code) == ("lost", "platform", None)
+    assert job(job_id)["attempt"] == 2 and job(job_id)["status"] == "running"
+    events = http.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=auth).json()["data"]
+    [restart] = [e for e in events if e["data"].get("code") == "job_restarted"]
+    assert "node n1 died" in restart["message"]
+    assert executor.released == [1]  # what the lost attempt held is freed
+
+
+def test_an_attempt_ended_by_its_report_is_released_once_its_process_is_gone(setup):
+    platform, http, scheduler, executor, create_job, job, _auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    spec = executor.launched[0]
+    adapter = f"tenants/{spec.tenant_id}/jobs/{job_id}/artifacts/adapter"
+    assert _report(http, spec, "result", {"seq": 1, "trained_tokens": 10, "adapter_prefix": adapter}).status_code == 200
+    assert job(job_id)["status"] == "succeeded"
+    scheduler.tick()
+    assert executor.released == []  # still flushing its last reports: left alone
+    executor.states[1] = PollResult("exited", 0)
+    scheduler.tick()
+    assert executor.released == [1]
+    scheduler.tick()
+    assert executor.released == [1]  # once
+    with platform.db.session() as session:
+        assert attempt_repo.current(session, job_id, 1).handle["released_at"] > 0
+
+
+def test_an_ended_attempt_that_does_not_exit_is_released_after_the_grace(setup):
+    platform, http, scheduler, executor, create_job, job, auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    http.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", headers=auth)
+    scheduler.tick()  # signalled; the fake keeps "running"
+    assert executor.released == []
+    with platform.db.session() as session:
+        attempt_repo.current(session, job_id, 1).ended_at = time.time() - platform.settings.preempt_grace_s - 1
+    scheduler.tick()
+    assert executor.released == [1]
+
+
+def test_gpus_busy_with_other_work_are_not_given_to_jobs(setup):
+    _platform, _http, scheduler, executor, create_job, job, _auth = setup
+    executor.gpus = 2
+
+    def shared_capacity() -> Capacity:  # 2 GPUs, 1 of them used by someone else
+        return Capacity([NodeCapacity("fake", 2, 1 - len([s for s in executor.states.values()
+                                                          if s.state == "running"]))])
+
+    executor.capacity = shared_capacity
+    first, second = create_job(), create_job()
+    scheduler.tick()
+    scheduler.tick()
+    assert job(first)["status"] == "running" and job(second)["status"] == "queued"
+    executor.capacity = lambda: Capacity([NodeCapacity("fake", 2, 1)])  # the other work ended
+    scheduler.tick()
+    assert job(second)["status"] == "running"

@@ -46,8 +46,8 @@ def world(tmp_path, database_url, tiny_model_dir):
         files[tier] = http.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(chat_lines(20)))},
                                 data={"purpose": "fine-tune"}, headers={"Authorization": f"Bearer {key}"}).json()["id"]
 
-    def create(tier: str, gpus: int) -> str:
-        body = {"model": "tiny-base", "training_file": files[tier], "resources": {"gpus": gpus}}
+    def create(tier: str, gpus: int, **resources) -> str:
+        body = {"model": "tiny-base", "training_file": files[tier], "resources": {"gpus": gpus, **resources}}
         response = http.post("/v1/fine_tuning/jobs", json=body, headers={"Authorization": f"Bearer {keys[tier]}"})
         assert response.status_code == 200, response.text
         return response.json()["id"]
@@ -120,3 +120,37 @@ def test_gpus_freed_for_a_premium_job_go_to_it_not_to_a_job_ahead_of_it(world):
     assert get("premium", urgent)["status"] == "running"  # on the GPUs held for it
     assert get("standard", aged)["status"] == "queued"
     assert executor.placements[-1].node == executor.placements[[s.job_id for s in executor.launched].index(low[0])].node
+
+
+def test_resources_nodes_spreads_a_job_evenly_or_keeps_it_on_one_node(world):
+    _platform, scheduler, executor, create, get = world
+    spread = create("standard", 4, nodes=2)
+    scheduler.tick()
+    assert get("standard", spread)["status"] == "running"
+    [placement] = executor.placements
+    assert {name: len(ids) for name, ids in placement.spans.items()} == {"node-0": 2, "node-1": 2}
+    assert placement.node in placement.spans  # rank 0's node, one of the two
+
+    one_node = create("standard", 4, nodes=1)  # 4 GPUs on one node: no node has 4
+    scheduler.tick()
+    failed = get("standard", one_node)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "resources_unavailable"
+    assert "all of them on one node" in failed["error"]["message"]
+
+
+def test_resources_nodes_must_divide_the_gpus(world):
+    platform, _scheduler, _executor, _create, _get = world
+    from fastapi.testclient import TestClient
+
+    from tuneforge.api.app import create_app
+
+    key = add_tenant(platform, "uneven-co")
+    http = TestClient(create_app(platform=platform))
+    auth = {"Authorization": f"Bearer {key}"}
+    file_id = http.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(chat_lines(20)))},
+                        data={"purpose": "fine-tune"}, headers=auth).json()["id"]
+    response = http.post("/v1/fine_tuning/jobs", headers=auth, json={
+        "model": "tiny-base", "training_file": file_id, "resources": {"gpus": 3, "nodes": 2}})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "resources.nodes"
+    assert "split evenly" in response.json()["error"]["message"]

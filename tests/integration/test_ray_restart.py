@@ -1,0 +1,111 @@
+"""Killing and restarting the control plane while a job trains on Ray loses no job and no metric.
+
+`tuneforge serve` runs as a real process, a Ray driver with the Ray executor.
+Once the trainer reports its first steps that process is SIGKILLed. The
+attempt's placement group and trainer actor are detached: they outlive their
+driver, and the trainer keeps training and queues its reports. A new control
+plane on the same database finds the actor again by its name, the queued
+reports arrive (de-duplicated by `seq`) and the job finishes in its first
+attempt with every step's metrics exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.test_restart import (
+    CHECKPOINTING,
+    HYPERPARAMETERS,
+    JOB_TIMEOUT_S,
+    N_KEYS,
+    OUTAGE_S,
+    STEP_LINE,
+    TOTAL_STEPS,
+    ServeProcess,
+    metrics_steps,
+    wait_until,
+)
+from tests.helpers import ray_cluster
+from tests.helpers.net import free_port
+from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
+
+pytestmark = pytest.mark.ray
+
+
+def settings_env(settings: dict) -> dict[str, str]:
+    return {f"TUNEFORGE_{name.upper()}": str(value) for name, value in settings.items()}
+
+
+def test_a_control_plane_killed_and_restarted_finds_its_ray_attempt_again(
+        tmp_path, database_url, tiny_model_dir, s3_storage, ray_head):
+    cluster_settings = ray_cluster.plane_settings(ray_head, s3_storage, tmp_path / "nodes", namespace="tf-restart")
+    platform = make_platform(tmp_path, database_url, **cluster_settings)  # the plane's store: the bucket
+    try:
+        key = add_tenant(platform, "acme")
+        add_base_model(platform, "tiny-chat", tiny_model_dir)
+    finally:
+        platform.db.dispose()
+
+    port = free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TUNEFORGE_")}
+    env.update(settings_env(cluster_settings))
+    env.update({
+        "TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url,
+        "TUNEFORGE_HOST": "127.0.0.1", "TUNEFORGE_PORT": str(port), "TUNEFORGE_SCHEDULER_TICK_S": "0.2",
+        "TUNEFORGE_HEARTBEAT_INTERVAL_S": "1", "TUNEFORGE_LEASE_TIMEOUT_S": "60",
+    })
+    plane = ServeProcess(env, port, tmp_path / "serve.log")
+    plane.start()
+    try:
+        sdk = openai.OpenAI(base_url=f"{plane.url}/v1", api_key=key, max_retries=2,
+                            http_client=httpx.Client(trust_env=False, timeout=30))
+        files = write_demo_files(tmp_path / "data", n_keys=N_KEYS)
+        training = sdk.files.create(file=files.training_path.open("rb"), purpose="fine-tune")
+        job = sdk.fine_tuning.jobs.create(
+            model="tiny-chat", training_file=training.id, seed=1234,
+            method={"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}},
+            extra_body={"training_type": {"type": "lora", **DEMO_LORA}, "checkpointing": CHECKPOINTING})
+
+        seen = wait_until(lambda: metrics_steps(sdk, job.id), JOB_TIMEOUT_S, "the first metrics event")
+        plane.kill()
+        killed_at_step = max(seen)
+        time.sleep(OUTAGE_S)
+        plane.start()
+
+        [trainer_log] = (tmp_path / "nodes").glob(f"*/attempts/*{job.id}*/rank-0.log")
+        logged = [int(m.group(1)) for m in STEP_LINE.finditer(trainer_log.read_text(errors="replace"))]
+        assert max(logged, default=0) > killed_at_step, "the trainer did not train during the outage"
+        assert max(logged) < TOTAL_STEPS, "training ended before the new control plane was up"
+
+        done = wait_until(
+            lambda: (j := sdk.fine_tuning.jobs.retrieve(job.id)).status in ("succeeded", "failed", "cancelled") and j,
+            JOB_TIMEOUT_S, "the job to end", interval_s=0.3)
+        assert done.status == "succeeded", done.error
+        events = list(sdk.fine_tuning.jobs.list_events(job.id, limit=100))
+        steps = sorted(e.data["step"] for e in events if e.type == "metrics")
+        assert steps == list(range(1, TOTAL_STEPS + 1))  # every step's metrics exactly once
+        assert done.attempt == 1  # found again, not relaunched
+        assert not [e for e in events if (e.data or {}).get("code") == "job_restarted"]
+        assert "not delivered" in trainer_log.read_text(errors="replace")  # it did report into the outage
+        # the new plane released the finished attempt's placement group
+        reader = make_platform(tmp_path, database_url, **cluster_settings)
+        try:
+            wait_until(lambda: "released_at" in attempt_handle(reader, job.id), 30, "the attempt's release")
+        finally:
+            reader.db.dispose()
+    finally:
+        plane.stop()
+
+
+def attempt_handle(platform, job_id: str) -> dict:
+    with platform.db.session() as session:
+        [attempt] = attempt_repo.for_job(session, job_id)
+        return dict(attempt.handle or {})
+
