@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.net import free_port, wait_for_http
+from tests.helpers.net import free_port, wait_for_http, wait_until  # noqa: F401 - wait_until re-exported
 from tests.helpers.platform import add_base_model, add_tenant, make_platform
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
@@ -90,6 +90,19 @@ class ServeProcess:
             return ""
 
 
+def serve_env(home: Path, database_url: str, port: int, **settings) -> dict[str, str]:
+    """This process's environment without its TUNEFORGE_* variables, plus the plane's:
+    `settings` are Settings fields (lower case), written as TUNEFORGE_* variables."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TUNEFORGE_")}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    settings = {"home": home, "database_url": database_url, "host": "127.0.0.1", "port": port,
+                "scheduler_tick_s": 0.2, "heartbeat_interval_s": 1,
+                "lease_timeout_s": 60,  # far longer than the outage: the lease must not lapse
+                **settings}
+    env.update({f"TUNEFORGE_{name.upper()}": str(value) for name, value in settings.items()})
+    return env
+
+
 def trainer_pids(home: Path) -> list[int]:
     """Live trainer processes whose spec lies under `home` (zombies have an empty cmdline)."""
     found = []
@@ -119,16 +132,6 @@ def metrics_steps(sdk: openai.OpenAI, job_id: str) -> list[int]:
     return [e.data["step"] for e in sdk.fine_tuning.jobs.list_events(job_id, limit=100) if e.type == "metrics"]
 
 
-def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 def test_killing_and_restarting_the_control_plane_loses_no_job_and_no_metric(
     tmp_path, database_url, tiny_model_dir
 ):
@@ -141,18 +144,7 @@ def test_killing_and_restarting_the_control_plane_loses_no_job_and_no_metric(
         platform.db.dispose()
 
     port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith("TUNEFORGE_")}
-    env.update({
-        "TUNEFORGE_HOME": str(home),
-        "TUNEFORGE_DATABASE_URL": database_url,
-        "TUNEFORGE_HOST": "127.0.0.1",
-        "TUNEFORGE_PORT": str(port),
-        "TUNEFORGE_SCHEDULER_TICK_S": "0.2",
-        "TUNEFORGE_HEARTBEAT_INTERVAL_S": "1",
-        "TUNEFORGE_LEASE_TIMEOUT_S": "60",  # far longer than the outage: the lease must not lapse
-        "TUNEFORGE_LOCAL_GPUS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    })
+    env = serve_env(home, database_url, port, local_gpus=1)
     plane = ServeProcess(env, port, tmp_path / "serve.log")
     plane.start()
     try:

@@ -43,3 +43,15 @@ def wait_for_http(url: str, timeout_s: float = 30.0, alive=lambda: True) -> None
             last_error = exc
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer within {timeout_s}s: {last_error}")
+
+
+def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.1):
+    """Poll `condition` until it returns something truthy, and return that; AssertionError
+    naming `what` when `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")

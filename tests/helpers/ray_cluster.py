@@ -104,16 +104,6 @@ def placement_groups(namespace: str) -> list[dict[str, Any]]:
             if (group.get("name") or "").startswith(f"{namespace}:")]
 
 
-def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
 def plane_settings(cluster: TestCluster, storage: Any, root: Path, namespace: str = "tuneforge-test",
                    *, client: bool = False, **overrides: Any) -> dict[str, Any]:
     """Settings of a control plane that runs attempts on `cluster` and keeps its objects in

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers.net import free_port, wait_for_http
+from tuneforge.executors.ray_host import parent_death_hook
 
 REGION = "us-east-1"
 ACCESS_KEY_ID = "testing"
@@ -24,24 +25,6 @@ AWS_ENV = {
     "AWS_SESSION_TOKEN": "testing",
     "AWS_DEFAULT_REGION": REGION,
 }
-
-
-def _parent_death_signal():
-    """Linux: a pre-exec hook so the server gets SIGTERM if pytest dies without teardown.
-
-    libc is loaded here, in the parent: the hook itself runs between fork and
-    exec, where importing or loading libraries could deadlock.
-    """
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 @dataclass
@@ -79,7 +62,8 @@ def start_moto_server(log_dir: Path, start_timeout_s: float = 30.0, tries: int =
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **AWS_ENV},
-                preexec_fn=_parent_death_signal(),  # noqa: PLW1509 (only calls prctl)
+                # SIGTERM to the server if pytest dies without its teardown
+                preexec_fn=parent_death_hook(signal.SIGTERM),  # noqa: PLW1509 (only calls prctl)
             )
         server = MotoServer(f"http://127.0.0.1:{port}", process, log_path)
         try:

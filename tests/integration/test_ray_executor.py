@@ -25,6 +25,7 @@ import pytest
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
 from tests.helpers import ray_cluster
+from tests.helpers.net import wait_until
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, write_demo_files
 
@@ -85,7 +86,7 @@ def test_a_two_gpu_job_lands_on_one_node_and_a_second_finds_the_base_model_cache
     first = create_job(world, {"gpus": 2})
     running = wait_for(sdk, first.id, statuses=("running",), timeout_s=60)
     assert running.status == "running"
-    groups = ray_cluster.wait_for(lambda: ray_cluster.placement_groups(world.namespace), 30, "the placement group")
+    groups = wait_until(lambda: ray_cluster.placement_groups(world.namespace), 30, "the placement group")
     assert len(groups) == 1 and groups[0]["strategy"] == "STRICT_PACK"
     assert list(groups[0]["bundles"].values()) == [{"GPU": 2.0, "CPU": 2.0}]
 
@@ -102,7 +103,7 @@ def test_a_two_gpu_job_lands_on_one_node_and_a_second_finds_the_base_model_cache
     trained = losses(sdk, first.id)
     assert trained[-1] < trained[0] * 0.5
     # the attempt's placement group is gone once its end is recorded
-    ray_cluster.wait_for(lambda: not [g for g in ray_cluster.placement_groups(world.namespace)
+    wait_until(lambda: not [g for g in ray_cluster.placement_groups(world.namespace)
                                       if g["state"] != "REMOVED"], 30, "the placement group's removal")
 
     second = create_job(world, {"gpus": 2}, n_epochs=2)
@@ -114,7 +115,7 @@ def test_a_two_gpu_job_lands_on_one_node_and_a_second_finds_the_base_model_cache
     assert started["base_model_cache"] == "hit"
     cached = tmp_path / "nodes" / node / "base-models"
     assert [p.name for p in cached.iterdir() if not p.name.startswith(".")] == [done.model_extra["base_model_sha256"]]
-    ray_cluster.wait_for(lambda: not [g for g in ray_cluster.placement_groups(world.namespace)
+    wait_until(lambda: not [g for g in ray_cluster.placement_groups(world.namespace)
                                       if g["state"] != "REMOVED"], 30, "the placement group's removal")
     others = [tmp_path / "nodes" / other / "base-models" for other in world.cluster.worker_ids() if other != node]
     assert not any(path.exists() and any(path.iterdir()) for path in others)
@@ -145,7 +146,7 @@ def test_a_single_node_job_waits_unsplit_while_a_smaller_job_backfills(world, bu
     sdk = world.sdk_a
     head = world.cluster.head_id
     capacity = {n.name: n for n in world.plane.platform.inventory.nodes}
-    ray_cluster.wait_for(lambda: {n.name: n.free_gpus for n in world.plane.platform.inventory.nodes}[head] == 0,
+    wait_until(lambda: {n.name: n.free_gpus for n in world.plane.platform.inventory.nodes}[head] == 0,
                          10, "the scheduler to see the head busy")
     assert capacity[head].total_gpus == 4
 
@@ -165,15 +166,15 @@ def test_a_single_node_job_waits_unsplit_while_a_smaller_job_backfills(world, bu
     wait_for(sdk, big.id, statuses=("running",), timeout_s=60)
     [(_n, _s, placement, _h)] = attempts(world, big.id)
     assert placement["spans"] == {head: [0, 1, 2, 3]}
-    group = ray_cluster.wait_for(
+    group = wait_until(
         lambda: [g for g in ray_cluster.placement_groups(world.namespace)
                  if g["name"].endswith(f":{big.id}:1") and g["state"] == "CREATED"], 30, "the big job's group")[0]
     assert group["strategy"] == "STRICT_PACK" and set(group["bundles_to_node_id"].values()) == {head}
-    started = ray_cluster.wait_for(lambda: started_events(sdk, big.id), 120, "the big job's trainer")[0]
+    started = wait_until(lambda: started_events(sdk, big.id), 120, "the big job's trainer")[0]
     assert started["node"] == head and started["world_size"] == 4
     for job in (big, small):
         assert sdk.fine_tuning.jobs.cancel(job.id).status == "cancelled"
-    ray_cluster.wait_for(lambda: not [g for g in ray_cluster.placement_groups(world.namespace)
+    wait_until(lambda: not [g for g in ray_cluster.placement_groups(world.namespace)
                                       if g["state"] != "REMOVED"], 60, "the cancelled jobs' groups to go")
 
 
@@ -181,7 +182,7 @@ def test_a_two_node_job_spans_both_workers_in_one_process_group_and_learns(world
     sdk = world.sdk_a
     job = create_job(world, {"gpus": 4, "nodes": 2})
     wait_for(sdk, job.id, statuses=("running",), timeout_s=60)
-    group = ray_cluster.wait_for(lambda: ray_cluster.placement_groups(world.namespace), 30, "the group")[0]
+    group = wait_until(lambda: ray_cluster.placement_groups(world.namespace), 30, "the group")[0]
     assert group["strategy"] == "STRICT_SPREAD"
     assert sorted(group["bundles_to_node_id"].values()) == sorted(world.cluster.worker_ids())
     done = wait_for(sdk, job.id, timeout_s=JOB_TIMEOUT_S)
@@ -198,3 +199,24 @@ def test_a_two_node_job_spans_both_workers_in_one_process_group_and_learns(world
     for node in world.cluster.worker_ids():
         cached = tmp_path / "nodes" / node / "base-models" / done.model_extra["base_model_sha256"]
         assert (cached / "config.json").is_file()
+
+
+def test_a_placement_group_that_cannot_be_reserved_is_removed_and_the_launch_fails(
+        world, busy_head, tmp_path, tiny_model_dir):
+    from dataclasses import replace
+
+    from tests.helpers.tiny import stage_job
+    from tuneforge.executors.protocol import Placement
+
+    executor = world.plane.executor
+    spec, _store = stage_job(tmp_path / "staged", tiny_model_dir, job_id="ftjob-unplaceable")
+    executor.settings = executor.settings.model_copy(update={"ray_placement_timeout_s": 2.0})
+    try:
+        with pytest.raises(RuntimeError, match=r"was not ready within 2 s"):
+            executor.launch(replace(spec, gpus=4), Placement(world.cluster.head_id, [0, 1, 2, 3]))
+    finally:
+        executor.settings = world.plane.settings
+    wait_until(lambda: all(g["state"] == "REMOVED" for g in ray_cluster.placement_groups(world.namespace)),
+               30, "the unready group's removal")
+    assert [g["name"] for g in ray_cluster.placement_groups(world.namespace)] == \
+        [f"{world.namespace}:ftjob-unplaceable:1"]

@@ -9,13 +9,14 @@ logical GPUs each), since one of its nodes is killed.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
+from tests.e2e.test_restart import trainer_pids
 from tests.helpers import ray_cluster
+from tests.helpers.net import wait_until
 from tests.helpers.s3 import S3Storage
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, write_demo_files
@@ -44,21 +45,6 @@ def checkpoint_steps(storage: S3Storage, prefix: str) -> list[int]:
     return sorted(steps)
 
 
-def trainer_processes(folder: Path) -> list[int]:
-    """Live trainer processes whose spec lies under `folder`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
-        except OSError:
-            continue
-        if "tuneforge.train" in cmdline and str(folder) in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 def test_a_lost_node_makes_the_attempt_lost_and_the_job_resumes_on_the_other_node(
         tmp_path, database_url, tiny_model_dir, s3_storage, cluster):
     nodes_root = tmp_path / "nodes"
@@ -74,16 +60,16 @@ def test_a_lost_node_makes_the_attempt_lost_and_the_job_resumes_on_the_other_nod
             extra_body={"training_type": {"type": "lora", **DEMO_LORA}, "resources": {"gpus": 2},
                         "checkpointing": {"every_steps": 10, "keep_last": 20}})
         prefix = layout.checkpoints_prefix(job.organization_id, job.id)
-        ray_cluster.wait_for(lambda: checkpoint_steps(s3_storage, prefix), 180, "a first checkpoint")
+        wait_until(lambda: checkpoint_steps(s3_storage, prefix), 180, "a first checkpoint")
 
         with world.plane.platform.db.session() as session:
             [first] = attempt_repo.for_job(session, job.id)
             lost_node = first.placement["node"]
         survivor = next(node for node in cluster.worker_ids() if node != lost_node)
-        assert trainer_processes(nodes_root / lost_node)  # its two ranks run there
+        assert trainer_pids(nodes_root / lost_node)  # its two ranks run there
         cluster.remove_worker(lost_node)
         # the node's trainers died with it: nothing can write a checkpoint any more
-        ray_cluster.wait_for(lambda: not trainer_processes(nodes_root / lost_node), 30, "the lost node's trainers")
+        wait_until(lambda: not trainer_pids(nodes_root / lost_node), 30, "the lost node's trainers")
         newest = checkpoint_steps(s3_storage, prefix)[-1]
 
         done = wait_for(sdk, job.id, timeout_s=JOB_TIMEOUT_S)

@@ -11,7 +11,6 @@ attempt with every step's metrics exactly once.
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
@@ -28,19 +27,15 @@ from tests.e2e.test_restart import (
     TOTAL_STEPS,
     ServeProcess,
     metrics_steps,
-    wait_until,
+    serve_env,
 )
 from tests.helpers import ray_cluster
-from tests.helpers.net import free_port
+from tests.helpers.net import free_port, wait_until
 from tests.helpers.platform import add_base_model, add_tenant, make_platform
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
 pytestmark = pytest.mark.ray
-
-
-def settings_env(settings: dict) -> dict[str, str]:
-    return {f"TUNEFORGE_{name.upper()}": str(value) for name, value in settings.items()}
 
 
 def test_a_control_plane_killed_and_restarted_finds_its_ray_attempt_again(
@@ -54,13 +49,7 @@ def test_a_control_plane_killed_and_restarted_finds_its_ray_attempt_again(
         platform.db.dispose()
 
     port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith("TUNEFORGE_")}
-    env.update(settings_env(cluster_settings))
-    env.update({
-        "TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url,
-        "TUNEFORGE_HOST": "127.0.0.1", "TUNEFORGE_PORT": str(port), "TUNEFORGE_SCHEDULER_TICK_S": "0.2",
-        "TUNEFORGE_HEARTBEAT_INTERVAL_S": "1", "TUNEFORGE_LEASE_TIMEOUT_S": "60",
-    })
+    env = serve_env(tmp_path / "home", database_url, port, **cluster_settings)
     plane = ServeProcess(env, port, tmp_path / "serve.log")
     plane.start()
     try:

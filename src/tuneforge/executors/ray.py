@@ -124,58 +124,18 @@ class RayExecutor:
         return Capacity(nodes=sorted(nodes, key=lambda n: n.name))
 
     def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        ray = self._ray
-        settings = self.settings
+        """Reserve the attempt's GPUs, start its actors, then its ranks; on any failure free
+        what was taken and raise (the scheduler requeues the job)."""
+        if not placement.node:
+            raise ValueError(f"{spec.job_id}: the Ray executor needs a placement on at least one node")
         name = attempt_name(self.namespace, spec.job_id, spec.attempt)
-        nodes, bundles = bundles_for(placement, settings)
-        ranks_per_node = [int(bundle[settings.ray_gpu_resource]) or 1 for bundle in bundles]
-        handle = {"executor": "ray", "name": name, "nodes": nodes, "ranks": ranks_per_node,
-                  "node": nodes[0]}
-        group = placement_group(bundles, strategy="STRICT_PACK" if len(nodes) == 1 else "STRICT_SPREAD",
-                                name=name, lifetime="detached",
-                                bundle_label_selector=[{NODE_ID_LABEL: node} for node in nodes])
+        nodes, bundles = bundles_for(placement, self.settings)
+        ranks_per_node = [max(1, int(bundle[self.settings.ray_gpu_resource])) for bundle in bundles]
+        handle = {"executor": "ray", "name": name, "nodes": nodes, "ranks": ranks_per_node, "node": nodes[0]}
         try:
-            try:
-                ray.get(group.ready(), timeout=settings.ray_placement_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                raise RuntimeError(
-                    f"the placement group for {sum(ranks_per_node)} GPU(s) on node(s) {', '.join(nodes)} was not "
-                    f"ready within {settings.ray_placement_timeout_s:.0f} s (GPUs taken by work outside "
-                    "tuneforge, or a node that left)") from None
-            hosts = []
-            for index, bundle in enumerate(bundles):
-                gpus = bundle[settings.ray_gpu_resource]
-                options: dict[str, Any] = {
-                    "name": f"{name}:{index}", "namespace": self.namespace, "lifetime": "detached",
-                    "max_restarts": 0, "max_task_retries": 0, "num_cpus": bundle.get("CPU", 0.0),
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        group, placement_group_bundle_index=index),
-                }
-                if settings.ray_gpu_resource == "GPU":
-                    options["num_gpus"] = gpus
-                else:
-                    options["resources"] = {settings.ray_gpu_resource: gpus}
-                if settings.ray_runtime_env:
-                    options["runtime_env"] = settings.ray_runtime_env
-                hosts.append(self._host_class.options(**options).remote(
-                    name, settings.ray_node_workdir, settings.ray_node_cache_dir))
-            start_timeout_s = max(settings.start_timeout_s, CALL_TIMEOUT_S)
-            where = ray.get([host.where.remote() for host in hosts], timeout=start_timeout_s)
-            master = where[0]
-            handle["addresses"] = [w["address"] for w in where]
-            # credentials go in the start call, not in a runtime_env the dashboard shows
-            env = settings.trainer_storage_env()
-            world = sum(ranks_per_node)
-            first = 0
-            calls = []
-            for host, count in zip(hosts, ranks_per_node):
-                calls.append(host.start.remote(spec.to_json(), env, list(range(first, first + count)), world,
-                                               master["address"], master["port"]))
-                first += count
-            ray.get(calls, timeout=start_timeout_s)
+            group = self._reserve(name, nodes, bundles)
+            hosts = self._start_hosts(name, group, bundles)
+            handle["addresses"] = self._start_ranks(spec, hosts, ranks_per_node)
         except BaseException:
             self.release(handle)
             raise
@@ -267,6 +227,62 @@ class RayExecutor:
             self._owns_connection = False
 
     # ---- helpers -------------------------------------------------------------
+    def _reserve(self, name: str, nodes: list[str], bundles: list[dict[str, float]]) -> Any:
+        """The attempt's placement group, ready: one bundle per node, each pinned to its node."""
+        from ray.util.placement_group import placement_group
+
+        ray, timeout_s = self._ray, self.settings.ray_placement_timeout_s
+        group = placement_group(bundles, strategy="STRICT_PACK" if len(nodes) == 1 else "STRICT_SPREAD",
+                                name=name, lifetime="detached",
+                                bundle_label_selector=[{NODE_ID_LABEL: node} for node in nodes])
+        try:
+            ray.get(group.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            gpus = sum(bundle[self.settings.ray_gpu_resource] for bundle in bundles)
+            raise RuntimeError(f"the placement group for {gpus:.0f} GPU(s) on node(s) {', '.join(nodes)} was not "
+                               f"ready within {timeout_s:.0f} s (GPUs taken by work outside tuneforge, or a node "
+                               "that left)") from None
+        return group
+
+    def _start_hosts(self, name: str, group: Any, bundles: list[dict[str, float]]) -> list[Any]:
+        """One detached TrainerHost actor in each bundle; Ray never restarts them."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        settings = self.settings
+        hosts = []
+        for index, bundle in enumerate(bundles):
+            gpus = bundle[settings.ray_gpu_resource]
+            options: dict[str, Any] = {
+                "name": f"{name}:{index}", "namespace": self.namespace, "lifetime": "detached",
+                "max_restarts": 0, "max_task_retries": 0, "num_cpus": bundle.get("CPU", 0.0),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+            }
+            if settings.ray_gpu_resource == "GPU":
+                options["num_gpus"] = gpus  # Ray sets the actor's CUDA_VISIBLE_DEVICES
+            else:
+                options["resources"] = {settings.ray_gpu_resource: gpus}
+            if settings.ray_runtime_env:
+                options["runtime_env"] = settings.ray_runtime_env
+            hosts.append(self._host_class.options(**options).remote(
+                name, settings.ray_node_workdir, settings.ray_node_cache_dir))
+        return hosts
+
+    def _start_ranks(self, spec: JobSpec, hosts: list[Any], ranks_per_node: list[int]) -> list[str]:
+        """Every rank, rank 0 on the first host, all pointed at its address; returns the
+        hosts' addresses."""
+        ray = self._ray
+        timeout_s = max(self.settings.start_timeout_s, CALL_TIMEOUT_S)  # actor start-up, runtime_env included
+        where = ray.get([host.where.remote() for host in hosts], timeout=timeout_s)
+        master = where[0]
+        env = self.settings.trainer_storage_env()  # in the call, not in a runtime_env the dashboard shows
+        world, first, calls = sum(ranks_per_node), 0, []
+        for host, count in zip(hosts, ranks_per_node):
+            calls.append(host.start.remote(spec.to_json(), env, list(range(first, first + count)), world,
+                                           master["address"], master["port"]))
+            first += count
+        ray.get(calls, timeout=timeout_s)
+        return [w["address"] for w in where]
+
     def _hosts(self, handle: dict[str, Any]) -> list[Any]:
         """The attempt's actors, rank 0's first; ValueError if one of them does not exist."""
         name = handle["name"]

@@ -38,10 +38,10 @@ def expand_node_path(template: str, node_id: str) -> str:
     return os.path.expanduser(template.replace("{node_id}", node_id))
 
 
-def _die_with_parent():  # noqa: ANN202
-    """A pre-exec hook: the trainer is SIGKILLed when the actor's process exits, however
-    it exits (a node lost, the actor killed). libc is loaded here, in the parent: between
-    fork and exec only the prctl call itself runs."""
+def parent_death_hook(sig: int = signals.SIGKILL):  # noqa: ANN201
+    """A pre-exec hook (Linux) that has the kernel send `sig` to the child when the process
+    that started it exits, however it exits (a node lost, the actor killed). libc is loaded
+    here, in the parent: between fork and exec only the prctl call itself runs."""
     if sys.platform != "linux":
         return None
     try:
@@ -51,7 +51,7 @@ def _die_with_parent():  # noqa: ANN202
     except (OSError, AttributeError):
         return None
     pr_set_pdeathsig = 1
-    return lambda: prctl(pr_set_pdeathsig, signals.SIGKILL)
+    return lambda: prctl(pr_set_pdeathsig, sig)
 
 
 class TrainerHost:
@@ -90,7 +90,7 @@ class TrainerHost:
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(spec, indent=2, sort_keys=True))
-        hook = _die_with_parent()
+        hook = parent_death_hook()
         pids = []
         for local_rank, rank in enumerate(ranks):
             child_env = {**os.environ, **env, "TUNEFORGE_NODE": self.node_id}

@@ -56,10 +56,17 @@ class Scheduler:
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:
         # what the executor has first: validation checks new jobs against it, admission places on it
-        self.platform.inventory = self.executor.capacity()
-        self._validate_new_jobs()
+        try:
+            self.platform.inventory = self.executor.capacity()
+            inventory_known = True
+        except Exception:  # noqa: BLE001 - e.g. a Ray head restarting: admit nothing until it answers again
+            log.exception("the executor could not say what it has; no job starts this tick")
+            inventory_known = False
+        if self.platform.inventory is not None:  # validation checks that a job fits the inventory
+            self._validate_new_jobs()
         self._reconcile_attempts()
-        self._admit_queued_jobs()
+        if inventory_known:
+            self._admit_queued_jobs()
         self._release_ended()
         self._purge_deleted_models()
         self._reap_executor()

@@ -321,3 +321,19 @@ def test_gpus_busy_with_other_work_are_not_given_to_jobs(setup):
     executor.capacity = lambda: Capacity([NodeCapacity("fake", 2, 1)])  # the other work ended
     scheduler.tick()
     assert job(second)["status"] == "running"
+
+
+def test_an_executor_that_cannot_tell_its_capacity_starts_nothing_and_fails_nothing(setup):
+    platform, _http, scheduler, executor, create_job, job, _auth = setup
+    working = executor.capacity
+
+    def unreachable():
+        raise ConnectionError("the Ray head is restarting")
+
+    executor.capacity = unreachable
+    job_id = create_job()
+    scheduler.tick()
+    assert job(job_id)["status"] in ("validating_files", "queued") and executor.launched == []
+    executor.capacity = working
+    scheduler.tick()
+    assert job(job_id)["status"] == "running"
