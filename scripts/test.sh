@@ -6,7 +6,8 @@
 # Installs the package with its dev extras, then runs pytest once per stage:
 #   sqlite    the whole suite on SQLite (the embedded default)
 #   postgres  the whole suite on a throwaway PostgreSQL started by scripts/pg.sh
-#             (TUNEFORGE_TEST_POSTGRES_URL set), stopped again on exit
+#             (TUNEFORGE_TEST_POSTGRES_URL set), stopped again on exit; the
+#             end-to-end tests the ray stage runs are left to it when it runs
 #   ray       the slower cluster stage: the end-to-end suite with the Ray executor
 #             (a Ray cluster of this host) and the S3 store (moto), on that
 #             PostgreSQL, plus the Ray tests (placement, multi-node, node loss,
@@ -118,7 +119,13 @@ for backend in $BACKENDS; do
     else
         header "pytest on PostgreSQL ($pg_url)"
         set +e
-        env -u TUNEFORGE_TEST_EXECUTOR TUNEFORGE_TEST_POSTGRES_URL="$pg_url" "$PYTHON" -m pytest "$@"
+        # the ray stage runs the end-to-end suite on PostgreSQL as well: this pass then leaves it out
+        e2e_on_ray=0
+        if [[ " $BACKENDS " == *" ray "* ]]; then
+            e2e_on_ray=1
+        fi
+        env -u TUNEFORGE_TEST_EXECUTOR TUNEFORGE_TEST_E2E_ON_RAY="$e2e_on_ray" TUNEFORGE_TEST_POSTGRES_URL="$pg_url" \
+            "$PYTHON" -m pytest "$@"
         rc=$?
         set -e
     fi

@@ -57,6 +57,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # others) gives the same result there and ran in the SQLite pass already.
         if postgres_pass and "database_url" not in fixtures:
             item.add_marker(pytest.mark.skip(reason="uses no database: covered by the SQLite pass"))
+        # The ray stage runs the end-to-end suite on PostgreSQL too (with the Ray executor and
+        # S3); scripts/test.sh says so when it will, and this pass leaves those runs to it.
+        if postgres_pass and os.environ.get("TUNEFORGE_TEST_E2E_ON_RAY") == "1" and \
+                item.get_closest_marker("e2e") and not item.get_closest_marker("local_executor"):
+            item.add_marker(pytest.mark.skip(reason="runs on PostgreSQL in the ray stage"))
         # Long runs whose database work other tests cover on both backends run once.
         if postgres_pass and item.get_closest_marker("sqlite_pass_only"):
             item.add_marker(pytest.mark.skip(reason="trains and evaluates; its database work is covered by "
