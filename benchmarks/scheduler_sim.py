@@ -732,8 +732,10 @@ def main() -> None:
     config = PolicyConfig(aging_s=args.aging_s)
 
     print(f"machine: {machine()}")
-    source = Path(policy.__file__)
-    print(f"policy: {source} (sha256 {hashlib.sha256(source.read_bytes()).hexdigest()[:12]})")
+    # the policy's code: policy.py with the queue order and inputs it imports
+    sources = [Path(policy.__file__).with_name(name) for name in ("policy.py", "ordering.py", "policy_inputs.py")]
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in sources)).hexdigest()[:12]
+    print(f"policy: {', '.join(source.name for source in sources)} in {sources[0].parent} (sha256 {digest})")
     trace = build_trace(args)
     per_class = {c.name: sum(1 for t in trace if t.cls == c.name) for c in CLASSES}
     per_tier = {tier: sum(1 for t in trace if t.tier == tier) for tier in TIERS}

@@ -27,182 +27,26 @@ time. Every rule is one function:
   victims and a hold: the GPUs they will land on, which nobody else gets until
   they start (or the hold lapses).
 
-`QueueIndex` keeps the queue grouped by (tier, tenant) in arrival order, the
-part of the order that does not change between ticks; `iter_queue` merges the
-groups lazily, so a tick costs the jobs it looks at, not the queue's length.
+The queue's order (`order_queue`, `QueueIndex`, `iter_queue`) lives in
+`scheduler/ordering.py` and the policy's inputs in `scheduler/policy_inputs.py`;
+both are re-exported here.
 """
+
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-TIER_RANK = {"premium": 0, "standard": 1, "free": 2}
+from tuneforge.scheduler.ordering import QueueIndex, iter_queue, jobs_with_a_target, order_queue, queue_key
+from tuneforge.scheduler.policy_inputs import TIER_RANK, Assignment, Node, PolicyConfig, QueuedJob, RunningJob
 
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    aging_s: float = 43200.0  # waiting this long is worth one tier (12 h: see docs/benchmarks-scheduler.md)
-    fair_share_s_per_gpu_hour: float = 60.0  # each recent GPU-hour of a tenant delays its jobs this much
-    fair_share_max_s: float = 1800.0
-    target_wait_s: dict[str, float | None] = field(
-        default_factory=lambda: {"premium": 300.0, "standard": None, "free": None})
-    backfill_depth: int = 500  # queued jobs examined for backfill per tick
-    overrun_fraction: float = 0.25  # a running job past its estimated end is expected to need this much more
-    min_overrun_s: float = 60.0
-    hold_s: float = 600.0  # GPUs freed by preemption stay reserved for their job this long at most
-    preemptors_per_tick: int = 4  # jobs that may ask for preemption in one decision
-
-
-@dataclass(frozen=True)
-class QueuedJob:
-    job_id: str
-    tenant_id: str
-    tier: str
-    gpus: int
-    queued_at: float
-    runtime_s: float  # estimated
-    gpus_per_node: int = 0  # 0: all on one node; else a multi-node job takes gpus / gpus_per_node nodes
-    seq: int = 0  # breaks ties between jobs queued in the same second: arrival order (e.g. the row's key)
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    job_id: str
-    tenant_id: str
-    tier: str
-    placement: dict[str, tuple[int, ...]]  # node -> GPU ids
-    started_at: float
-    expected_end: float
-    last_checkpoint_at: float
-    progress: float = 0.0  # 0..1
-    queued_at: float = 0.0  # where it would rank if requeued (a requeued job keeps its queue time)
-
-    @property
-    def gpus(self) -> int:
-        return sum(len(ids) for ids in self.placement.values())
-
-
-@dataclass
-class Node:
-    name: str
-    total: int
-    free: set[int]
-
-
-Assignment = dict[str, tuple[int, ...]]  # node -> GPU ids
-
-
-def queue_key(job: QueuedJob, config: PolicyConfig, recent_gpu_hours: dict[str, float]) -> float:
-    """Smaller starts first; comparable across ticks (time-invariant aging)."""
-    penalty = min(config.fair_share_max_s,
-                  recent_gpu_hours.get(job.tenant_id, 0.0) * config.fair_share_s_per_gpu_hour)
-    return TIER_RANK.get(job.tier, 2) * config.aging_s + job.queued_at + penalty
-
-
-def _keyed(jobs: Iterable[QueuedJob], config: PolicyConfig,
-           recent_gpu_hours: dict[str, float]) -> list[tuple[float, int, QueuedJob]]:
-    """(queue_key, arrival index, job) for every job, with the per-tier and per-tenant parts looked up once."""
-    tier_part = {tier: rank * config.aging_s for tier, rank in TIER_RANK.items()}
-    lowest = 2 * config.aging_s
-    penalty = {tenant: min(config.fair_share_max_s, hours * config.fair_share_s_per_gpu_hour)
-               for tenant, hours in recent_gpu_hours.items()}
-    return [(tier_part.get(job.tier, lowest) + job.queued_at + penalty.get(job.tenant_id, 0.0), index, job)
-            for index, job in enumerate(jobs)]
-
-
-def order_queue(jobs: Iterable[QueuedJob], config: PolicyConfig,
-                recent_gpu_hours: dict[str, float]) -> list[QueuedJob]:
-    """The whole queue in the order jobs start (see `queue_key`)."""
-    keyed = _keyed(jobs, config, recent_gpu_hours)
-    keyed.sort()
-    return [job for _key, _index, job in keyed]
-
-
-class QueueIndex:
-    """Queued jobs grouped by (tier, tenant), each group in arrival order.
-
-    Within a group the queue key differs only by arrival time, so a group's
-    order never changes; only the offsets between groups do (fair share moves
-    with usage). Jobs are added and removed as they enter and leave the queue."""
-
-    def __init__(self, jobs: Iterable[QueuedJob] = ()) -> None:
-        self._groups: dict[tuple[str, str], list[tuple[float, int, str, QueuedJob]]] = {}
-        self._jobs: dict[str, QueuedJob] = {}
-        for job in jobs:
-            self.add(job)
-
-    def add(self, job: QueuedJob) -> None:
-        if job.job_id in self._jobs:
-            self.remove(job.job_id)
-        self._jobs[job.job_id] = job
-        group = self._groups.setdefault((job.tier, job.tenant_id), [])
-        entry = (job.queued_at, job.seq, job.job_id, job)
-        if not group or group[-1][:3] < entry[:3]:
-            group.append(entry)  # the usual case: arrivals come in time order
-        else:
-            bisect.insort(group, entry, key=lambda e: e[:3])
-
-    def remove(self, job_id: str) -> QueuedJob | None:
-        job = self._jobs.pop(job_id, None)
-        if job is not None:
-            group = self._groups[(job.tier, job.tenant_id)]
-            at = bisect.bisect_left(group, (job.queued_at, job.seq, job.job_id), key=lambda e: e[:3])
-            del group[at]
-            if not group:
-                del self._groups[(job.tier, job.tenant_id)]
-        return job
-
-    def get(self, job_id: str) -> QueuedJob | None:
-        return self._jobs.get(job_id)
-
-    def groups(self) -> Iterator[tuple[str, str, list[tuple[float, int, str, QueuedJob]]]]:
-        for (tier, tenant), group in self._groups.items():
-            yield tier, tenant, group
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._jobs
-
-    def __iter__(self) -> Iterator[QueuedJob]:
-        return iter(self._jobs.values())
-
-    def __len__(self) -> int:
-        return len(self._jobs)
-
-
-def _group_offset(tier: str, tenant: str, config: PolicyConfig, recent_gpu_hours: Mapping[str, float]) -> float:
-    penalty = min(config.fair_share_max_s, recent_gpu_hours.get(tenant, 0.0) * config.fair_share_s_per_gpu_hour)
-    return TIER_RANK.get(tier, 2) * config.aging_s + penalty
-
-
-def iter_queue(jobs: Iterable[QueuedJob] | QueueIndex, config: PolicyConfig,
-               recent_gpu_hours: Mapping[str, float]) -> Iterator[QueuedJob]:
-    """The same order as `order_queue`, produced lazily: a tick reads the head and
-    a bounded number of jobs behind it. From a `QueueIndex` the groups are merged
-    (a heap of one entry per group); from a plain list, a heap of every job."""
-    if not isinstance(jobs, QueueIndex):
-        keyed = _keyed(jobs, config, dict(recent_gpu_hours))
-        heapq.heapify(keyed)
-        while keyed:
-            yield heapq.heappop(keyed)[2]
-        return
-    heap = []
-    for tier, tenant, group in jobs.groups():
-        offset = _group_offset(tier, tenant, config, recent_gpu_hours)
-        heap.append((offset + group[0][0], group[0][1], group[0][2], offset, 0, group))
-    heapq.heapify(heap)
-    while heap:
-        _key, _seq, _job_id, offset, at, group = heap[0]
-        yield group[at][3]
-        at += 1
-        if at < len(group):
-            entry = group[at]
-            heapq.heapreplace(heap, (offset + entry[0], entry[1], entry[2], offset, at, group))
-        else:
-            heapq.heappop(heap)
+__all__ = [
+    "TIER_RANK", "Assignment", "Decision", "Hold", "Node", "Plan", "PolicyConfig", "QueueIndex", "QueuedJob",
+    "Reservation", "RunningJob", "choose_victims", "decide", "expected_end", "iter_queue", "order_queue", "place",
+    "plan", "queue_key", "reserve", "waited_too_long", "would_wait_too_long",
+]
 
 
 def place(job: QueuedJob, nodes: Sequence[Node]) -> Assignment | None:
@@ -442,29 +286,6 @@ def _held_ids(assignment: Assignment, node: Node) -> set[int]:
     return set(assignment.get(node.name, ())) & node.free
 
 
-def _with_a_target(queue: Iterable[QueuedJob] | QueueIndex, config: PolicyConfig,
-                   recent_gpu_hours: Mapping[str, float], skip: set[str], limit: int) -> list[QueuedJob]:
-    """The first `limit` jobs in queue order whose tier has a target wait, not in `skip`."""
-    tiers = {tier for tier, target in config.target_wait_s.items() if target is not None}
-    found: list[tuple[float, int, str, QueuedJob]] = []
-    if isinstance(queue, QueueIndex):
-        for tier, tenant, group in queue.groups():
-            if tier not in tiers:
-                continue
-            offset = _group_offset(tier, tenant, config, recent_gpu_hours)
-            taken = 0
-            for queued_at, seq, job_id, job in group:
-                if taken >= limit:
-                    break
-                if job_id not in skip:
-                    found.append((offset + queued_at, seq, job_id, job))
-                    taken += 1
-    else:
-        found = [(queue_key(job, config, dict(recent_gpu_hours)), job.seq, job.job_id, job)
-                 for job in queue if job.tier in tiers and job.job_id not in skip]
-    return [entry[3] for entry in heapq.nsmallest(limit, found, key=lambda e: e[:3])]
-
-
 def decide(queue: Iterable[QueuedJob] | QueueIndex, nodes: Sequence[Node], running: Sequence[RunningJob],
            now: float, config: PolicyConfig = PolicyConfig(), recent_gpu_hours: Mapping[str, float] | None = None,
            *, stopping: Iterable[str] = (), holds: Mapping[str, Hold] | None = None,
@@ -514,7 +335,7 @@ def decide(queue: Iterable[QueuedJob] | QueueIndex, nodes: Sequence[Node], runni
     candidates = [job for job in running if job.job_id not in stopping]
     preemptions: list[tuple[QueuedJob, list[RunningJob], Assignment]] = []
     skip = started | set(holding) | result.refused
-    for job in _with_a_target(queue, config, usage, skip, config.preemptors_per_tick):
+    for job in jobs_with_a_target(queue, config, usage, skip, config.preemptors_per_tick):
         if job.job_id not in result.admitted and not can_start(job):
             continue
         if not would_wait_too_long(job, view, candidates, now, config):
