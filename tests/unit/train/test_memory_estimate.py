@@ -415,7 +415,7 @@ def _worker_main() -> None:
     from tuneforge.domain.spec import LoraConfig
     from tuneforge.train.batches import collate_packed, score_tokens
     from tuneforge.train.model import load_base_model, prepare_trainable, trainable_parameters
-    from tuneforge.train.recipes.sft import configure_threads
+    from tuneforge.train.setup import configure_threads
 
     import_s = time.monotonic() - started
     cpu = torch.device("cpu")

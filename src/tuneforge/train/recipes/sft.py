@@ -44,20 +44,15 @@ Options in `spec.extra`:
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import math
 import os
-import random
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from tuneforge.data.tokenize import TokenizedExample
@@ -80,6 +75,14 @@ from tuneforge.train.batches import (
     target_token_count,
 )
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob
+from tuneforge.train.artifacts import results_csv, upload_adapter, upload_full_model
+from tuneforge.train.setup import (
+    LR_SCHEDULES,
+    configure_threads,
+    lr_schedule,
+    pick_device,
+    seed_everything,
+)
 from tuneforge.train.telemetry import step_telemetry
 from tuneforge.train.model import (
     is_adapter,
@@ -92,8 +95,6 @@ from tuneforge.train.reporter import Reporter, message_event, metrics_event
 
 log = logging.getLogger(__name__)
 
-LR_SCHEDULES = ("linear", "cosine", "constant")
-RESULTS_COLUMNS = ["step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy"]
 
 
 @dataclass
@@ -297,66 +298,6 @@ def _train(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadin
 
     # ------------------------------------------------------------------ save
     return save_final(run)
-
-
-# -- setup ---------------------------------------------------------------------
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def pick_device(gpus: int, local_rank: int = 0) -> torch.device:
-    """The rank's GPU among those visible on its node, or the CPU."""
-    return torch.device("cuda", local_rank) if gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
-
-
-# Below this size an op is too small to split across threads: one thread runs
-# faster, and on a shared host it cannot be slowed down by spinning siblings.
-MULTITHREAD_MIN_PARAMS = 20_000_000
-
-
-def configure_threads(device: torch.device, num_params: int, requested: int | None = None) -> int:
-    """CPU intra-op threads: `requested` (spec.extra["cpu_threads"]) or a size-based choice.
-
-    A model large enough to profit gets one thread per core of the affinity set
-    (the executor confines an attempt with CPU affinity, so that set, not the
-    machine, is what the attempt owns). The choice depends only on the model
-    and the affinity, so every attempt of a job makes the same one, which exact
-    resume on CPU needs.
-    """
-    if device.type != "cpu":
-        return torch.get_num_threads()
-    if requested:
-        threads = int(requested)
-    elif num_params < MULTITHREAD_MIN_PARAMS:
-        threads = 1
-    else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = cores or 1
-    torch.set_num_threads(max(1, threads))
-    return torch.get_num_threads()
-
-
-def lr_schedule(hp: Hyperparameters, total_steps: int):
-    """Factor of the peak learning rate at each 0-based step: warmup, then the decay."""
-    warmup_steps = math.ceil(hp.warmup_ratio * total_steps)
-    decay_steps = max(1, total_steps - warmup_steps)
-    kind = hp.lr_scheduler_type
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps  # the first step already learns
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / decay_steps)
-        if kind == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - progress
-
-    return factor
 
 
 # -- load ----------------------------------------------------------------------
@@ -640,10 +581,10 @@ def save_final(run: Run) -> TrainerExit:
         return TrainerExit.SUCCESS
     if is_adapter(run.model):
         adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
-        upload_adapter(run, adapter_prefix)
+        upload_adapter(run.model, spec.base_model.name, run.store, adapter_prefix)
     else:
         adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "model")
-        upload_full_model(run, adapter_prefix)
+        upload_full_model(run.model, run.tokenizer, run.store, adapter_prefix)
     results_key = layout.results_key(spec.tenant_id, spec.job_id)
     run.store.put_bytes(results_key, results_csv(state.history))
     metrics = {**checkpoint_metrics(last), "steps": state.step}
@@ -655,33 +596,3 @@ def save_final(run: Run) -> TrainerExit:
     })
     log.info("finished: %d steps, %d trained tokens, adapter at %s", state.step, state.trained_tokens, adapter_prefix)
     return TrainerExit.SUCCESS
-
-
-def upload_adapter(run: Run, adapter_prefix: str) -> list[str]:
-    """The adapter in PEFT format (`PeftModel.from_pretrained` loads the folder)."""
-    # The local cache path means nothing to whoever loads the adapter; the model name does.
-    run.model.peft_config["default"].base_model_name_or_path = run.spec.base_model.name
-    with tempfile.TemporaryDirectory(prefix="tuneforge-adapter-") as tmp:
-        run.model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
-        run.store.delete_prefix(adapter_prefix)
-        return run.store.upload_dir(Path(tmp), adapter_prefix)
-
-
-def upload_full_model(run: Run, prefix: str) -> list[str]:
-    """A full fine-tune: weights and tokenizer as `from_pretrained` loads them."""
-    with tempfile.TemporaryDirectory(prefix="tuneforge-model-") as tmp:
-        run.model.save_pretrained(tmp, safe_serialization=True)
-        run.tokenizer.save_pretrained(tmp)
-        run.store.delete_prefix(prefix)
-        return run.store.upload_dir(Path(tmp), prefix)
-
-
-def results_csv(history: list[dict[str, Any]]) -> bytes:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULTS_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in history:
-        writer.writerow({key: "" if row.get(key) is None else row[key] for key in RESULTS_COLUMNS})
-    return buffer.getvalue().encode()
-
-
