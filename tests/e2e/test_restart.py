@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from tests.helpers.net import free_port, wait_for_http, wait_until  # noqa: F401 - wait_until re-exported
-from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tests.helpers.platform import tenant_with_model
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_executor]
@@ -103,6 +103,20 @@ def serve_env(home: Path, database_url: str, port: int, **settings) -> dict[str,
     return env
 
 
+def create_long_job(url: str, key: str, tmp_path: Path):  # noqa: ANN201
+    """As the tenant `key`: upload the data and create the job that outlasts a restart."""
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=2,
+                        http_client=httpx.Client(trust_env=False, timeout=30))
+    files = write_demo_files(tmp_path / "data", n_keys=N_KEYS)
+    training = sdk.files.create(file=files.training_path.open("rb"), purpose="fine-tune")
+    job = sdk.fine_tuning.jobs.create(
+        model="tiny-chat", training_file=training.id, seed=1234,
+        method={"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}},
+        extra_body={"training_type": {"type": "lora", **DEMO_LORA}, "checkpointing": CHECKPOINTING},
+    )
+    return sdk, job
+
+
 def trainer_pids(home: Path) -> list[int]:
     """Live trainer processes whose spec lies under `home` (zombies have an empty cmdline)."""
     found = []
@@ -136,27 +150,14 @@ def test_killing_and_restarting_the_control_plane_loses_no_job_and_no_metric(
     tmp_path, database_url, tiny_model_dir
 ):
     home = tmp_path / "home"
-    platform = make_platform(tmp_path, database_url)  # migrates; home is tmp_path/"home" as below
-    try:
-        key = add_tenant(platform, "acme")
-        add_base_model(platform, "tiny-chat", tiny_model_dir)
-    finally:
-        platform.db.dispose()
+    key = tenant_with_model(tmp_path, database_url, tiny_model_dir)  # migrates; home is tmp_path/"home"
 
     port = free_port()
     env = serve_env(home, database_url, port, local_gpus=1)
     plane = ServeProcess(env, port, tmp_path / "serve.log")
     plane.start()
     try:
-        sdk = openai.OpenAI(base_url=f"{plane.url}/v1", api_key=key, max_retries=2,
-                            http_client=httpx.Client(trust_env=False, timeout=30))
-        files = write_demo_files(tmp_path / "data", n_keys=N_KEYS)
-        training = sdk.files.create(file=files.training_path.open("rb"), purpose="fine-tune")
-        job = sdk.fine_tuning.jobs.create(
-            model="tiny-chat", training_file=training.id, seed=1234,
-            method={"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}},
-            extra_body={"training_type": {"type": "lora", **DEMO_LORA}, "checkpointing": CHECKPOINTING},
-        )
+        sdk, job = create_long_job(plane.url, key, tmp_path)
 
         # running, and the trainer has reported its first steps
         seen = wait_until(lambda: metrics_steps(sdk, job.id), JOB_TIMEOUT_S, "the first metrics event")

@@ -49,3 +49,15 @@ def chat_lines(count: int, prefix: str = "q") -> bytes:
             {"role": "assistant", "content": f"code-{i}"},
         ]}))
     return ("\n".join(lines) + "\n").encode()
+
+
+def tenant_with_model(tmp_path: Path, database_url: str, model_dir: Path, **overrides) -> str:
+    """For a control plane a test starts itself: migrate, create tenant "acme" and register
+    `model_dir` as "tiny-chat" in the store `overrides` name; returns the tenant's key."""
+    platform = make_platform(tmp_path, database_url, **overrides)
+    try:
+        key = add_tenant(platform, "acme")
+        add_base_model(platform, "tiny-chat", model_dir)
+    finally:
+        platform.db.dispose()
+    return key

@@ -11,7 +11,6 @@ imported) keeps Ray from swapping 127.0.0.1 for the host's own address.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.test_restart import ServeProcess, trainer_pids, wait_until
 from tests.helpers.net import free_port
-from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tests.helpers.platform import tenant_with_model
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_executor]
@@ -39,12 +39,7 @@ def _role(plane: ServeProcess) -> str | None:
 
 def test_one_leader_schedules_and_the_standby_takes_over(tmp_path, database_url, tiny_model_dir):
     home = tmp_path / "home"
-    platform = make_platform(tmp_path, database_url)
-    try:
-        key = add_tenant(platform, "acme")
-        add_base_model(platform, "tiny-chat", tiny_model_dir)
-    finally:
-        platform.db.dispose()
+    key = tenant_with_model(tmp_path, database_url, tiny_model_dir)
     base = {name: value for name, value in os.environ.items() if not name.startswith("TUNEFORGE_")}
     base.update({
         "TUNEFORGE_HOME": str(home), "TUNEFORGE_DATABASE_URL": database_url, "TUNEFORGE_HOST": "127.0.0.1",

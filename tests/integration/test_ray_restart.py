@@ -13,27 +13,22 @@ from __future__ import annotations
 
 import time
 
-import httpx
-import openai
 import pytest
 
 from tests.e2e.test_restart import (
-    CHECKPOINTING,
-    HYPERPARAMETERS,
     JOB_TIMEOUT_S,
-    N_KEYS,
     OUTAGE_S,
     STEP_LINE,
     TOTAL_STEPS,
     ServeProcess,
+    create_long_job,
     metrics_steps,
     serve_env,
 )
 from tests.helpers import ray_cluster
 from tests.helpers.net import free_port, wait_until
-from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tests.helpers.platform import make_platform, tenant_with_model
 from tuneforge.db.repos import attempts as attempt_repo
-from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
 pytestmark = pytest.mark.ray
 
@@ -41,26 +36,14 @@ pytestmark = pytest.mark.ray
 def test_a_control_plane_killed_and_restarted_finds_its_ray_attempt_again(
         tmp_path, database_url, tiny_model_dir, s3_storage, ray_head):
     cluster_settings = ray_cluster.plane_settings(ray_head, s3_storage, tmp_path / "nodes", namespace="tf-restart")
-    platform = make_platform(tmp_path, database_url, **cluster_settings)  # the plane's store: the bucket
-    try:
-        key = add_tenant(platform, "acme")
-        add_base_model(platform, "tiny-chat", tiny_model_dir)
-    finally:
-        platform.db.dispose()
+    key = tenant_with_model(tmp_path, database_url, tiny_model_dir, **cluster_settings)  # the store: the bucket
 
     port = free_port()
     env = serve_env(tmp_path / "home", database_url, port, **cluster_settings)
     plane = ServeProcess(env, port, tmp_path / "serve.log")
     plane.start()
     try:
-        sdk = openai.OpenAI(base_url=f"{plane.url}/v1", api_key=key, max_retries=2,
-                            http_client=httpx.Client(trust_env=False, timeout=30))
-        files = write_demo_files(tmp_path / "data", n_keys=N_KEYS)
-        training = sdk.files.create(file=files.training_path.open("rb"), purpose="fine-tune")
-        job = sdk.fine_tuning.jobs.create(
-            model="tiny-chat", training_file=training.id, seed=1234,
-            method={"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}},
-            extra_body={"training_type": {"type": "lora", **DEMO_LORA}, "checkpointing": CHECKPOINTING})
+        sdk, job = create_long_job(plane.url, key, tmp_path)
 
         seen = wait_until(lambda: metrics_steps(sdk, job.id), JOB_TIMEOUT_S, "the first metrics event")
         plane.kill()

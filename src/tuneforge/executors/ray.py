@@ -52,7 +52,7 @@ class StorageUnreachable(ValueError):
 
 def check_storage(settings: Settings) -> None:
     url = settings.resolved_storage_url
-    if url.startswith("s3://") or "://" in url and not url.startswith("file://"):
+    if "://" in url and not url.startswith("file://"):  # s3:// or another remote store
         return
     if not settings.ray_shared_storage:
         raise StorageUnreachable(

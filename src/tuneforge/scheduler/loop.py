@@ -50,8 +50,7 @@ class Scheduler:
         # GPUs being freed by preemption, promised to the job they are freed for. Kept in
         # memory: a new leader starts without holds, and preempts again if it must.
         self._holds: dict[str, Hold] = {}
-        self._last_purge = 0.0
-        self._last_reap = 0.0
+        self._last_run: dict[str, float] = {}  # housekeeping task -> when it last ran
 
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:
@@ -97,13 +96,19 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - one broken attempt must not stop the loop
                 log.exception("releasing %s attempt %s failed", job_id, number)
 
+    def _due(self, task: str, every_s: float) -> bool:
+        """Whether housekeeping `task` is due (at most once every `every_s`); if so, it runs now."""
+        now = time.time()
+        if now - self._last_run.get(task, 0.0) < every_s:
+            return False
+        self._last_run[task] = now
+        return True
+
     def _reap_executor(self, every_s: float = 60.0) -> None:
         """Free what the executor still holds for attempts that ended without being released
         (a control plane that died between recording an end and releasing it)."""
-        now = time.time()
-        if now - self._last_reap < every_s:
+        if not self._due("reap", every_s):
             return
-        self._last_reap = now
         try:
             with self.platform.db.session() as session:
                 active = {(a.job_id, a.number) for a in attempt_repo.active(session)}
@@ -114,9 +119,8 @@ class Scheduler:
     def _purge_deleted_models(self, every_s: float = 60.0) -> None:
         """Artifacts of deleted models whose grace period is over (at most once a minute)."""
         now = time.time()
-        if now - self._last_purge < every_s:
+        if not self._due("purge", every_s):
             return
-        self._last_purge = now
         try:
             with self.platform.db.session() as session:
                 purged = registry.purge_expired(session, self.platform.store, now)
