@@ -107,8 +107,8 @@ RESTART_GAP_S = 30.0  # at most one control-plane restart in this many seconds
 
 SPEC_NAME = re.compile(r"(ftjob-[A-Za-z0-9]+)-attempt-(\d+)\.json")
 LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
-STEP_LINE = re.compile(LOG_TIME + r"INFO tuneforge\.train\.recipes\.sft: step (\d+)/(\d+) ", re.MULTILINE)
-RESUMED_LINE = re.compile(LOG_TIME + r"INFO tuneforge\.train\.recipes\.sft: resumed from \S*/step-(\d+)\s*$",
+STEP_LINE = re.compile(LOG_TIME + r"INFO tuneforge\.train\.loop: step (\d+)/(\d+) ", re.MULTILINE)
+RESUMED_LINE = re.compile(LOG_TIME + r"INFO tuneforge\.train\.loop: resumed from \S*/step-(\d+)\s*$",
                           re.MULTILINE)
 EXIT_LINE = re.compile(LOG_TIME + r"INFO tuneforge\.train: exit (\d+) ", re.MULTILINE)
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)

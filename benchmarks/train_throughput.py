@@ -315,7 +315,7 @@ def run_tuneforge_side(cfg: Config, side_dir: Path) -> dict[str, Any]:
     from tuneforge.domain.spec import JobSpec
     from tuneforge.storage import layout
     from tuneforge.storage.store import open_store
-    from tuneforge.train.recipes import sft
+    from tuneforge.train import objective as token_objective
     from tuneforge.train.reporter import RecordingReporter
     from tuneforge.train.runner import run_attempt
 
@@ -323,7 +323,7 @@ def run_tuneforge_side(cfg: Config, side_dir: Path) -> dict[str, Any]:
     spec = JobSpec.read(side_dir / "spec.json")
     store = open_store(spec.storage_url)
     seen = {"first": None, "real": 0, "slots": 0, "batches": 0, "shapes": []}
-    original_make_batch = sft.make_batch
+    original_make_batch = token_objective.make_batch
 
     def observed_make_batch(run, rows):  # noqa: ANN001 - a pass-through that counts what was built
         if seen["first"] is None:
@@ -335,7 +335,7 @@ def run_tuneforge_side(cfg: Config, side_dir: Path) -> dict[str, Any]:
         seen["shapes"].append(list(batch.input_ids.shape))
         return batch
 
-    sft.make_batch = observed_make_batch
+    token_objective.make_batch = observed_make_batch
     step_ends: list[float] = []
 
     class TimedReporter(RecordingReporter):

@@ -61,7 +61,7 @@ _HAS_TRAINER = (
     "sys.exit(0 if importlib.util.find_spec('tuneforge.train.__main__') else 1)"
 )
 # Timed in a fresh interpreter, in the order a trainer attempt does them
-# (tuneforge.train.__main__, then recipes/sft.py's load phase). transformers
+# (tuneforge.train.__main__, then train/loop.py's load phase). transformers
 # imports most of its modules lazily, on first use: the tokenizer and model
 # steps include those imports, and peft comes after them as in the trainer.
 _COLD_START = r"""
@@ -73,10 +73,10 @@ def mark(name):
 import torch; mark("import torch")
 import transformers; mark("import transformers")
 try:
-    import tuneforge.train.__main__, tuneforge.train.runner, tuneforge.train.recipes.sft
-    mark("import tuneforge.train (+ runner, recipes.sft)")
+    import tuneforge.train.__main__, tuneforge.train.runner, tuneforge.train.loop
+    mark("import tuneforge.train (+ runner, loop)")
 except ImportError:
-    marks["import tuneforge.train (+ runner, recipes.sft)"] = None
+    marks["import tuneforge.train (+ runner, loop)"] = None
 from transformers import AutoModelForCausalLM, AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1]); mark("load tokenizer (with lazy imports)")
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1]); mark("load model (with lazy imports)")

@@ -41,7 +41,7 @@ N_KEYS = 96
 HYPERPARAMETERS = {"n_epochs": 30, "batch_size": 2, "learning_rate_multiplier": 1.0}
 TOTAL_STEPS = HYPERPARAMETERS["n_epochs"] * N_KEYS // HYPERPARAMETERS["batch_size"]
 CHECKPOINTING = {"every_steps": 25, "keep_last": 2}
-STEP_LINE = re.compile(r"tuneforge\.train\.recipes\.sft: step (\d+)/(\d+) ")
+STEP_LINE = re.compile(r"tuneforge\.train\.loop: step (\d+)/(\d+) ")
 
 
 class ServeProcess:

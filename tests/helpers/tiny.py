@@ -80,7 +80,7 @@ def stage_job(
         method="supervised",
         training_type="lora",
         lora=LoraConfig(**{"rank": 8, "alpha": 16, **(lora or {})}),
-        hyperparameters=Hyperparameters(**hp),
+        hyperparameters=Hyperparameters.from_dict(hp),
         checkpoint=CheckpointPolicy(**{"every_steps": 100, "keep_last": 3, **(checkpoint or {})}),
         storage_url=str(root / "objects"),
         callback_url=callback_url,

@@ -21,7 +21,7 @@ from typing import Any
 from tuneforge.data.cells import JSON_COLUMNS, decode_cells, drop_nulls
 from tuneforge.data.example import DataIssue
 from tuneforge.data.limits import ReadLimits
-from tuneforge.data.shapes import KNOWN_KEYS, SHAPE_HELP
+from tuneforge.data.shapes import json_keys_all, known_keys_all, shape_help
 
 Row = tuple[int, "dict[str, Any] | DataIssue"]
 _MAX_METADATA_BYTES = 16 * 1024 * 1024  # state.json of even a many-shard dataset is far smaller
@@ -35,15 +35,16 @@ def usable_columns(names: list[str], string_columns: Iterable[str], what: str, l
             problem = "an empty column name" if not name.strip() else f"column '{name}' twice"
             raise DataIssue("invalid_schema", f"the {what} has {problem}", line=line, field=name or None)
         seen.add(name)
-    if not seen & KNOWN_KEYS:
-        expected = "; ".join(SHAPE_HELP.values())
+    if not seen & known_keys_all():
+        expected = "; ".join(shape_help().values())
         raise DataIssue(
             "invalid_schema",
             f"the {what} has no usable column; found: {', '.join(names) or 'none'}. Expected the columns of "
             f"one of: {expected}",
             line=line,
         )
-    return frozenset(name for name in string_columns if name in JSON_COLUMNS)
+    json_columns = json_keys_all(JSON_COLUMNS)
+    return frozenset(name for name in string_columns if name in json_columns)
 
 
 def iter_parquet_rows(path: Path, limits: ReadLimits) -> Iterator[Row]:

@@ -12,16 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["chat", "instruction", "preference", "text"]
+Kind = str  # "chat", "instruction", "preference", "text", or a kind a training method brings
 Severity = Literal["error", "warning"]
 
-# Which example kinds each training method accepts.
-KINDS_FOR_METHOD: dict[str, tuple[str, ...]] = {
-    "supervised": ("chat", "instruction"),
-    "dpo": ("preference",),
-    "orpo": ("preference",),
-    "cpt": ("text",),
-}
+# Which kinds a training method accepts is the method's own (`train.methods`); a
+# method may bring a kind of its own (`data.shapes.Shape`).
 
 
 @dataclass

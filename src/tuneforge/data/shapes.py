@@ -25,10 +25,12 @@ shared with anything else once normalised.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tuneforge.data.cells import JSONDecodeError, dumps, loads
-from tuneforge.data.example import KINDS_FOR_METHOD, DataIssue, Example, excerpt_of
+from tuneforge.data.example import DataIssue, Example, excerpt_of
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _MESSAGE_KEYS = frozenset({"role", "content", "weight", "name", "tool_calls", "tool_call_id"})
@@ -73,9 +75,54 @@ def _a(word: str) -> str:
     return f"an {word}" if word[:1] in ("a", "e", "i", "o", "u") else f"a {word}"
 
 
+@dataclass(frozen=True)
+class Shape:
+    """A data shape a training method brings (`TrainingMethod.shapes`). Its records are
+    recognised before the built-in shapes, so its deciding key must be one no built-in
+    shape has (e.g. KTO's `label`)."""
+
+    kind: str  # the `Example.kind` its records get
+    help: str  # what a record looks like, for messages that tell the user what to write
+    keys: frozenset[str]  # every top-level key a record may have (columns of a table)
+    json_keys: frozenset[str]  # those whose CSV/Parquet text cells hold JSON
+    claims: Callable[[dict[str, Any]], bool]  # whether a record is of this shape
+    normalize: Callable[[dict[str, Any], int, list[DataIssue]], Example]  # raises DataIssue
+    to_record: Callable[[Example], dict[str, Any]]  # the prepared-dataset line the trainer reads
+
+
+_method_shapes: tuple[Shape, ...] | None = None
+
+
+def method_shapes() -> tuple[Shape, ...]:
+    """The shapes the registered training methods bring (looked up once per process)."""
+    global _method_shapes
+    if _method_shapes is None:
+        from tuneforge.train import methods  # the registry imports this module: look it up late
+
+        _method_shapes = tuple(shape for method in methods.all_methods() for shape in method.shapes)
+    return _method_shapes
+
+
+def known_keys_all() -> frozenset[str]:
+    """Every top-level key some shape uses: a table needs at least one such column."""
+    return KNOWN_KEYS.union(*(shape.keys for shape in method_shapes()))
+
+
+def json_keys_all(builtin: frozenset[str]) -> frozenset[str]:
+    """`builtin` JSON columns plus those of the methods' shapes."""
+    return builtin.union(*(shape.json_keys for shape in method_shapes()))
+
+
+def shape_help() -> dict[str, str]:
+    return {**SHAPE_HELP, **{shape.kind: shape.help for shape in method_shapes()}}
+
+
 def normalize(record: dict[str, Any], line: int) -> tuple[Example, list[DataIssue]]:
     """The `Example` for one record and its warnings; raises `DataIssue` on an error."""
     warnings: list[DataIssue] = []
+    for shape in method_shapes():
+        if shape.claims(record):
+            return shape.normalize(record, line, warnings), warnings
     if "input" in record or "preferred_output" in record or "non_preferred_output" in record:
         _known_keys(record, DPO_KEYS, "an OpenAI DPO preference example", line)
         return _dpo_preference(record, line, warnings), warnings
@@ -92,19 +139,27 @@ def normalize(record: dict[str, Any], line: int) -> tuple[Example, list[DataIssu
         _known_keys(record, TEXT_KEYS, "a text example", line)
         return _text(record, line), warnings
     found = ", ".join(sorted(map(str, record))) or "none"
-    expected = "; ".join(f"{help_text} ({kind})" for kind, help_text in SHAPE_HELP.items())
+    expected = "; ".join(f"{help_text} ({kind})" for kind, help_text in shape_help().items())
     raise _issue("unknown_shape", f"no supported shape; found keys: {found}. Expected one of: {expected}",
                  line, value=record)
 
 
+def kinds_for_method(method: str) -> tuple[str, ...]:
+    """The example kinds `method` trains on (the method registry says)."""
+    from tuneforge.train import methods
+
+    if method not in methods.names():
+        raise ValueError(f"unknown training method {method!r}; known: {', '.join(methods.names())}")
+    return methods.get(method).data_kinds
+
+
 def check_method(kind: str, method: str, line: int = 0) -> None:
     """Raise `shape_mismatch` unless `method` trains on examples of `kind`."""
-    if method not in KINDS_FOR_METHOD:
-        raise ValueError(f"unknown training method {method!r}; known: {', '.join(KINDS_FOR_METHOD)}")
-    accepted = KINDS_FOR_METHOD[method]
+    accepted = kinds_for_method(method)
     if kind in accepted:
         return
-    needs = " or ".join(f"{accepted_kind} {SHAPE_HELP[accepted_kind]}" for accepted_kind in accepted)
+    help_by_kind = shape_help()
+    needs = " or ".join(f"{accepted_kind} {help_by_kind[accepted_kind]}" for accepted_kind in accepted)
     raise _issue("shape_mismatch", f"method '{method}' needs {needs} examples; this file holds {kind} examples",
                  line)
 
@@ -423,7 +478,17 @@ def _dpo_preference(record: dict[str, Any], line: int, warnings: list[DataIssue]
     for key in ("input", "preferred_output", "non_preferred_output"):
         if key not in record:
             raise _issue("missing_key", f"an OpenAI DPO example needs '{key}'", line, key)
-    prompt = record["input"]
+    messages, tools, tool_names = prompt_input(record["input"], line, warnings)
+    chosen = _one_answer(record["preferred_output"], "preferred_output", line, tool_names)
+    rejected = _one_answer(record["non_preferred_output"], "non_preferred_output", line, tool_names)
+    _check_distinct(chosen, rejected, "non_preferred_output", line)
+    return Example(line=line, kind="preference", messages=messages, tools=tools, chosen=chosen, rejected=rejected)
+
+
+def prompt_input(prompt: Any, line: int, warnings: list[DataIssue]) -> tuple[list[dict[str, Any]],
+                                                                             list[dict[str, Any]] | None, set[str]]:
+    """An OpenAI-style `input` object, `{messages, tools?, parallel_tool_calls?}`, whose
+    conversation ends with a user (or tool) turn: (messages, tools, tool names)."""
     if type(prompt) is not dict:
         raise _issue("invalid_type", "'input' must be an object with 'messages'", line, "input", prompt)
     _known_keys(prompt, _DPO_INPUT_KEYS, "the input of a preference example", line, "input")
@@ -432,10 +497,7 @@ def _dpo_preference(record: dict[str, Any], line: int, warnings: list[DataIssue]
     tools, tool_names = _tools(prompt.get("tools"), "input.tools", line)
     _optional_bool(prompt, "parallel_tool_calls", "input.parallel_tool_calls", line)
     messages = _conversation(prompt["messages"], "input.messages", line, warnings, tool_names, prompt_only=True)
-    chosen = _one_answer(record["preferred_output"], "preferred_output", line, tool_names)
-    rejected = _one_answer(record["non_preferred_output"], "non_preferred_output", line, tool_names)
-    _check_distinct(chosen, rejected, "non_preferred_output", line)
-    return Example(line=line, kind="preference", messages=messages, tools=tools, chosen=chosen, rejected=rejected)
+    return messages, tools, tool_names
 
 
 def _pair_preference(record: dict[str, Any], line: int, warnings: list[DataIssue]) -> Example:
@@ -496,3 +558,7 @@ def _check_distinct(chosen: dict[str, Any], rejected: dict[str, Any], field: str
     if same_text and chosen.get("tool_calls") == rejected.get("tool_calls"):
         raise _issue("identical_preference", "the preferred and rejected answers are identical; the pair "
                      "teaches nothing", line, field, chosen["content"])
+
+
+# Building blocks for the shapes methods bring (`Shape`, e.g. in train/methods/kto.py).
+issue, known_keys, one_answer = _issue, _known_keys, _one_answer

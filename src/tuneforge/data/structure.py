@@ -79,7 +79,7 @@ def iter_examples(
 ) -> Iterator[Example]:
     """Every valid example of the dataset at `path`, while `report` collects the issues.
 
-    `method` (a key of `KINDS_FOR_METHOD`) adds the `shape_mismatch` check.
+    `method` (a registered training method's name) adds the `shape_mismatch` check.
     The report is complete once the iterator is exhausted.
     """
     try:

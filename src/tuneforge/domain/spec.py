@@ -52,7 +52,15 @@ class Hyperparameters:
     max_seq_length: int = 2048
     train_on_inputs: bool = False
     packing: bool = True  # micro-batches are rows of packed examples (block-diagonal attention)
-    beta: float = 0.1  # dpo: strength of the pull towards the reference; orpo: weight of the odds-ratio term
+    # the method's own resolved hyperparameters (e.g. DPO's beta), read only by that method's module
+    method_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Hyperparameters":
+        """Also reads values written before methods had options of their own (a top-level `beta`)."""
+        known = set(cls.__dataclass_fields__)
+        options = {**{k: v for k, v in raw.items() if k not in known}, **(raw.get("method_options") or {})}
+        return cls(**{k: v for k, v in raw.items() if k in known and k != "method_options"}, method_options=options)
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class JobSpec:
     base_model: BaseModelRef
     training_file: DataFileRef
     validation_file: DataFileRef | None
-    method: str  # "supervised", "dpo", "orpo" or "cpt"
+    method: str  # a registered training method (`tuneforge.train.methods`)
     training_type: str  # "lora"
     lora: LoraConfig
     hyperparameters: Hyperparameters
@@ -104,7 +112,7 @@ class JobSpec:
         if raw.get("validation_file"):
             raw["validation_file"] = DataFileRef(**raw["validation_file"])
         raw["lora"] = LoraConfig(**raw["lora"])
-        raw["hyperparameters"] = Hyperparameters(**raw["hyperparameters"])
+        raw["hyperparameters"] = Hyperparameters.from_dict(raw["hyperparameters"])
         raw["checkpoint"] = CheckpointPolicy(**raw["checkpoint"])
         return cls(**raw)
 

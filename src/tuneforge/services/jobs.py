@@ -20,7 +20,6 @@ from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.data.example import KINDS_FOR_METHOD
 from tuneforge.db.tables import BaseModelRow, FileRow, Job, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
@@ -33,6 +32,7 @@ from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import is_terminal, transition
 from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
+from tuneforge.train import methods
 
 SUPPORTED_METHODS = ("supervised", "dpo", "orpo", "cpt")
 SUPPORTED_TRAINING_TYPES = ("lora", "qlora", "full")
@@ -58,10 +58,11 @@ def _check_file(session: Session, tenant_id: str, file_id: str, param: str, sett
         raise invalid(f"invalid {param} {file_id}: {row.status_details}", param=param, code="invalid_file")
     if row.status != "processed":
         raise invalid(f"{param} {file_id} is still being processed", param=param, code="file_not_ready")
-    if row.data_kind and row.data_kind not in KINDS_FOR_METHOD[method]:
+    kinds = methods.get(method).data_kinds
+    if row.data_kind and row.data_kind not in kinds:
         raise invalid(
             f"{param} {file_id} holds {row.data_kind} examples; method {method!r} needs "
-            f"{' or '.join(KINDS_FOR_METHOD[method])} data", param=param, code="shape_mismatch",
+            f"{' or '.join(kinds)} data", param=param, code="shape_mismatch",
         )
     if (row.num_examples or 0) < min_examples:
         raise invalid(

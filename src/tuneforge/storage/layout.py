@@ -53,6 +53,12 @@ def dataset_key(tenant_id: str, dataset_id: str, name: str) -> str:
     return f"{dataset_prefix(tenant_id, dataset_id)}/{_part(name)}"
 
 
+def reference_logps_key(data_file_key: str, ident: str) -> str:
+    """Reference-model log-probabilities of a preference file's answers, beside the file
+    (`ident` names the base model, max_seq_length and what was scored)."""
+    return f"{data_file_key}.reference-logps-{ident}.npy"
+
+
 def tokenized_key(dataset_file_key: str, ident: str) -> str | None:
     """Tokenized cache beside a prepared dataset file; None for any other file
     (only prepared datasets are content-addressed, so only they can be cached)."""

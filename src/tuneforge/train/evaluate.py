@@ -29,6 +29,7 @@ from tuneforge.domain.errors import ApiError
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal, runner, shipped
 from tuneforge.storage.model_cache import fetch_base_model
+from tuneforge.train import methods
 from tuneforge.train.model import is_adapter, load_base_model
 from tuneforge.train.reporter import message_event
 
@@ -130,7 +131,7 @@ def _validation(run: Any, validate: Callable[[Any], tuple[float, float]], rows: 
         loss, accuracy = validate(run)
     finally:
         run.model, run.valid_set = saved_model, saved_rows
-    return runner.validation_results(loss, accuracy, perplexity=run.spec.method in ("supervised", "cpt"))
+    return runner.validation_results(loss, accuracy, perplexity=methods.get(run.spec.method).default_eval.perplexity)
 
 
 @contextlib.contextmanager

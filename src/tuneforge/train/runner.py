@@ -1,4 +1,4 @@
-"""One attempt from spec to exit code: picks the recipe, turns failures into reports.
+"""One attempt from spec to exit code: looks the method up, runs the loop, turns failures into reports.
 
 The mapping to `TrainerExit` lives here and only here:
 
@@ -22,28 +22,33 @@ from tuneforge.data.errors import BadDataError
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage.store import ObjectStore
+from tuneforge.train import methods
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob
+from tuneforge.train.hooks import Hooks, faults_from_extra
 from tuneforge.train.reporter import Reporter, message_event
 
 log = logging.getLogger(__name__)
 
-METHODS = ("supervised", "dpo", "orpo", "cpt")
 TRAINING_TYPES = ("lora", "qlora", "full")
 
 
 def run_attempt(
-    spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event | None = None
+    spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event | None = None,
+    hooks: Hooks | None = None,
 ) -> TrainerExit:
+    """`hooks`: what tests inject (`train/hooks.py`); by default the faults the spec's `extra` asks for."""
     stop = stop or threading.Event()
     try:
-        if spec.method not in METHODS or spec.training_type not in TRAINING_TYPES:
+        if spec.method not in methods.names() or spec.training_type not in TRAINING_TYPES:
             raise UnsupportedJob(
-                f"this trainer runs methods {', '.join(METHODS)} with training types {', '.join(TRAINING_TYPES)}; "
-                f"got {spec.method!r} / {spec.training_type!r}"
+                f"this trainer runs methods {', '.join(methods.names())} with training types "
+                f"{', '.join(TRAINING_TYPES)}; got {spec.method!r} / {spec.training_type!r}"
             )
-        from tuneforge.train.recipes.sft import objective_for, run_sft
+        from tuneforge.train.loop import run_training
 
-        return run_sft(spec, store, reporter, stop, objective_for(spec.method))
+        objective = methods.get(spec.method).objective(spec.hyperparameters.method_options)
+        return run_training(spec, store, reporter, stop, objective,
+                            hooks if hooks is not None else faults_from_extra(spec.extra))
     except AttemptFenced as exc:
         log.error("%s", exc)
         return TrainerExit.FENCED

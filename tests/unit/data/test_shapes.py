@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from tuneforge.data import codes
-from tuneforge.data.example import KINDS_FOR_METHOD, DataIssue, Example
+from tuneforge.data.example import DataIssue, Example
+from tuneforge.train import methods
 from tuneforge.data.shapes import check_method, normalize
 
 
@@ -372,7 +373,7 @@ def test_any_malformed_record_gets_a_data_issue_never_a_crash() -> None:
 # --- methods and codes -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("method", "kinds"), list(KINDS_FOR_METHOD.items()))
+@pytest.mark.parametrize(("method", "kinds"), [(m.name, m.data_kinds) for m in methods.all_methods()])
 def test_check_method(method: str, kinds: tuple[str, ...]) -> None:
     for kind in ("chat", "instruction", "preference", "text"):
         if kind in kinds:

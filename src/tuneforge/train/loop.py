@@ -1,11 +1,18 @@
-"""Supervised fine-tuning with LoRA: one attempt, read top to bottom.
+"""The one training loop: every method, every training type, one attempt, read top to bottom.
 
-    setup  → seeds, device
-    load   → base model (and CPU threads for its size), tokenized data, LoRA,
-             optimizer, LR schedule, resume from the newest valid checkpoint
-    loop   → one optimizer step per effective batch; metrics every step;
-             validation + checkpoint every `checkpoint.every_steps`
-    save   → final validation, PEFT adapter, results.csv, `result` report
+    setup       → seeds, device, process group
+    load        → base model (and CPU threads for its size), the objective's data,
+                  LoRA / full weights, optimizer, LR schedule
+    resume      → newest valid checkpoint, or step 0
+    steps       → one optimizer step per effective batch; metrics every step;
+                  validation + checkpoint every `checkpoint.every_steps`
+    checkpoint  → on schedule, on SIGTERM / cancel, before the eval
+    eval        → base against fine-tuned (`train/evaluate.py`)
+    artifacts   → adapter or model, results.csv, the `result` report
+
+What a method trains on and how a forward pass is scored is its `Objective`
+(`train/objective.py`, one module per method in `train/methods/`); nothing
+here depends on which method runs.
 
 Determinism: everything random derives from `spec.seed`. The example order of
 an epoch is a pure function of (seed, epoch), so the data position saved in a
@@ -15,8 +22,8 @@ checkpoint. On CPU a resumed run reproduces an uninterrupted one bit for bit.
 
 `hyperparameters.learning_rate` is used as is: the control plane resolved the
 multiplier into it. Each optimizer step takes `batch_size` examples in
-micro-batches of `micro_batch_size`; the loss is the mean over the target
-tokens of the whole step.
+micro-batches of `micro_batch_size`; the loss is the sum of the objective's
+losses over the step divided by its units (`Objective.units`).
 
 Preemption (SIGTERM sets `stop`): the step in progress finishes, a checkpoint
 is written, the attempt exits `PREEMPTED` — unless finishing the step would
@@ -25,21 +32,13 @@ abandoned (gradients dropped, data position and RNG states rewound to the
 step's start) and the checkpoint holds every completed step. Either way no
 completed step is lost, and the resumed run stays bit-identical.
 
-Divergence: a non-finite loss or gradient norm, or a smoothed loss above
-`spec.divergence_loss_multiple` times its lowest value so far (and at least
-`spec.divergence_min_increase` nats above it) for
-`spec.divergence_patience_steps` steps in a row, stops the job
+Divergence (`train/guards.py`): a non-finite loss or gradient norm, or a
+smoothed loss far above its lowest value for too long, stops the job
 (`training_diverged`). No checkpoint is written during such a streak, so the
 newest checkpoint is a good one.
 
-Options in `spec.extra`:
-  cpu_threads: int — CPU intra-op threads, overriding the size-based choice.
-  stop_after_step: int — (tests) after that optimizer step, stop as on
-                   SIGTERM (checkpoint, exit `PREEMPTED`).
-  preempt_during_step: int — (tests) SIGTERM arrives after the first
-                   micro-batch of that step.
-  simulate_oom_above_micro_batch: int — (tests) a micro-batch larger than
-                   this raises an out-of-memory error, as CUDA would.
+Tests reach in only through `run.hooks` (`train/hooks.py`).
+`spec.extra["cpu_threads"]` overrides the size-based choice of CPU threads.
 """
 
 from __future__ import annotations
@@ -49,185 +48,39 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tuneforge.data.tokenize import TokenizedExample
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
-from tuneforge.domain.spec import Hyperparameters, JobSpec
+from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout, model_cache
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train import distributed
 from tuneforge.train import evaluate
-from tuneforge.train.batches import (
-    MicroBatch,
-    collate,
-    collate_packed,
-    epoch_order,
-    load_tokenized,
-    score_tokens,
-    step_micro_batches,
-    target_token_count,
-)
-from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob
 from tuneforge.train.artifacts import results_csv, upload_adapter, upload_full_model
-from tuneforge.train.setup import (
-    LR_SCHEDULES,
-    configure_threads,
-    lr_schedule,
-    pick_device,
-    seed_everything,
-)
-from tuneforge.train.telemetry import step_telemetry
-from tuneforge.train.model import (
-    is_adapter,
-    prepare_trainable,
-    fetch_base_model,
-    load_base_model,
-    trainable_parameters,
-)
+from tuneforge.train.batches import epoch_order
+from tuneforge.train.errors import AttemptFenced, TrainingDiverged
+from tuneforge.train.guards import check_divergence
+from tuneforge.train.hooks import NO_HOOKS, Hooks
+from tuneforge.train.model import fetch_base_model, is_adapter, load_base_model, prepare_trainable, \
+    trainable_parameters
+from tuneforge.train.objective import Objective
 from tuneforge.train.reporter import Reporter, message_event, metrics_event
+from tuneforge.train.run import Run, StepAbandoned, StepMark, StepStats, TrainerState
+from tuneforge.train.setup import LR_SCHEDULES, configure_threads, lr_schedule, pick_device, seed_everything
+from tuneforge.train.telemetry import step_telemetry
 
 log = logging.getLogger(__name__)
 
 
-
-@dataclass
-class TrainerState:
-    """What `trainer_state.json` in a checkpoint holds."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # epoch the next batch comes from
-    index_in_epoch: int = 0  # examples of that epoch's order already trained on
-    trained_tokens: int = 0  # real tokens fed to the model, every epoch counted
-    num_examples: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)  # one row per step
-    loss_ema: float | None = None  # smoothed train loss (divergence guard)
-    best_loss: float | None = None  # lowest smoothed train loss so far
-    bad_steps: int = 0  # steps in a row far above best_loss
-
-
-@dataclass
-class Run:
-    spec: JobSpec
-    store: ObjectStore
-    reporter: Reporter
-    stop: threading.Event
-    model: Any
-    tokenizer: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    params: list[torch.nn.Parameter]
-    train_set: list[Any]
-    valid_set: list[Any]
-    device: torch.device
-    total_steps: int
-    objective: Objective = None  # type: ignore[assignment] - set by run_sft
-    dist: distributed.Dist = field(default_factory=distributed.Dist)
-    state: TrainerState = field(default_factory=TrainerState)
-    last_checkpoint_step: int = -1
-    last_checkpoint_time: float = field(default_factory=time.monotonic)
-    epoch_cache: tuple[int, list[int]] = (-1, [])
-
-    @property
-    def num_parameters(self) -> int:
-        return self.model.num_parameters()
-
-
-class StepAbandoned(Exception):
-    """A preemption notice came mid-step and the step cannot finish within the grace period."""
-
-
-@dataclass(frozen=True)
-class StepMark:
-    """Where a step starts: enough to undo it."""
-
-    epoch: int
-    index_in_epoch: int
-    rng: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class StepStats:
-    train_loss: float
-    train_accuracy: float
-    grad_norm: float
-    learning_rate: float
-    num_tokens: int
-    elapsed_s: float
-    num_slots: int = 0  # tokens computed, padding included
-
-    @property
-    def padding_fraction(self) -> float:
-        return 1.0 - self.num_tokens / self.num_slots if self.num_slots else 0.0
-
-
-@dataclass(frozen=True)
-class Scores:
-    """One forward pass: the objective's loss summed over its units (keeps the graph),
-    hits and units for the accuracy, real and computed token positions."""
-
-    loss_sum: torch.Tensor
-    correct: int
-    count: int
-    num_tokens: int
-    num_slots: int
-
-
-class Objective:
-    """What a method trains on and how a forward pass is scored. The loop below
-    (order, steps, accumulation, checkpoints, resume, preemption) is the same for
-    every method; `recipes/preference.py` (DPO, ORPO) and `recipes/cpt.py`
-    subclass this one, supervised fine-tuning.
-
-    Units: the loss of a step is `sum(loss_sum) / units(step's examples)` —
-    target tokens here, so every token weighs the same however the step is
-    split into micro-batches; preference pairs for DPO/ORPO."""
-
-    name = "supervised"
-
-    def load(self, run_store: ObjectStore, ref: Any, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
-        return load_tokenized(run_store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
-
-    def prepare(self, run: Run) -> None:
-        """Before the first step of an attempt (e.g. reference log-probabilities)."""
-
-    def units(self, examples: list[Any]) -> int:
-        return sum(target_token_count(example) for example in examples)
-
-    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
-        return step_micro_batches(examples, hp)
-
-    def forward(self, run: Run, chunk: list[Any]) -> Scores:
-        batch = make_batch(run, chunk)
-        scores = score_tokens(run.model, batch)
-        return Scores(scores.loss_sum, scores.correct, scores.count, batch.num_tokens, batch.num_slots)
-
-
-def objective_for(method: str) -> Objective:
-    if method == "supervised":
-        return Objective()
-    if method in ("dpo", "orpo"):
-        from tuneforge.train.recipes.preference import PreferenceObjective
-
-        return PreferenceObjective(method)
-    if method == "cpt":
-        from tuneforge.train.recipes.cpt import ContinuedPretraining
-
-        return ContinuedPretraining()
-    raise UnsupportedJob(f"unknown method {method!r}")
-
-
-def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event,
-            objective: Objective | None = None) -> TrainerExit:
-    """The training loop, for every method (`objective`; supervised by default)."""
-    objective = objective or objective_for(spec.method)
+def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event,
+                 objective: Objective, hooks: Hooks = NO_HOOKS) -> TrainerExit:
+    """One attempt of `spec` with `objective`; the exit code says how it ended."""
     hp = spec.hyperparameters
     # ------------------------------------------------------------------ setup
     if hp.lr_scheduler_type not in LR_SCHEDULES:
@@ -236,16 +89,36 @@ def run_sft(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadi
     device = pick_device(spec.gpus, distributed.local_rank_from_env())
     dist = distributed.join(device)
     try:
-        return _train(spec, store, reporter, stop, objective, device, dist)
+        run = load(spec, store, reporter, stop, objective, device, dist)
+        run.hooks = hooks
+        # ------------------------------------------------------------------ resume
+        run.state = resume_or_start(run)
+        objective.prepare(run)
+        # ------------------------------------------------------------------ steps
+        run.model.train()
+        while run.state.step < run.total_steps:
+            if reason := stop_reason(run):
+                return stop_early(run, reason)  # checkpoint, then exit PREEMPTED
+            ensure_current(run)
+            mark = StepMark(run.state.epoch, run.state.index_in_epoch, ckpt.capture_rng_state())
+            try:
+                stats = train_step(run, next_batch(run))
+            except StepAbandoned:
+                rewind(run, mark)
+                return stop_early(run, "preempted")
+            finish_step(run, stats)  # metrics; validation + checkpoint when due
+        # ------------------------------------------------------------------ eval + artifacts
+        return save_final(run)
     finally:
         dist.close()
 
 
-def _train(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event, objective: Objective,
-           device: torch.device, dist: distributed.Dist) -> TrainerExit:
-    hp = spec.hyperparameters
+# -- load ----------------------------------------------------------------------
 
-    # ------------------------------------------------------------------ load
+
+def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event, objective: Objective,
+         device: torch.device, dist: distributed.Dist) -> Run:
+    hp = spec.hyperparameters
     cache_dir = Path(spec.cache_dir) if spec.cache_dir else None
     cached = model_cache.is_cached(spec.base_model, cache_dir)
     base_dir = fetch_base_model(store, spec.base_model, cache_dir)
@@ -277,30 +150,11 @@ def _train(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threadin
     optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(hp, total_steps))
-    run = Run(spec, store, reporter, stop, model, tokenizer, optimizer, scheduler, params,
-              train_set, valid_set, device, total_steps, objective=objective, dist=dist)
-    run.state = resume_or_start(run)
-    objective.prepare(run)
-
-    # ------------------------------------------------------------------ train loop
-    model.train()
-    while run.state.step < total_steps:
-        if reason := stop_reason(run):
-            return stop_early(run, reason)
-        ensure_current(run)
-        mark = StepMark(run.state.epoch, run.state.index_in_epoch, ckpt.capture_rng_state())
-        try:
-            stats = train_step(run, next_batch(run))
-        except StepAbandoned:
-            rewind(run, mark)
-            return stop_early(run, "preempted")
-        finish_step(run, stats)
-
-    # ------------------------------------------------------------------ save
-    return save_final(run)
+    return Run(spec, store, reporter, stop, model, tokenizer, optimizer, scheduler, params,
+               train_set, valid_set, device, total_steps, objective=objective, dist=dist)
 
 
-# -- load ----------------------------------------------------------------------
+# -- resume --------------------------------------------------------------------
 
 
 def resume_or_start(run: Run) -> TrainerState:
@@ -347,7 +201,7 @@ def _report_skipped(run: Run, steps: list[int], used: int | None) -> None:
     ))
 
 
-# -- train loop ----------------------------------------------------------------
+# -- steps ---------------------------------------------------------------------
 
 
 def ensure_current(run: Run) -> None:
@@ -367,10 +221,7 @@ def _local_stop_reason(run: Run) -> str | None:
         return "preempted"
     if run.reporter.stop_requested:
         return "cancelled"
-    hook = run.spec.extra.get("stop_after_step")
-    if hook is not None and run.state.step >= int(hook):
-        return "stop_after_step"
-    return None
+    return run.hooks.stop_reason(run)
 
 
 def next_batch(run: Run) -> list[int]:
@@ -401,11 +252,8 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
     examples = run.dist.share(step)
     loss_sum, correct, counted, num_tokens, num_slots = 0.0, 0, 0, 0, 0
     chunks = run.objective.chunks(examples, hp)
-    oom_above = run.spec.extra.get("simulate_oom_above_micro_batch")
     for done, chunk in enumerate(chunks):
-        if oom_above is not None and hp.micro_batch_size > int(oom_above):
-            raise torch.OutOfMemoryError(f"simulated: a micro-batch of {hp.micro_batch_size} does not fit "
-                                         f"(limit {int(oom_above)})")
+        run.hooks.before_micro_batch(run, done)
         scores = run.objective.forward(run, chunk)
         if not torch.isfinite(scores.loss_sum):
             raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
@@ -416,9 +264,7 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
         num_tokens += scores.num_tokens
         num_slots += scores.num_slots
         ensure_current(run)
-        if run.spec.extra.get("preempt_during_step") == run.state.step + 1 and done == 0:
-            run.stop.requested_at = time.monotonic()  # type: ignore[attr-defined]
-            run.stop.set()
+        run.hooks.after_micro_batch(run, done)
         if run.stop.is_set() and not run.dist.enabled and done + 1 < len(chunks) and \
                 _would_overrun(run, started, done + 1, len(chunks)):
             raise StepAbandoned()  # (a group of ranks always finishes its step together)
@@ -448,46 +294,12 @@ def telemetry(run: Run, stats: StepStats) -> dict[str, Any]:
                           parameters=run.num_parameters, device=run.device, gpus=max(1, run.spec.gpus))
 
 
-def make_batch(run: Run, rows: list[list[TokenizedExample]]) -> MicroBatch:
-    """Tensors for one forward pass: packed rows, or one example per row."""
-    if run.spec.hyperparameters.packing:
-        varlen = getattr(run.model.config, "_attn_implementation", "") == "flash_attention_2"
-        return collate_packed(rows, run.tokenizer.pad_token_id, run.device, block_mask=not varlen)
-    return collate([row[0] for row in rows], run.tokenizer.pad_token_id, run.device)
-
-
 def _would_overrun(run: Run, started: float, done: int, total: int) -> bool:
     """Whether finishing this step would eat into the half of the grace period kept for the checkpoint."""
     now = time.monotonic()
     since_notice = now - getattr(run.stop, "requested_at", now)
     per_micro_batch = (time.perf_counter() - started) / max(1, done)
     return since_notice + per_micro_batch * (total - done) > run.spec.preempt_grace_s / 2
-
-
-LOSS_SMOOTHING = 0.9  # the guard watches an exponential moving average: one hard batch is not divergence
-LOSS_WINDOW_STEPS = 10  # about 1 / (1 - LOSS_SMOOTHING): the steps the average mostly spans
-
-
-def check_divergence(run: Run, stats: StepStats) -> TrainingDiverged | None:
-    """Count steps whose smoothed loss is far above its best (by `divergence_loss_multiple` and by at
-    least `divergence_min_increase` nats); too many in a row is divergence (returned, raised by the caller)."""
-    state, spec = run.state, run.spec
-    ema = stats.train_loss if state.loss_ema is None else \
-        LOSS_SMOOTHING * state.loss_ema + (1 - LOSS_SMOOTHING) * stats.train_loss
-    state.loss_ema = ema
-    # the lowest value counts from the step where the average spans a whole window, so that a
-    # first batch of easy examples (data the base model already knows) cannot set it
-    if state.step >= LOSS_WINDOW_STEPS and (state.best_loss is None or ema < state.best_loss):
-        state.best_loss = ema
-    far_above = state.best_loss is not None and ema > spec.divergence_loss_multiple * state.best_loss and \
-        ema - state.best_loss > spec.divergence_min_increase
-    state.bad_steps = state.bad_steps + 1 if far_above else 0
-    if spec.divergence_patience_steps > 0 and state.bad_steps >= spec.divergence_patience_steps:
-        return TrainingDiverged(
-            state.step, f"the smoothed loss stayed above {spec.divergence_loss_multiple:g}x its lowest value "
-            f"({state.best_loss:.4f}) for {state.bad_steps} steps (now {ema:.4f})",
-            learning_rate=stats.learning_rate)
-    return None
 
 
 def finish_step(run: Run, stats: StepStats) -> None:
@@ -565,7 +377,7 @@ def stop_early(run: Run, reason: str) -> TrainerExit:
     return TrainerExit.PREEMPTED
 
 
-# -- save ----------------------------------------------------------------------
+# -- eval + artifacts ----------------------------------------------------------
 
 
 def save_final(run: Run) -> TrainerExit:

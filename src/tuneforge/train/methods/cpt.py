@@ -1,25 +1,27 @@
-"""Continued pre-training on raw text: `{"text": ...}` lines.
+"""Continued pre-training (`cpt`) on raw text: `{"text": ...}` lines.
 
 Each document is tokenized as the tokenizer encodes plain text (its BOS, if
 any, in front) with EOS appended, and every token is a target. A document
 longer than `max_seq_length` is cut into consecutive windows of that length
 (nothing is dropped); the windows are examples of their own, packed into rows
 with the others like any supervised example, so attention and loss never
-cross from one document or window into the next. The loss and the loop are
-supervised fine-tuning's (`recipes/sft.py`); held-out perplexity is
+cross from one document or window into the next. The loss is supervised
+fine-tuning's (next-token cross-entropy per token); held-out perplexity is
 exp(validation loss).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from tuneforge.data.errors import BadDataError
 from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import TokenizedExample
+from tuneforge.domain.job_config import SupervisedHyperparameters
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
-from tuneforge.storage.store import ObjectStore
-from tuneforge.train.recipes.sft import Objective
+from tuneforge.train import objective as tokens
+from tuneforge.train.methods import TrainingMethod
 
 
 def tokenize_text(text: Any, tokenizer: Any, *, max_seq_length: int) -> list[TokenizedExample]:
@@ -33,7 +35,7 @@ def tokenize_text(text: Any, tokenizer: Any, *, max_seq_length: int) -> list[Tok
             for start in range(0, len(ids), size) if len(ids[start:start + size]) > 1]
 
 
-def load_texts(store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *,
+def load_texts(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *,
                label: str) -> list[TokenizedExample]:
     examples: list[TokenizedExample] = []
     line_number = 0
@@ -51,9 +53,35 @@ def load_texts(store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperpa
     return examples
 
 
-class ContinuedPretraining(Objective):
+class TextObjective:
     name = "cpt"
 
-    def load(self, run_store: ObjectStore, ref: Any, tokenizer: Any, hp: Hyperparameters, *, label: str,
+    def load(self, store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
              base_model_sha256: str) -> list[Any]:
-        return load_texts(run_store, ref, tokenizer, hp, label=label)
+        return load_texts(store, ref, tokenizer, hp, label=label)
+
+    def prepare(self, run: Any) -> None:
+        return None
+
+    def units(self, examples: list[Any]) -> int:
+        return tokens.token_units(examples)
+
+    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
+        return tokens.token_chunks(examples, hp)
+
+    def forward(self, run: Any, chunk: list[Any]) -> tokens.Scores:
+        return tokens.token_scores(run, chunk)
+
+
+def _objective(options: Mapping[str, Any]) -> TextObjective:
+    return TextObjective()
+
+
+METHOD = TrainingMethod(
+    name="cpt",
+    summary="continued pre-training on raw {text} documents",
+    hyperparameters=SupervisedHyperparameters,
+    data_kinds=("text",),
+    learning_rate={"lora": 1e-4, "qlora": 1e-4, "full": 1e-5},
+    objective=_objective,
+)

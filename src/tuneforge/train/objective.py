@@ -1,0 +1,100 @@
+"""What a training method plugs into the one loop (`train/loop.py`): an `Objective`.
+
+The loop owns order, steps, accumulation, checkpoints, resume, preemption,
+eval and artifacts; an objective owns what is trained on and how one forward
+pass is scored. Methods share functions (this module's `token_scores`,
+`train/pairs.py`), never base classes.
+
+Units: the loss of a step is `sum(loss_sum) / units(step's examples)`, so
+every unit weighs the same however the step is split into micro-batches —
+target tokens for token-level objectives, examples (pairs, completions) for
+preference objectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tuneforge.domain.spec import DataFileRef, Hyperparameters
+
+if TYPE_CHECKING:  # torch and the batch helpers load with the trainer, never with the control plane
+    import torch
+
+    from tuneforge.data.tokenize import TokenizedExample
+    from tuneforge.storage.store import ObjectStore
+    from tuneforge.train.batches import MicroBatch
+    from tuneforge.train.run import Run
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One forward pass: the objective's loss summed over its units (keeps the graph),
+    hits and units for the accuracy, real and computed token positions."""
+
+    loss_sum: "torch.Tensor"
+    correct: int
+    count: int
+    num_tokens: int
+    num_slots: int
+
+
+class Objective(Protocol):
+    name: str
+
+    def load(self, store: "ObjectStore", ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+             base_model_sha256: str) -> list[Any]:
+        """Every example of a prepared file, ready for `chunks` (`label`: "training" or "validation")."""
+
+    def prepare(self, run: "Run") -> None:
+        """Before the first step of an attempt (e.g. reference log-probabilities)."""
+
+    def units(self, examples: list[Any]) -> int:
+        """What the step's loss is averaged over."""
+
+    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
+        """The forward passes (micro-batches) of a step's examples."""
+
+    def forward(self, run: "Run", chunk: list[Any]) -> Scores:
+        """Score one micro-batch."""
+
+
+# -- shared by the token-level objectives (supervised, continued pre-training) ---
+
+
+def load_token_examples(store: "ObjectStore", ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+                        base_model_sha256: str) -> list["TokenizedExample"]:
+    from tuneforge.train.batches import load_tokenized
+
+    return load_tokenized(store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
+
+
+def token_units(examples: list["TokenizedExample"]) -> int:
+    from tuneforge.train.batches import target_token_count
+
+    return sum(target_token_count(example) for example in examples)
+
+
+def token_chunks(examples: list["TokenizedExample"], hp: Hyperparameters) -> list[list[Any]]:
+    from tuneforge.train.batches import step_micro_batches
+
+    return step_micro_batches(examples, hp)
+
+
+def token_scores(run: "Run", chunk: list[list["TokenizedExample"]]) -> Scores:
+    """Next-token cross-entropy over the target tokens of packed rows (or one example per row)."""
+    from tuneforge.train.batches import score_tokens
+
+    batch = make_batch(run, chunk)
+    scores = score_tokens(run.model, batch)
+    return Scores(scores.loss_sum, scores.correct, scores.count, batch.num_tokens, batch.num_slots)
+
+
+def make_batch(run: "Run", rows: list[list["TokenizedExample"]]) -> "MicroBatch":
+    """Tensors for one forward pass: packed rows, or one example per row."""
+    from tuneforge.train.batches import collate, collate_packed
+
+    if run.spec.hyperparameters.packing:
+        varlen = getattr(run.model.config, "_attn_implementation", "") == "flash_attention_2"
+        return collate_packed(rows, run.tokenizer.pad_token_id, run.device, block_mask=not varlen)
+    return collate([row[0] for row in rows], run.tokenizer.pad_token_id, run.device)
