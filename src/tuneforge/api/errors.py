@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tuneforge.domain.errors import ApiError
+from tuneforge.domain.errors import ApiError, from_validation_errors
 
 log = logging.getLogger("tuneforge.api")
 
@@ -19,29 +19,8 @@ def _respond(error: ApiError) -> JSONResponse:
     return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers)
 
 
-def _param(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "form")]
-    # pydantic puts the union branch name in the path ('int', 'literal[...]'): drop it
-    parts = [p for p in parts if not p.startswith(("literal[", "function-")) and p not in ("int", "float", "str", "bool")]
-    return ".".join(parts) or None
-
-
 def _validation_error(exc: RequestValidationError) -> ApiError:
-    errors = exc.errors()
-    for err in errors:
-        if err.get("type") == "json_invalid":
-            return ApiError(400, "We could not parse the JSON body of your request. "
-                                 f"({err.get('ctx', {}).get('error', 'invalid JSON')})", code="invalid_json")
-    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
-    if extra:
-        names = sorted({_param(e["loc"]) or "?" for e in extra})
-        return ApiError(400, f"Unknown parameter(s): {', '.join(names)}", param=names[0], code="unknown_parameter")
-    first = errors[0]
-    param = _param(first["loc"])
-    if first.get("type") == "missing":
-        return ApiError(400, f"Missing required parameter: '{param}'", param=param, code="missing_required_parameter")
-    messages = sorted({f"{_param(e['loc'])}: {e['msg']}" for e in errors})
-    return ApiError(400, "Invalid value for " + "; ".join(messages), param=param, code="invalid_value")
+    return from_validation_errors(exc.errors())
 
 
 def install(app: FastAPI) -> None:

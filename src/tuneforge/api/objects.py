@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from tuneforge.domain.spec import Hyperparameters
 from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent
 
 
@@ -28,7 +29,7 @@ def _hyperparameters(job: Job) -> dict[str, Any]:
     requested = ((job.request.get("method") or {}).get(method) or {}).get("hyperparameters") \
         or job.request.get("hyperparameters") or {}
     if resolved:
-        return dict(resolved)
+        return Hyperparameters.flatten(resolved)
     keys = ("n_epochs", "batch_size", "learning_rate_multiplier")
     return {key: requested.get(key, "auto") for key in keys} | {
         k: v for k, v in requested.items() if k not in keys

@@ -190,8 +190,9 @@ class _Run:
         if count is not None:
             self.report.tokens.add(min(count, self.options.max_seq_length or count))
         messages = example.messages or []
-        if example.kind in ("chat", "preference"):
-            self.report.turns.add(len(messages) + (1 if example.kind == "preference" else 0))
+        if example.messages is not None:  # chat, or a prompt conversation plus its answer
+            answered = example.chosen is not None or example.rejected is not None
+            self.report.turns.add(len(messages) + (1 if answered else 0))
         for message in messages:
             role = str(message.get("role"))
             self.report.roles[role] = self.report.roles.get(role, 0) + 1

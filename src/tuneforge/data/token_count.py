@@ -232,7 +232,7 @@ class TokenCounter:
         """The exact count, through the real chat template."""
         if example.kind == "chat" and self.costs is not None:
             return _render_len(self.tokenizer, _plain_messages(example.messages or []))
-        if example.kind == "preference" and self.costs is not None:
+        if (example.chosen is not None or example.rejected is not None) and self.costs is not None:
             prompt = _plain_messages(example.messages or [])
             longest = 0
             for message in (example.chosen, example.rejected):

@@ -6,9 +6,9 @@ of being silently ignored. Field descriptions are the documentation.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Auto = Literal["auto"]
 
@@ -46,26 +46,31 @@ class SupervisedHyperparameters(_Strict):
     )
 
 
-class PreferenceHyperparameters(SupervisedHyperparameters):
-    beta: Union[float, Auto] = Field(
-        "auto", description="DPO: pull towards the reference model; ORPO: weight of the odds-ratio term.")
+class MethodBlock(_Strict):
+    hyperparameters: dict[str, Any] = Field(
+        default_factory=dict, description="The method's hyperparameters: the shared ones above plus its own "
+                                          "(docs/methods.md); checked against the method at creation.")
 
 
-class SupervisedMethod(_Strict):
-    hyperparameters: SupervisedHyperparameters = Field(default_factory=SupervisedHyperparameters)
+class Method(BaseModel):
+    """`{"type": NAME, NAME: {"hyperparameters": {...}}}` as OpenAI's API has it; NAME is a
+    registered training method (`tuneforge.train.methods`), whose own model checks the block."""
 
+    model_config = ConfigDict(extra="allow")
+    type: str = Field("supervised", max_length=64, description="The training method.")
 
-class PreferenceMethod(_Strict):
-    hyperparameters: PreferenceHyperparameters = Field(default_factory=PreferenceHyperparameters)
+    @model_validator(mode="after")
+    def _one_block(self) -> "Method":
+        for key, value in (self.model_extra or {}).items():
+            if key != self.type:
+                raise ValueError(f"the method block must be named after method.type ({self.type!r}), not {key!r}")
+            self.model_extra[key] = MethodBlock.model_validate(value)
+        return self
 
-
-class Method(_Strict):
-    type: Literal["supervised", "dpo", "reinforcement", "orpo", "cpt"] = "supervised"
-    supervised: SupervisedMethod | None = None
-    dpo: PreferenceMethod | None = None
-    reinforcement: dict | None = None
-    orpo: PreferenceMethod | None = None
-    cpt: SupervisedMethod | None = None
+    @property
+    def block(self) -> MethodBlock | None:
+        """The chosen method's block, when the body has one."""
+        return (self.model_extra or {}).get(self.type)
 
 
 class TrainingType(_Strict):

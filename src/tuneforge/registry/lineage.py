@@ -17,6 +17,7 @@ from typing import Any
 
 from tuneforge import __version__
 from tuneforge.db.tables import FileRow, Job
+from tuneforge.domain.spec import Hyperparameters
 from tuneforge.storage.store import ObjectStore
 
 
@@ -26,7 +27,8 @@ def _canonical_sha256(value: Any) -> str:
 
 def hyperparameters_hash(resolved: dict[str, Any]) -> str:
     """SHA-256 of the resolved hyperparameters and LoRA settings (canonical JSON)."""
-    return _canonical_sha256({"hyperparameters": resolved.get("hyperparameters"), "lora": resolved.get("lora")})
+    return _canonical_sha256({"hyperparameters": Hyperparameters.flatten(resolved.get("hyperparameters") or {}),
+                              "lora": resolved.get("lora")})
 
 
 def config_hash(job: Job, training: FileRow, validation: FileRow | None) -> str:
@@ -86,7 +88,7 @@ def build_lineage(job: Job, training: FileRow | None, validation: FileRow | None
         "dataset_id": (resolved.get("data") or {}).get("dataset_id"),
         "method": (request.get("method") or {}).get("type") or "supervised",
         "training_type": (request.get("training_type") or {}).get("type") or "lora",
-        "hyperparameters": resolved.get("hyperparameters"),
+        "hyperparameters": Hyperparameters.flatten(resolved.get("hyperparameters") or {}),
         "lora": resolved.get("lora"),
         "hyperparameters_sha256": hyperparameters_hash(resolved),
         "config_hash": job.config_hash,

@@ -43,7 +43,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         method=(job.request.get("method") or {}).get("type") or "supervised",
         training_type=(job.request.get("training_type") or {}).get("type") or "lora",
         lora=LoraConfig(**resolved["lora"]),
-        hyperparameters=Hyperparameters(**resolved["hyperparameters"]),
+        hyperparameters=Hyperparameters.from_dict(resolved["hyperparameters"]),
         checkpoint=CheckpointPolicy(**resolved["checkpoint"]),
         storage_url=settings.resolved_storage_url,
         callback_url=settings.resolved_public_url,

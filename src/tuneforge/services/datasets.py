@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
+from tuneforge.data.shapes import method_shapes
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.pipeline import CheckOptions, check_dataset
 from tuneforge.data.report import DatasetReport
@@ -70,6 +71,9 @@ def job_report(store: ObjectStore, tenant_id: str, job_id: str) -> dict[str, Any
 
 def example_record(example: Example) -> dict[str, Any]:
     """An Example as one line of the prepared JSONL the trainer reads."""
+    for shape in method_shapes():
+        if shape.kind == example.kind:
+            return shape.to_record(example)
     if example.kind == "chat":
         record: dict[str, Any] = {"messages": example.messages}
         if example.tools:

@@ -19,6 +19,7 @@ from tuneforge.eval import gates as eval_gates
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal
 from tuneforge.settings import Settings
+from tuneforge.train import methods
 
 TASK_FILE_PURPOSES = ("fine-tune", "evals")
 
@@ -50,6 +51,9 @@ def check_request(session: Session, tenant_id: str, request: JobCreate) -> None:
 def resolve(session: Session, settings: Settings, tenant_id: str, request: JobCreate) -> dict[str, Any]:
     """What the trainer and the gate check use (`jobs.resolved["eval"]`)."""
     config = request.eval or EvalConfig(enabled=settings.eval_by_default)
+    defaults = methods.get(request.method.type if request.method else "supervised").default_eval
+    unset = {"golden": defaults.golden, "safety": defaults.safety}  # the method's default where the body is silent
+    config = config.model_copy(update={k: v for k, v in unset.items() if k not in config.model_fields_set})
     resolved: dict[str, Any] = config.model_dump(mode="json")
     if config.task_file:
         row = file_repo.get(session, tenant_id, config.task_file)

@@ -4,7 +4,8 @@ Rules (shown on the job once resolved):
 - n_epochs: 3, raised for tiny datasets so the run sees >= 100 examples
   (at most 25 epochs), lowered for large ones to ~25,000 examples seen.
 - batch_size: about 0.2% of the examples, a power of two within [1, 32].
-- learning_rate: 2e-4 for LoRA, 2e-5 for a full fine-tune, times the multiplier.
+- learning_rate: the method's default for the training type (`train.methods`),
+  times the multiplier; the method's own options (e.g. beta) from its defaults.
 - micro-batch: at most 8 examples; gradient accumulation makes up the rest.
 - LoRA rank 8 (alpha = 2 x rank); max_seq_length = min(model limit, 2048).
 """
@@ -15,17 +16,10 @@ import math
 from collections.abc import Callable
 
 from tuneforge.domain.errors import invalid
-from tuneforge.domain.job_config import JobCreate, PreferenceHyperparameters, SupervisedHyperparameters, TrainingType
+from tuneforge.domain.job_config import JobCreate, SupervisedHyperparameters, TrainingType
 from tuneforge.domain.spec import Hyperparameters, LoraConfig
+from tuneforge.train import methods
 
-# by method, then adapter: preference methods move a trained model only a little
-BASE_LEARNING_RATE = {
-    "supervised": {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5},
-    "cpt": {"lora": 1e-4, "qlora": 1e-4, "full": 1e-5},
-    "dpo": {"lora": 5e-5, "qlora": 5e-5, "full": 5e-7},
-    "orpo": {"lora": 8e-5, "qlora": 8e-5, "full": 8e-6},
-}
-DEFAULT_BETA = {"dpo": 0.1, "orpo": 0.1}
 MAX_MICRO_BATCH = 8
 DEFAULT_MAX_SEQ_LENGTH = 2048
 
@@ -39,13 +33,15 @@ def param_prefix(method: str) -> str:
 
 
 def requested_hyperparameters(request: JobCreate) -> SupervisedHyperparameters:
-    method = method_of(request)
-    block = getattr(request.method, method, None) if request.method is not None else None
+    """The method's typed hyperparameters: its block, else (supervised only) the deprecated
+    top-level `hyperparameters`, else all "auto"; a 400 naming the field if they do not fit it."""
+    method = methods.get(method_of(request))
+    block = request.method.block if request.method is not None else None
     if block is not None:
-        return block.hyperparameters
-    if request.hyperparameters is not None and method == "supervised":
+        return method.parse_hyperparameters(block.hyperparameters)
+    if request.hyperparameters is not None and method.name == "supervised":
         return request.hyperparameters
-    return PreferenceHyperparameters() if method in DEFAULT_BETA else SupervisedHyperparameters()
+    return method.parse_hyperparameters({})
 
 
 def _auto(value, default):  # noqa: ANN001
@@ -80,12 +76,12 @@ _RANGES = {
     "max_grad_norm": (0.0, 1e4),
     "max_seq_length": (16, 1 << 20),
     "gradient_accumulation_steps": (1, 256),
-    "beta": (1e-4, 100.0),
 }
 
 
 def check_static(hp: SupervisedHyperparameters, method: str = "supervised") -> None:
-    """Range checks that need no dataset, run at job creation."""
+    """Range checks that need no dataset, run at job creation (the method's own options too)."""
+    methods.get(method).resolve_options(hp)
     prefix = param_prefix(method)
     for name, (low, high) in _RANGES.items():
         value = getattr(hp, name, None)
@@ -127,7 +123,8 @@ def resolve(
     n_epochs = int(_auto(hp.n_epochs, _auto_epochs(num_examples)))
     batch_size = int(_auto(hp.batch_size, _auto_batch_size(num_examples)))
     batch_size = max(1, min(batch_size, num_examples))
-    base_lr = BASE_LEARNING_RATE[method][training_type.type]
+    training_method = methods.get(method)
+    base_lr = training_method.learning_rate[training_type.type]
     multiplier = float(_auto(hp.learning_rate_multiplier, 1.0))
     if hp.learning_rate not in ("auto", None):
         learning_rate = float(hp.learning_rate)
@@ -157,7 +154,7 @@ def resolve(
         max_seq_length=max_seq_length,
         train_on_inputs=bool(_auto(hp.train_on_inputs, False)),
         packing=bool(_auto(hp.packing, True)),
-        beta=float(_auto(getattr(hp, "beta", None), DEFAULT_BETA.get(method, 0.0))),
+        method_options=training_method.resolve_options(hp),
     )
 
 

@@ -34,7 +34,6 @@ from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import methods
 
-SUPPORTED_METHODS = ("supervised", "dpo", "orpo", "cpt")
 SUPPORTED_TRAINING_TYPES = ("lora", "qlora", "full")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -80,10 +79,7 @@ def qlora_available(settings: Settings) -> bool:
 
 
 def _check_request(request: JobCreate, settings: Settings) -> None:
-    method = request.method.type if request.method else "supervised"
-    if method not in SUPPORTED_METHODS:
-        raise invalid(f"method.type {method!r} is not supported; use one of {', '.join(SUPPORTED_METHODS)}",
-                      param="method.type")
+    method = methods.get(hyperparams.method_of(request)).name  # 400 naming method.type if unknown
     training_type = request.training_type.type if request.training_type else "lora"
     if training_type not in SUPPORTED_TRAINING_TYPES:
         raise invalid(f"training_type.type {training_type!r} is not supported; use one of "

@@ -19,6 +19,7 @@ from tuneforge.services.datasets import PreparedDataset, PrepareRequest, prepare
 from tuneforge.services.tokenizers import tokenizer_for
 from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
+from tuneforge.train import methods
 from tuneforge.domain.errors import invalid
 
 
@@ -72,8 +73,10 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobC
         if shape is None:
             micro = max(m for m in range(1, min(batch_size, hyperparams.MAX_MICRO_BATCH) + 1) if batch_size % m == 0)
             return micro, batch_size // micro
+        tokens_per_example = seq_len * methods.get(method).sequences_per_example  # e.g. DPO: both answers
         choice = memory.choose_micro_batch(
-            shape, training_type=training_type.type, seq_len=seq_len, memory_bytes=int(memory_gb * memory.GIB),
+            shape, training_type=training_type.type, seq_len=tokens_per_example,
+            memory_bytes=int(memory_gb * memory.GIB),
             batch_size=batch_size, max_micro_batch=hyperparams.MAX_MICRO_BATCH, lora_rank=lora.rank)
         return choice.micro_batch_size, choice.gradient_accumulation_steps
 

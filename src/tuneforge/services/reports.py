@@ -22,7 +22,9 @@ from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Checkpoint, Job
+from tuneforge.domain import reports
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
+from tuneforge.domain.spec import Hyperparameters
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.ids import new_id, short_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
@@ -62,7 +64,26 @@ def _already_applied(attempt: Attempt, seq: int) -> bool:
     return seq <= attempt.last_seq
 
 
-def heartbeat(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> dict[str, str]:
+def apply(session: Session, store: ObjectStore, job: Job, attempt: Attempt, message: reports.Report) -> dict:
+    """Act on one authorized report; the answer the trainer gets."""
+    if isinstance(message, reports.Heartbeat):
+        return heartbeat(session, job, attempt, message)
+    if isinstance(message, reports.Events):
+        return {"applied": add_events(session, job, attempt, message)}
+    if isinstance(message, reports.Resumed):
+        return {"recovered_steps": resumed(session, store, job, attempt, message)}
+    if isinstance(message, reports.CheckpointWritten):
+        add_checkpoint(session, job, attempt, message)
+    elif isinstance(message, reports.Evaluating):
+        evaluating(session, job, attempt, message)
+    elif isinstance(message, reports.Result):
+        complete(session, store, job, attempt, message)
+    else:
+        fail(session, job, attempt, message)
+    return {"ok": True}
+
+
+def heartbeat(session: Session, job: Job, attempt: Attempt, body: reports.Heartbeat) -> dict[str, str]:
     if job.cancel_requested or job.status == JobStatus.CANCELLED.value:
         return {"action": "stop"}
     _require_current(job, attempt)
@@ -70,72 +91,69 @@ def heartbeat(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]
     attempt.heartbeat_at = now
     if attempt.status == AttemptStatus.STARTING.value:
         attempt.status = AttemptStatus.RUNNING.value
-    step, total = int(body.get("step") or 0), body.get("total_steps")
+    step, total = body.step, body.total_steps
     attempt.step = step
     if total:
-        attempt.total_steps = int(total)
-        done = step - int(body.get("start_step") or 0)
+        attempt.total_steps = total
+        done = step - (body.start_step or 0)
         if done > 0:
             seconds_per_step = (now - attempt.started_at) / done
-            job.estimated_finish = int(now + seconds_per_step * (int(total) - step))
+            job.estimated_finish = int(now + seconds_per_step * (total - step))
     return {"action": "continue"}
 
 
-def add_events(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> int:
+def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Events) -> int:
     _require_current(job, attempt)
     applied = 0
-    for item in sorted(body.get("events") or [], key=lambda e: int(e["seq"])):
-        seq = int(item["seq"])
-        if _already_applied(attempt, seq):
+    for item in sorted(body.events, key=lambda e: e.seq):
+        if _already_applied(attempt, item.seq):
             continue
         events.add(
-            session, job.job_id, str(item.get("message", "")),
-            level=str(item.get("level", "info")), event_type=str(item.get("type", "message")),
-            data=item.get("data"), attempt=attempt.number, seq=seq,
-            created_at=int(item.get("created_at") or time.time()),
+            session, job.job_id, item.message, level=item.level, event_type=item.type,
+            data=item.data, attempt=attempt.number, seq=item.seq, created_at=int(item.created_at or time.time()),
         )
-        attempt.last_seq = seq
+        attempt.last_seq = item.seq
         attempt.heartbeat_at = time.time()
-        if item.get("type") == "metrics" and isinstance(item.get("data"), dict):
-            attempt.step = int(item["data"].get("step", attempt.step))
+        if item.type == "metrics":
+            attempt.step = int(item.data.get("step", attempt.step))
         applied += 1
     return applied
 
 
-def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: reports.CheckpointWritten) -> None:
     _require_current(job, attempt)
-    seq = int(body["seq"])
+    seq = body.seq
     if _already_applied(attempt, seq):
         return
-    step = int(body["step"])
-    metrics = {"step": float(step), **(body.get("metrics") or {})}
+    step = body.step
+    metrics = {"step": float(step), **body.metrics}
     row = checkpoint_repo.at_step(session, job.job_id, step)
     if row is None:
         row = Checkpoint(
             checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number,
-            prefix=str(body["prefix"]), metrics=metrics, created_at=int(time.time()),
+            prefix=body.prefix, metrics=metrics, created_at=int(time.time()),
         )
         session.add(row)
     else:  # an exact resume may write the same step again
-        row.prefix, row.metrics, row.attempt = str(body["prefix"]), metrics, attempt.number
+        row.prefix, row.metrics, row.attempt = body.prefix, metrics, attempt.number
     events.add(session, job.job_id, f"Checkpoint created at step {step}",
                data={"step": step, "checkpoint": row.checkpoint_id}, attempt=attempt.number, seq=seq)
     attempt.last_seq = seq
     _forget_pruned(session, job, step)
 
 
-def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: dict[str, Any]) -> int:
+def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: reports.Resumed) -> int:
     """An attempt resumed from the checkpoint at `step`. Reports of the attempt that
     wrote it may have died with that trainer (queued while the control plane was
     away, then SIGKILLed): the checkpoint's own history fills in every step up to
     `step` that has no metrics event, and the checkpoint is listed if it is not.
     Returns how many steps' metrics were recovered."""
     _require_current(job, attempt)
-    seq = int(body["seq"])
+    seq = body.seq
     if _already_applied(attempt, seq):
         return 0
     attempt.last_seq = seq
-    step, prefix = int(body["step"]), str(body.get("prefix") or "")
+    step, prefix = body.step, body.prefix
     if prefix != layout.checkpoint_prefix(job.tenant_id, job.job_id, step):
         raise invalid(f"'prefix' must be this job's checkpoint at step {step}", param="prefix")
     try:
@@ -145,7 +163,7 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
         events.add(session, job.job_id, f"could not read the history of the checkpoint at step {step}: {exc}",
                    level="warn", attempt=attempt.number)
         return 0
-    total_steps = int(body.get("total_steps") or attempt.total_steps or 0)
+    total_steps = int(body.total_steps or attempt.total_steps or 0)
     if step in history and checkpoint_repo.at_step(session, job.job_id, step) is None:
         session.add(Checkpoint(
             checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number, prefix=prefix,
@@ -176,9 +194,9 @@ def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:
         session.delete(row)
 
 
-def evaluating(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+def evaluating(session: Session, job: Job, attempt: Attempt, body: reports.Evaluating) -> None:
     """Training is done and the artifacts are written; the trainer evaluates now."""
-    seq = int(body["seq"])
+    seq = body.seq
     if _already_applied(attempt, seq):
         return
     _require_current(job, attempt)
@@ -186,20 +204,20 @@ def evaluating(session: Session, job: Job, attempt: Attempt, body: dict[str, Any
     if job.status == JobStatus.RUNNING.value:
         transition(session, job, JobStatus.EVALUATING,
                    "Training finished; evaluating the base and the fine-tuned model on the same data",
-                   data={"step": body.get("step")})
+                   data={"step": body.step})
 
 
-def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: reports.Result) -> None:
     """The trainer wrote its final artifacts (and eval results): check the gates, register the
     model with its lineage, finish the job."""
-    seq = int(body["seq"])
+    seq = body.seq
     if _already_applied(attempt, seq):
         return
     _require_current(job, attempt)
-    attempt.result, attempt.last_seq = dict(body), seq
+    attempt.result, attempt.last_seq = body.model_dump(mode="json", ), seq
     attempt.status, attempt.ended_at = AttemptStatus.SUCCEEDED.value, time.time()
     tenant = tenant_repo.by_id(session, job.tenant_id)
-    results_key = body.get("results_key")
+    results_key = body.results_key
     if results_key and store.exists(results_key):
         results = file_service.add_generated(
             session, store, job.tenant_id, filename="step_metrics.csv",
@@ -208,10 +226,10 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
         job.result_files = [results.file_id]
     model_id = f"ft:{job.model}:{tenant.name if tenant else job.tenant_id}:{job.suffix or ''}:{short_id()}"
     job.fine_tuned_model = model_id
-    job.trained_tokens = int(body.get("trained_tokens") or 0)
-    eval_results, report = _gate(session, job, body.get("eval"))
-    registry.register(session, store, job, model_id=model_id, artifact_prefix=str(body["adapter_prefix"]),
-                      artifact_kind=str(body.get("artifact_kind") or "adapter"), attempts=attempt.number,
+    job.trained_tokens = body.trained_tokens
+    eval_results, report = _gate(session, job, body.eval)
+    registry.register(session, store, job, model_id=model_id, artifact_prefix=body.adapter_prefix,
+                      artifact_kind=body.artifact_kind, attempts=attempt.number,
                       eval_results=eval_results, gate_report=report)
     transition(session, job, JobStatus.SUCCEEDED, "The job has successfully completed",
                data={"fine_tuned_model": model_id, "trained_tokens": job.trained_tokens,
@@ -223,7 +241,7 @@ def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[d
     resolved_eval = (job.resolved or {}).get("eval") or {}
     if not results or not resolved_eval.get("enabled"):
         return None, None
-    hyperparameters = {**((job.resolved or {}).get("hyperparameters") or {}),
+    hyperparameters = {**Hyperparameters.flatten((job.resolved or {}).get("hyperparameters") or {}),
                        "lora": (job.resolved or {}).get("lora"),
                        "method": (job.request.get("method") or {}).get("type") or "supervised"}
     report = evaluation.check_gates(resolved_eval, results, hyperparameters)
@@ -240,16 +258,15 @@ def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[d
     return results, report
 
 
-def fail(session: Session, job: Job, attempt: Attempt, body: dict[str, Any]) -> None:
+def fail(session: Session, job: Job, attempt: Attempt, body: reports.Failure) -> None:
     """The trainer found a problem retrying cannot fix (bad data, divergence)."""
-    seq = int(body["seq"])
+    seq = body.seq
     if _already_applied(attempt, seq):
         return
     _require_current(job, attempt)
-    attempt.failure, attempt.last_seq = dict(body), seq
+    attempt.failure, attempt.last_seq = body.model_dump(mode="json", ), seq
     attempt.status, attempt.ended_at = AttemptStatus.FAILED.value, time.time()
     attempt.failure_class = "user"  # bad data or divergence: retrying the same job would fail again
-    error = {"code": str(body.get("code") or "training_failed"), "message": str(body.get("message") or ""),
-             "param": body.get("param")}
+    error = {"code": body.code or "training_failed", "message": body.message, "param": body.param}
     transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",
                level="error", error=error)

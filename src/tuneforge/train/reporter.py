@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from tuneforge.domain import reports
+
 log = logging.getLogger(__name__)
 
 REPORT_KINDS = ("events", "checkpoints", "resumed", "evaluating", "result", "failure")
@@ -79,9 +81,17 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _check_kind(kind: str) -> None:
+def checked(kind: str, body: dict[str, Any], seq: int, attempt: int) -> dict[str, Any]:
+    """`body` of a `kind` report with its `seq`, JSON-safe, once it is a valid typed message
+    (`domain.reports`): a report the control plane would refuse fails here, in the trainer."""
     if kind not in REPORT_KINDS:
         raise ValueError(f"unknown report kind {kind!r}; expected one of {REPORT_KINDS}")
+    safe = json_safe({**body, "seq": seq})
+    if kind == "events":
+        reports.Event.model_validate(safe)
+    else:
+        reports.REPORT_TYPES[kind].model_validate({**safe, "attempt": attempt})
+    return safe
 
 
 class SilentReporter:
@@ -94,8 +104,8 @@ class SilentReporter:
         self._seq = 0
 
     def report(self, kind: str, body: dict[str, Any]) -> int:
-        _check_kind(kind)
         self._seq += 1
+        checked(kind, body, self._seq, 0)
         return self._seq
 
     def progress(self, step: int, total_steps: int) -> None:
@@ -122,9 +132,8 @@ class RecordingReporter:
     _stop_requested: bool = False
 
     def report(self, kind: str, body: dict[str, Any]) -> int:
-        _check_kind(kind)
         self._seq += 1
-        self.reports.append((kind, json_safe({**body, "seq": self._seq, "attempt": self.attempt})))
+        self.reports.append((kind, {**checked(kind, body, self._seq, self.attempt), "attempt": self.attempt}))
         return self._seq
 
     def progress(self, step: int, total_steps: int) -> None:
@@ -198,11 +207,11 @@ class HttpReporter:
     # -- the Reporter protocol, called from the training thread ---------------
 
     def report(self, kind: str, body: dict[str, Any]) -> int:
-        _check_kind(kind)
         with self._cond:
             self._seq += 1
+            safe = checked(kind, body, self._seq, self._attempt)
             if not self._fenced:
-                self._queue.append((kind, json_safe({**body, "seq": self._seq})))
+                self._queue.append((kind, safe))
                 self._cond.notify_all()
             return self._seq
 

@@ -5,21 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Header
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.domain.errors import invalid
+from tuneforge.domain.reports import REPORT_TYPES, Report
 from tuneforge.services import reports
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/internal/v1/jobs/{job_id}", tags=["internal"], include_in_schema=False)
-
-
-def _attempt(body: dict[str, Any]) -> int:
-    try:
-        return int(body["attempt"])
-    except (KeyError, TypeError, ValueError):
-        raise invalid("'attempt' is required and must be an integer", param="attempt") from None
 
 
 @router.post("/{kind}")
@@ -31,21 +26,18 @@ def report(
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
-    job, attempt = reports.authorize(session, job_id, _attempt(body), authorization)
-    if kind == "heartbeat":
-        return reports.heartbeat(session, job, attempt, body)
-    if kind == "events":
-        return {"applied": reports.add_events(session, job, attempt, body)}
-    if kind == "checkpoints":
-        reports.add_checkpoint(session, job, attempt, body)
-    elif kind == "resumed":
-        return {"recovered_steps": reports.resumed(session, platform.store, job, attempt, body)}
-    elif kind == "evaluating":
-        reports.evaluating(session, job, attempt, body)
-    elif kind == "result":
-        reports.complete(session, platform.store, job, attempt, body)
-    elif kind == "failure":
-        reports.fail(session, job, attempt, body)
-    else:
+    message = _parse(kind, body)
+    job, attempt = reports.authorize(session, job_id, message.attempt, authorization)
+    return reports.apply(session, platform.store, job, attempt, message)
+
+
+def _parse(kind: str, body: dict[str, Any]) -> Report:
+    """The typed message of a `kind` report; 400 naming the field it lacks or gets wrong."""
+    if kind not in REPORT_TYPES:
         raise invalid(f"unknown report kind {kind!r}", param="kind")
-    return {"ok": True}
+    try:
+        return REPORT_TYPES[kind].model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or None
+        raise invalid(f"invalid {kind} report: {where or 'body'}: {first['msg']}", param=where) from None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from tuneforge.domain.errors import invalid
+from tuneforge.domain.errors import from_validation_errors, invalid
 from tuneforge.domain.job_config import SupervisedHyperparameters
 
 if TYPE_CHECKING:
@@ -68,10 +68,7 @@ class TrainingMethod:
         try:
             return self.hyperparameters.model_validate(raw or {})
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            param = f"{param_prefix(self.name)}.{where}" if where else param_prefix(self.name)
-            raise invalid(f"invalid {param}: {first['msg']}", param=param) from None
+            raise from_validation_errors(exc.errors(), ("method", self.name, "hyperparameters")) from None
 
     def resolve_options(self, requested: SupervisedHyperparameters) -> dict[str, Any]:
         """The method's own options with "auto" replaced by its defaults, range-checked."""

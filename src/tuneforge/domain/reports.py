@@ -1,0 +1,97 @@
+"""The trainer's reports to the control plane, as typed messages (docs/trainer-protocol.md).
+
+The trainer validates each report before queueing it (`train/reporter.py`);
+the control plane parses the request body into the same type before acting on
+it (`api/routes/internal.py`), so both sides agree on every field. Unknown
+fields are ignored rather than refused: a trainer of a newer release may send
+more than this control plane reads, and must not be stuck retrying a 400.
+
+Every report but the heartbeat carries `seq`, unique and increasing within
+the attempt, so a report delivered twice is applied once; every request
+carries `attempt`, so reports of an attempt that is no longer current are
+rejected (409 `stale_attempt`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Sequenced(_Report):
+    seq: int = Field(ge=1, description="Unique and increasing within the attempt.")
+
+
+class Heartbeat(_Report):
+    attempt: int = Field(description="The attempt this trainer runs.")
+    step: int = Field(0, ge=0, description="Optimizer steps done.")
+    total_steps: int | None = Field(None, ge=0, description="Optimizer steps the attempt will run in all.")
+    start_step: int | None = Field(None, ge=0, description="The step this attempt resumed from.")
+
+
+class Event(_Sequenced):
+    type: Literal["message", "metrics"] = "message"
+    level: Literal["info", "warn", "error"] = "info"
+    message: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: float | None = Field(None, description="Unix time the trainer saw it happen.")
+
+
+class Events(_Report):
+    attempt: int
+    events: list[Event] = Field(default_factory=list, max_length=1000)
+
+
+class CheckpointWritten(_Sequenced):
+    attempt: int
+    step: int = Field(ge=0)
+    prefix: str = Field(description="Object-store prefix of the checkpoint (its manifest written last).")
+    metrics: dict[str, Union[float, None]] = Field(default_factory=dict)
+
+
+class Resumed(_Sequenced):
+    attempt: int
+    step: int = Field(ge=0, description="The step of the checkpoint the attempt resumed from.")
+    prefix: str = ""
+    total_steps: int | None = Field(None, ge=0)
+
+
+class Evaluating(_Sequenced):
+    attempt: int
+    step: int | None = Field(None, ge=0, description="The last training step.")
+
+
+class Result(_Sequenced):
+    attempt: int
+    trained_tokens: int = Field(0, ge=0)
+    adapter_prefix: str = Field(description="Object-store prefix of the adapter (or full model) artifact.")
+    results_key: str | None = Field(None, description="Object-store key of results.csv.")
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    eval: dict[str, Any] | None = Field(None, description="Base and fine-tuned eval results, when evaluated.")
+    artifact_kind: Literal["adapter", "model"] = "adapter"
+
+
+class Failure(_Sequenced):
+    attempt: int
+    code: str = Field("training_failed", max_length=100)
+    message: str = ""
+    param: str | None = None
+
+
+Report = Union[Heartbeat, Events, CheckpointWritten, Resumed, Evaluating, Result, Failure]
+
+# kind (the URL's last segment) -> its message type
+REPORT_TYPES: dict[str, type[_Report]] = {
+    "heartbeat": Heartbeat,
+    "events": Events,
+    "checkpoints": CheckpointWritten,
+    "resumed": Resumed,
+    "evaluating": Evaluating,
+    "result": Result,
+    "failure": Failure,
+}
