@@ -20,7 +20,7 @@ def show_queue() -> None:
     now = time.time()
     with platform.db.session() as session:
         names = {t.tenant_id: t.name for t in tenant_repo.list_all(session)}
-        entries = queue_view(session, local_inventory(settings), PolicyConfig(aging_s=settings.scheduler_aging_s), now)
+        entries = queue_view(session, local_inventory(settings), PolicyConfig.from_settings(settings), now)
     if not entries:
         typer.echo("the queue is empty")
         return

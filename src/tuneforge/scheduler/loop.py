@@ -40,9 +40,7 @@ class Scheduler:
         self.platform = platform
         self.executor = executor
         settings = platform.settings
-        self.policy = policy or PolicyConfig(
-            aging_s=settings.scheduler_aging_s,
-            target_wait_s={"premium": settings.premium_target_wait_s, "standard": None, "free": None})
+        self.policy = policy or PolicyConfig.from_settings(settings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.leader = LeaderLock(settings.resolved_database_url, settings.home)

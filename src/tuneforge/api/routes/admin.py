@@ -104,7 +104,7 @@ def usage_all(month: str | None = Query(default=None), session: Session = deps.S
 @router.get("/queue", dependencies=[Depends(admin)])
 def whole_queue(session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     capacity = platform.inventory or local_inventory(platform.settings)
-    entries = queue_view(session, capacity, PolicyConfig(aging_s=platform.settings.scheduler_aging_s), time.time())
+    entries = queue_view(session, capacity, PolicyConfig.from_settings(platform.settings), time.time())
     return {"object": "list", "data": [
         {"position": e.position, "job_id": e.job_id, "tenant_id": e.tenant_id, "tier": e.tier, "gpus": e.gpus,
          "queued_at": int(e.queued_at),

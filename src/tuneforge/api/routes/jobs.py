@@ -111,7 +111,7 @@ def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Se
 def queue_place(session: Session, platform: Platform, job_id: str) -> dict | None:
     """Extension: the job's position in the scheduling order and its estimated start (epoch seconds)."""
     capacity = platform.inventory or local_inventory(platform.settings)
-    policy = PolicyConfig(aging_s=platform.settings.scheduler_aging_s)
+    policy = PolicyConfig.from_settings(platform.settings)
     for entry in queue_view(session, capacity, policy, time.time()):
         if entry.job_id == job_id:
             start = None if entry.estimated_start is None else int(entry.estimated_start)
