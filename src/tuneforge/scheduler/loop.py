@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.status import AttemptStatus, JobStatus
@@ -262,7 +261,7 @@ class Scheduler:
         capacity = self.platform.inventory or self.executor.capacity()
         with self.platform.db.session() as session:
             state = read_state(session, capacity, now)
-            allowed = self._start_allowance(session, state)
+            allowed = quotas.start_gate(session, Counter(job.tenant_id for job in state.running))
         queue = QueueIndex(state.queued)
         self._holds = {job_id: hold for job_id, hold in self._holds.items() if job_id in queue and hold.until > now}
         decision = decide(queue, state.nodes, state.running, now, self.policy, state.recent_gpu_hours,
@@ -278,20 +277,6 @@ class Scheduler:
             self._holds[hold.job_id] = hold
         for job, victims, _landing in decision.preemptions:
             self._preempt(job, victims, state, now)
-
-    def _start_allowance(self, session: Session, state: ClusterState):  # noqa: ANN202
-        """tenant -> may another of its jobs start now (concurrency caps), counting starts of this tick."""
-        running = Counter(job.tenant_id for job in state.running)
-        limits = {tenant.tenant_id: quotas.limits(tenant) for tenant in tenant_repo.list_all(session)}
-
-        def allowed(tenant_id: str) -> bool:
-            cap = limits[tenant_id].max_concurrent_jobs if tenant_id in limits else None
-            if cap is not None and running[tenant_id] >= cap:
-                return False
-            running[tenant_id] += 1  # plan() starts the job when this returns True and it fits
-            return True
-
-        return allowed
 
     def _preempt(self, job: QueuedJob, victims: list[RunningJob], state: ClusterState, now: float) -> None:
         for victim in victims:
