@@ -258,7 +258,9 @@ class Scheduler:
         preemption for jobs that would wait past their tier's target; the GPUs a
         preemption frees are held for the job it was made for."""
         now = time.time()
-        capacity = self.platform.inventory or self.executor.capacity()
+        capacity = self.platform.capacity()
+        if capacity is None:
+            return
         with self.platform.db.session() as session:
             state = read_state(session, capacity, now)
             allowed = quotas.start_gate(session, Counter(job.tenant_id for job in state.running))
