@@ -7,8 +7,8 @@ import time
 import typer
 
 from tuneforge.cli.admin import platform as open_platform
-from tuneforge.services import tenants as tenant_service
 from tuneforge.services import queue as queue_service
+from tuneforge.services import tenants as tenant_service
 
 
 def show_queue() -> None:

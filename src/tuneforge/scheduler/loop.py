@@ -76,12 +76,13 @@ class Scheduler:
         now = time.time()
         grace_s = self.platform.settings.preempt_grace_s
         with self.platform.db.session() as session:
-            pending = [(a.job_id, a.number) for a in attempt_repo.ended_since(session, now - max(600.0, 2 * grace_s))
+            pending = [(tenant_id, a.job_id, a.number)
+                       for tenant_id, a in attempt_repo.ended_since(session, now - max(600.0, 2 * grace_s))
                        if a.handle and not a.handle.get("released_at")]
-        for job_id, number in pending:
+        for tenant_id, job_id, number in pending:
             try:
                 with self.platform.db.session() as session:
-                    attempt = attempt_repo.current(session, job_id, number)
+                    attempt = attempt_repo.current(session, tenant_id, job_id, number)
                     handle = attempt.handle if attempt is not None else None
                     if not handle or handle.get("released_at"):
                         continue
@@ -147,7 +148,7 @@ class Scheduler:
 
     def _reconcile_one(self, session: Session, job_id: str, number: int) -> None:
         job = job_repo.get_for_update(session, job_id)
-        attempt = attempt_repo.current(session, job_id, number)
+        attempt = attempt_repo.current(session, job.tenant_id, job_id, number) if job is not None else None
         if job is None or attempt is None or attempt.status not in ("starting", "running"):
             return
         handle = attempt.handle or {}
@@ -238,7 +239,8 @@ class Scheduler:
                        handle: dict | None = None) -> None:
         """A platform failure: retried with exponential backoff up to the configured count."""
         settings = self.platform.settings
-        failures = sum(1 for a in attempt_repo.for_job(session, job.job_id) if a.failure_class == "platform")
+        failures = sum(1 for a in attempt_repo.for_job(session, job.tenant_id, job.job_id)
+                       if a.failure_class == "platform")
         if failures < settings.max_attempt_failures:
             delay = min(settings.retry_backoff_max_s, settings.retry_backoff_s * 2 ** (failures - 1))
             job.not_before = time.time() + delay
@@ -284,13 +286,14 @@ class Scheduler:
         for victim in victims:
             number, handle = state.handles[victim.job_id]
             with self.platform.db.session() as session:
-                attempt = attempt_repo.current(session, victim.job_id, number)
-                if attempt is None or attempt.status not in ("starting", "running"):
+                victim_job = job_repo.get(session, victim.tenant_id, victim.job_id)
+                attempt = attempt_repo.current(session, victim.tenant_id, victim.job_id, number)
+                if victim_job is None or attempt is None or attempt.status not in ("starting", "running"):
                     continue
                 if handle:
                     self.executor.signal(handle, "preempt")
                 attempt.handle = {**(attempt.handle or {}), "preempt_sent": now}
-                events.add(session, victim.job_id,
+                events.add(session, victim_job,
                            f"Preempting attempt {number} for a {job.tier} job that would wait past its target "
                            f"(waited {now - job.queued_at:.0f} s so far): checkpoint, then requeue",
                            level="warn", data={"for_job": job.job_id}, attempt=number)
@@ -301,7 +304,7 @@ class Scheduler:
             job = job_repo.get_for_update(session, job_id)
             if job is None or job.status != JobStatus.QUEUED.value:
                 return
-            number = job.attempt + 1
+            tenant_id, number = job.tenant_id, job.attempt + 1
             spec = build_spec(session, self.platform.settings, job, number, token)
             job.attempt = number
             now = time.time()
@@ -318,12 +321,12 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - record it, requeue or fail
             with self.platform.db.session() as session:
                 job = job_repo.get_for_update(session, job_id)
-                attempt = attempt_repo.current(session, job_id, number)
+                attempt = attempt_repo.current(session, tenant_id, job_id, number)
                 _end_attempt(attempt, AttemptStatus.FAILED, None, "platform")
                 self._retry_or_fail(session, job, attempt, f"launch failed: {exc}")
             return
         with self.platform.db.session() as session:
-            attempt = attempt_repo.current(session, job_id, number)
+            attempt = attempt_repo.current(session, tenant_id, job_id, number)
             attempt.handle = handle
 
     # ---- the thread -----------------------------------------------------

@@ -87,8 +87,8 @@ def _point_out_duplicate(session: Session, job: Job) -> None:
     if twin is None:
         return
     model = f" (model {twin.fine_tuned_model})" if twin.fine_tuned_model else ""
-    events.add(session, job.job_id, f"This job has the same configuration as {twin.job_id}{model}, which is "
-                                    f"{twin.status}: same base model, data, method, hyperparameters and seed",
+    events.add(session, job, f"This job has the same configuration as {twin.job_id}{model}, which is "
+                             f"{twin.status}: same base model, data, method, hyperparameters and seed",
                level="warn", data={"code": "duplicate_config", "config_hash": job.config_hash,
                                    "same_as_job": twin.job_id, "same_as_model": twin.fine_tuned_model})
 

@@ -63,7 +63,7 @@ def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact:
         kind = "a full fine-tune: its artifact is 'model'" if full else "an adapter: its artifact is 'adapter'"
         raise invalid(f"{job.job_id} is {kind}", param="artifact", code="artifact_not_found")
     if step is not None:
-        row = checkpoint_repo.at_step(session, job.job_id, step)
+        row = checkpoint_repo.at_step(session, job.tenant_id, job.job_id, step)
         if row is None:
             raise not_found(f"{job.job_id} has no checkpoint at step {step}", param="step",
                             code="checkpoint_not_found")
@@ -122,7 +122,7 @@ def discard_checkpoints(session: Session, store: ObjectStore, job: Job) -> int:
     """A cancelled job's checkpoints, unless its policy keeps them: files and rows. Returns how many."""
     if ((job.resolved or {}).get("checkpoint") or {}).get("keep_on_cancel"):
         return 0
-    rows = checkpoint_repo.for_job(session, job.job_id)
+    rows = checkpoint_repo.for_job(session, job.tenant_id, job.job_id)
     store.delete_prefix(layout.checkpoints_prefix(job.tenant_id, job.job_id))
     for row in rows:
         session.delete(row)

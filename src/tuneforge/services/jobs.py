@@ -231,7 +231,7 @@ def create_job(
         if existing is None:
             raise
         return _replay(existing, body_hash), False
-    events.add(session, job.job_id, f"Created fine-tuning job: {job.job_id}", data={"status": job.status})
+    events.add(session, job, f"Created fine-tuning job: {job.job_id}", data={"status": job.status})
     return job, True
 
 
@@ -280,7 +280,7 @@ def pause_job(session: Session, tenant_id: str, job_id: str) -> Job:
     elif job.status in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value):
         if not job.pause_requested:
             job.pause_requested = True
-            events.add(session, job.job_id, "Pause requested: the trainer checkpoints and stops")
+            events.add(session, job, "Pause requested: the trainer checkpoints and stops")
     elif job.status != JobStatus.PAUSED.value:
         raise ApiError(400, f"Job {job_id} is {job.status}; only a queued or running job can be paused",
                        param="fine_tuning_job_id", code="job_not_pausable")
@@ -301,18 +301,18 @@ def resume_job(session: Session, tenant_id: str, job_id: str) -> Job:
 # ---- a job's events, checkpoints and attempts ------------------------------------------------
 def list_events(session: Session, tenant_id: str, job_id: str, *, after: str | None, limit: int) -> Page:
     job = get_job(session, tenant_id, job_id)
-    return events.page(session, job.job_id, after=after, limit=limit)
+    return events.page(session, job.tenant_id, job.job_id, after=after, limit=limit)
 
 
 def follow_events(platform: Platform, job: Job, poll_s: float = STREAM_POLL_S) -> Iterator[JobEvent | None]:
     """Every event of the job, oldest first, then new ones as they come; None whenever
     there was nothing new (then it waits `poll_s`); ends once the job has finished and
     every event is out. Each look is its own short session, so a long stream holds none."""
-    job_id, last_pk = job.job_id, 0
+    tenant_id, job_id, last_pk = job.tenant_id, job.job_id, 0
     while True:
         with platform.db.session() as session:
-            batch = events.since(session, job_id, last_pk)
-            status = job_repo.status_of(session, job_id) if not batch else None
+            batch = events.since(session, tenant_id, job_id, last_pk)
+            status = job_repo.status_of(session, tenant_id, job_id) if not batch else None
             finished = status is not None and JobStatus(status) in TERMINAL
         for event in batch:
             last_pk = event.pk
@@ -325,9 +325,9 @@ def follow_events(platform: Platform, job: Job, poll_s: float = STREAM_POLL_S) -
 
 
 def list_checkpoints(session: Session, job: Job, *, after: str | None, limit: int) -> Page:
-    return checkpoint_repo.page(session, job.job_id, after=after, limit=limit)
+    return checkpoint_repo.page(session, job.tenant_id, job.job_id, after=after, limit=limit)
 
 
 def list_attempts(session: Session, tenant_id: str, job_id: str) -> list[Attempt]:
     job = get_job(session, tenant_id, job_id)
-    return attempt_repo.for_job(session, job.job_id)
+    return attempt_repo.for_job(session, job.tenant_id, job.job_id)

@@ -92,7 +92,8 @@ def test_a_premium_job_past_its_target_preempts_lower_tier_work(world):
     assert get("premium", urgent)["status"] == "running"
     assert get("free", low[0])["status"] == "queued"  # requeued, resumes later from its checkpoint
     with platform.db.session() as session:
-        assert attempt_repo.current(session, low[0], 1).failure_class == "preempted"
+        preempted = job_repo.get_for_update(session, low[0])
+        assert attempt_repo.current(session, preempted.tenant_id, low[0], 1).failure_class == "preempted"
 
 
 def test_a_job_larger_than_any_node_is_rejected_at_validation(world):
