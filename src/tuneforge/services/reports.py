@@ -139,7 +139,7 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
     if prefix != layout.checkpoint_prefix(job.tenant_id, job.job_id, step):
         raise invalid(f"'prefix' must be this job's checkpoint at step {step}", param="prefix")
     try:
-        state = json.loads(store.get_bytes(f"{prefix}/{layout.TRAINER_STATE_NAME}"))
+        state = json.loads(store.get_bytes(layout.trainer_state_key(prefix)))
         history = {int(row["step"]): row for row in state["history"] if int(row["step"]) <= step}
     except (OSError, KeyError, TypeError, ValueError) as exc:  # the trainer just read it; a race with a delete
         events.add(session, job, f"could not read the history of the checkpoint at step {step}: {exc}",

@@ -155,8 +155,7 @@ def download(
     platform: Platform = Depends(deps.platform),
 ) -> Response:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
-    name, archive = artifacts.adapter_archive(session, platform.store, job, artifact=artifact, step=step,
-                                              dtype=dtype, cache_dir=platform.settings.home / "cache" / "base-models")
+    name, archive = artifacts.adapter_archive(session, platform, job, artifact=artifact, step=step, dtype=dtype)
     return StreamingResponse(
         artifacts.iter_file(archive), media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
