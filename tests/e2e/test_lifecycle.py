@@ -124,7 +124,7 @@ def test_cancel_stops_a_running_trainer(running, tmp_path):
     time.sleep(2)
     with running.plane.platform.db.session() as session:
         from tuneforge.db.repos import attempts
-        states = [a.status for a in attempts.for_job(session, job.id)]
+        states = [a.status for a in attempts.for_job(session, job.organization_id, job.id)]
     assert states == ["cancelled"]
     assert sdk.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
 

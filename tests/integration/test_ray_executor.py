@@ -27,6 +27,7 @@ from tests.e2e.test_lifecycle import wait_for
 from tests.helpers import ray_cluster
 from tests.helpers.net import wait_until
 from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, write_demo_files
 
 pytestmark = pytest.mark.ray
@@ -67,8 +68,9 @@ def create_job(world, resources: dict, *, n_epochs: int | None = None):
 
 def attempts(world, job_id: str):
     with world.plane.platform.db.session() as session:
+        tenant_id = job_repo.get_for_update(session, job_id).tenant_id
         return [(a.number, a.status, dict(a.placement or {}), dict(a.handle or {}))
-                for a in attempt_repo.for_job(session, job_id)]
+                for a in attempt_repo.for_job(session, tenant_id, job_id)]
 
 
 def started_events(sdk: openai.OpenAI, job_id: str) -> list[dict]:

@@ -63,7 +63,7 @@ def test_a_lost_node_makes_the_attempt_lost_and_the_job_resumes_on_the_other_nod
         wait_until(lambda: checkpoint_steps(s3_storage, prefix), 180, "a first checkpoint")
 
         with world.plane.platform.db.session() as session:
-            [first] = attempt_repo.for_job(session, job.id)
+            [first] = attempt_repo.for_job(session, job.organization_id, job.id)
             lost_node = first.placement["node"]
         survivor = next(node for node in cluster.worker_ids() if node != lost_node)
         assert trainer_pids(nodes_root / lost_node)  # its two ranks run there
@@ -76,7 +76,7 @@ def test_a_lost_node_makes_the_attempt_lost_and_the_job_resumes_on_the_other_nod
         assert done.status == "succeeded", done.error
         with world.plane.platform.db.session() as session:
             rows = [(a.number, a.status, a.failure_class, a.placement["node"])
-                    for a in attempt_repo.for_job(session, job.id)]
+                    for a in attempt_repo.for_job(session, job.organization_id, job.id)]
         assert rows == [(1, "lost", "platform", lost_node), (2, "succeeded", None, survivor)]
 
         messages = [e.message for e in sdk.fine_tuning.jobs.list_events(job.id, limit=100)]

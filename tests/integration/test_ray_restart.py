@@ -69,15 +69,15 @@ def test_a_control_plane_killed_and_restarted_finds_its_ray_attempt_again(
         # the new plane released the finished attempt's placement group
         reader = make_platform(tmp_path, database_url, **cluster_settings)
         try:
-            wait_until(lambda: "released_at" in attempt_handle(reader, job.id), 30, "the attempt's release")
+            wait_until(lambda: "released_at" in attempt_handle(reader, job.organization_id, job.id), 30, "the attempt's release")
         finally:
             reader.db.dispose()
     finally:
         plane.stop()
 
 
-def attempt_handle(platform, job_id: str) -> dict:
+def attempt_handle(platform, tenant_id: str, job_id: str) -> dict:
     with platform.db.session() as session:
-        [attempt] = attempt_repo.for_job(session, job_id)
+        [attempt] = attempt_repo.for_job(session, tenant_id, job_id)
         return dict(attempt.handle or {})
 

@@ -20,6 +20,7 @@ from tuneforge.services import tenants as tenant_service
 from tuneforge.services import usage as usage_service
 from tuneforge.services.context import Platform
 from tuneforge.settings import get_settings
+from tuneforge.storage import layout
 
 # soft_wrap: a message is one line however narrow the terminal, so scripts can grep it
 console = Console(stderr=True, soft_wrap=True)
@@ -172,7 +173,7 @@ def base_models_add(name: str, source: str) -> None:
     try:
         with ctx.db.session() as session:
             row = base_model_service.add_base_model(
-                session, ctx.store, name, source, ctx.settings.home / "cache" / "hub")
+                session, ctx.store, name, source, layout.hub_cache_dir(layout.local_cache_dir(ctx.settings.home)))
             sha, size = row.sha256, row.size_bytes
     except ApiError as exc:
         fail(exc)

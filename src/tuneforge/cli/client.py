@@ -190,6 +190,7 @@ def _local_tokenizer(model: str):  # noqa: ANN202
     from tuneforge.db.repos import base_models
     from tuneforge.services.context import Platform
     from tuneforge.services.tokenizers import tokenizer_for
+    from tuneforge.storage import layout
 
     settings = get_settings()
     upgrade(settings.resolved_database_url)
@@ -199,4 +200,4 @@ def _local_tokenizer(model: str):  # noqa: ANN202
         if row is None:
             console.print(f"[red]no base model named {model!r} (give a registered name or a model folder)[/red]")
             raise typer.Exit(code=2)
-        return tokenizer_for(platform.store, row, settings.home / "cache" / "base-models")
+        return tokenizer_for(platform.store, row, layout.home_base_model_cache_dir(settings.home))

@@ -7,27 +7,26 @@ import time
 import typer
 
 from tuneforge.cli.admin import platform as open_platform
-from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.executors.local import local_inventory
-from tuneforge.scheduler.policy import PolicyConfig
-from tuneforge.scheduler.queue_view import queue_view
+from tuneforge.services import queue as queue_service
+from tuneforge.services import tenants as tenant_service
 
 
 def show_queue() -> None:
     """Queued jobs in the order they will start: tenant, tier, GPUs, wait so far and estimated start."""
     platform = open_platform()
-    settings = platform.settings
     now = time.time()
     with platform.db.session() as session:
-        names = {t.tenant_id: t.name for t in tenant_repo.list_all(session)}
-        entries = queue_view(session, local_inventory(settings), PolicyConfig(aging_s=settings.scheduler_aging_s), now)
+        names = {t.tenant_id: t.name for t in tenant_service.list_tenants(session)}
+        entries = queue_service.whole_queue(session, platform, now)
+    never = "never (larger than the inventory)" if platform.capacity() is not None else \
+        "unknown (the executor's inventory is not known here)"
     if not entries:
         typer.echo("the queue is empty")
         return
     typer.echo(f"{'pos':>4}  {'job':<28}{'tenant':<16}{'tier':<10}{'gpus':>5}{'waiting':>10}  estimated start")
     for entry in entries:
         waited = f"{(now - entry.queued_at) / 60:.0f} min"
-        start = "never (larger than the inventory)" if entry.estimated_start is None else \
+        start = never if entry.estimated_start is None else \
             ("now" if entry.estimated_start <= now + 1 else
              time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(entry.estimated_start)))
         typer.echo(f"{entry.position:>4}  {entry.job_id:<28}{names.get(entry.tenant_id, entry.tenant_id):<16}"

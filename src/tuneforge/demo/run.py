@@ -28,6 +28,7 @@ from tuneforge.services import base_models as base_model_service
 from tuneforge.services import tenants as tenant_service
 from tuneforge.services.artifacts import extract
 from tuneforge.settings import Settings
+from tuneforge.storage import layout
 
 console = Console()
 BASE_MODEL = "tiny-chat"
@@ -83,7 +84,8 @@ def run_demo(home: str | None = None, *, timeout_s: float = 600.0) -> int:
     with ControlPlane(settings) as plane:
         with plane.platform.db.session() as session:
             _tenant, api_key = tenant_service.create_tenant(session, "demo")
-            base_model_service.add_base_model(session, plane.platform.store, BASE_MODEL, str(model_dir), root / "cache")
+            base_model_service.add_base_model(session, plane.platform.store, BASE_MODEL, str(model_dir),
+                                              layout.hub_cache_dir(layout.local_cache_dir(settings.home)))
         console.print(f"control plane on {plane.url}; tenant 'demo'; base model '{BASE_MODEL}' "
                       f"({sum(1 for _ in model_dir.iterdir())} files)")
         api = openai.OpenAI(base_url=f"{plane.url}/v1", api_key=api_key)

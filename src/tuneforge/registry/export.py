@@ -29,7 +29,7 @@ _LOCK = threading.Lock()  # one merge at a time per process: each holds a whole 
 
 
 def _is_built(store: ObjectStore, prefix: str) -> bool:
-    return store.exists(f"{prefix}/.complete")
+    return store.exists(layout.complete_marker_key(prefix))
 
 
 def build_merged(store: ObjectStore, row: FineTunedModel, base_sha256: str, base_prefix: str, dtype: str,
@@ -73,4 +73,4 @@ def _merge_into(store: ObjectStore, row: FineTunedModel, base: BaseModelRef, dty
         tokenizer.save_pretrained(out)
         store.delete_prefix(prefix)
         store.upload_dir(out, prefix)
-        store.put_bytes(f"{prefix}/.complete", row.model_id.encode())  # written last: the merge is whole
+        store.put_bytes(layout.complete_marker_key(prefix), row.model_id.encode())  # written last: the merge is whole

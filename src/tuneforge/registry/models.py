@@ -42,9 +42,9 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
     session.add(row)
     twin = same_config(session, job.tenant_id, job.config_hash, exclude_job=job.job_id)
     if twin is not None:
-        events.add(session, job.job_id, f"{model_id} was trained with the same configuration as {twin.model_id} "
-                                        f"(job {twin.job_id}): same base model, data, method, hyperparameters "
-                                        "and seed", level="warn",
+        events.add(session, job, f"{model_id} was trained with the same configuration as {twin.model_id} "
+                                 f"(job {twin.job_id}): same base model, data, method, hyperparameters "
+                                 "and seed", level="warn",
                    data={"code": "duplicate_config", "config_hash": job.config_hash, "same_as": twin.model_id})
     return row
 

@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.status import AttemptStatus, JobStatus
@@ -40,9 +39,7 @@ class Scheduler:
         self.platform = platform
         self.executor = executor
         settings = platform.settings
-        self.policy = policy or PolicyConfig(
-            aging_s=settings.scheduler_aging_s,
-            target_wait_s={"premium": settings.premium_target_wait_s, "standard": None, "free": None})
+        self.policy = policy or PolicyConfig.from_settings(settings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.leader = LeaderLock(settings.resolved_database_url, settings.home)
@@ -79,12 +76,13 @@ class Scheduler:
         now = time.time()
         grace_s = self.platform.settings.preempt_grace_s
         with self.platform.db.session() as session:
-            pending = [(a.job_id, a.number) for a in attempt_repo.ended_since(session, now - max(600.0, 2 * grace_s))
+            pending = [(tenant_id, a.job_id, a.number)
+                       for tenant_id, a in attempt_repo.ended_since(session, now - max(600.0, 2 * grace_s))
                        if a.handle and not a.handle.get("released_at")]
-        for job_id, number in pending:
+        for tenant_id, job_id, number in pending:
             try:
                 with self.platform.db.session() as session:
-                    attempt = attempt_repo.current(session, job_id, number)
+                    attempt = attempt_repo.current(session, tenant_id, job_id, number)
                     handle = attempt.handle if attempt is not None else None
                     if not handle or handle.get("released_at"):
                         continue
@@ -150,7 +148,7 @@ class Scheduler:
 
     def _reconcile_one(self, session: Session, job_id: str, number: int) -> None:
         job = job_repo.get_for_update(session, job_id)
-        attempt = attempt_repo.current(session, job_id, number)
+        attempt = attempt_repo.current(session, job.tenant_id, job_id, number) if job is not None else None
         if job is None or attempt is None or attempt.status not in ("starting", "running"):
             return
         handle = attempt.handle or {}
@@ -241,7 +239,8 @@ class Scheduler:
                        handle: dict | None = None) -> None:
         """A platform failure: retried with exponential backoff up to the configured count."""
         settings = self.platform.settings
-        failures = sum(1 for a in attempt_repo.for_job(session, job.job_id) if a.failure_class == "platform")
+        failures = sum(1 for a in attempt_repo.for_job(session, job.tenant_id, job.job_id)
+                       if a.failure_class == "platform")
         if failures < settings.max_attempt_failures:
             delay = min(settings.retry_backoff_max_s, settings.retry_backoff_s * 2 ** (failures - 1))
             job.not_before = time.time() + delay
@@ -261,10 +260,12 @@ class Scheduler:
         preemption for jobs that would wait past their tier's target; the GPUs a
         preemption frees are held for the job it was made for."""
         now = time.time()
-        capacity = self.platform.inventory or self.executor.capacity()
+        capacity = self.platform.capacity()
+        if capacity is None:
+            return
         with self.platform.db.session() as session:
             state = read_state(session, capacity, now)
-            allowed = self._start_allowance(session, state)
+            allowed = quotas.start_gate(session, Counter(job.tenant_id for job in state.running))
         queue = QueueIndex(state.queued)
         self._holds = {job_id: hold for job_id, hold in self._holds.items() if job_id in queue and hold.until > now}
         decision = decide(queue, state.nodes, state.running, now, self.policy, state.recent_gpu_hours,
@@ -281,31 +282,18 @@ class Scheduler:
         for job, victims, _landing in decision.preemptions:
             self._preempt(job, victims, state, now)
 
-    def _start_allowance(self, session: Session, state: ClusterState):  # noqa: ANN202
-        """tenant -> may another of its jobs start now (concurrency caps), counting starts of this tick."""
-        running = Counter(job.tenant_id for job in state.running)
-        limits = {tenant.tenant_id: quotas.limits(tenant) for tenant in tenant_repo.list_all(session)}
-
-        def allowed(tenant_id: str) -> bool:
-            cap = limits[tenant_id].max_concurrent_jobs if tenant_id in limits else None
-            if cap is not None and running[tenant_id] >= cap:
-                return False
-            running[tenant_id] += 1  # plan() starts the job when this returns True and it fits
-            return True
-
-        return allowed
-
     def _preempt(self, job: QueuedJob, victims: list[RunningJob], state: ClusterState, now: float) -> None:
         for victim in victims:
             number, handle = state.handles[victim.job_id]
             with self.platform.db.session() as session:
-                attempt = attempt_repo.current(session, victim.job_id, number)
-                if attempt is None or attempt.status not in ("starting", "running"):
+                victim_job = job_repo.get(session, victim.tenant_id, victim.job_id)
+                attempt = attempt_repo.current(session, victim.tenant_id, victim.job_id, number)
+                if victim_job is None or attempt is None or attempt.status not in ("starting", "running"):
                     continue
                 if handle:
                     self.executor.signal(handle, "preempt")
                 attempt.handle = {**(attempt.handle or {}), "preempt_sent": now}
-                events.add(session, victim.job_id,
+                events.add(session, victim_job,
                            f"Preempting attempt {number} for a {job.tier} job that would wait past its target "
                            f"(waited {now - job.queued_at:.0f} s so far): checkpoint, then requeue",
                            level="warn", data={"for_job": job.job_id}, attempt=number)
@@ -316,7 +304,7 @@ class Scheduler:
             job = job_repo.get_for_update(session, job_id)
             if job is None or job.status != JobStatus.QUEUED.value:
                 return
-            number = job.attempt + 1
+            tenant_id, number = job.tenant_id, job.attempt + 1
             spec = build_spec(session, self.platform.settings, job, number, token)
             job.attempt = number
             now = time.time()
@@ -333,12 +321,12 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - record it, requeue or fail
             with self.platform.db.session() as session:
                 job = job_repo.get_for_update(session, job_id)
-                attempt = attempt_repo.current(session, job_id, number)
+                attempt = attempt_repo.current(session, tenant_id, job_id, number)
                 _end_attempt(attempt, AttemptStatus.FAILED, None, "platform")
                 self._retry_or_fail(session, job, attempt, f"launch failed: {exc}")
             return
         with self.platform.db.session() as session:
-            attempt = attempt_repo.current(session, job_id, number)
+            attempt = attempt_repo.current(session, tenant_id, job_id, number)
             attempt.handle = handle
 
     # ---- the thread -----------------------------------------------------

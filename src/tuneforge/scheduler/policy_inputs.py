@@ -5,6 +5,10 @@ builds it from rows and the executor's inventory (`scheduler/state.py`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuneforge.settings import Settings
 
 TIER_RANK = {"premium": 0, "standard": 1, "free": 2}
 
@@ -21,6 +25,13 @@ class PolicyConfig:
     min_overrun_s: float = 60.0
     hold_s: float = 600.0  # GPUs freed by preemption stay reserved for their job this long at most
     preemptors_per_tick: int = 4  # jobs that may ask for preemption in one decision
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PolicyConfig:
+        """The policy the operator configured (queue aging, premium's target wait); every other
+        knob keeps its default. The scheduler and every view of the queue use this one."""
+        return cls(aging_s=settings.scheduler_aging_s,
+                   target_wait_s={"premium": settings.premium_target_wait_s, "standard": None, "free": None})
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Estimated starts replay the queue in policy order on a timeline of expected
 ends: each job starts at the first moment it fits after every job ahead of it
 has started (no backfill assumed, so the estimate errs late rather than
 early). Running jobs end at their estimated runtime (one already past it:
-`policy.expected_end`).
+`policy.expected_end`). Without a known capacity (`None`: this process cannot
+see the executor's inventory) the order and positions are given, no starts.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ class QueueEntry:
     tier: str
     gpus: int
     queued_at: float
-    estimated_start: float | None  # None: larger than the whole inventory
+    estimated_start: float | None  # None: larger than the whole inventory, or the inventory is unknown
 
 
-def queue_view(session: Session, capacity: Capacity, policy: PolicyConfig, now: float) -> list[QueueEntry]:
-    state = read_state(session, capacity, now)
+def queue_view(session: Session, capacity: Capacity | None, policy: PolicyConfig, now: float) -> list[QueueEntry]:
+    state = read_state(session, capacity or Capacity(nodes=[]), now)
     ordered = order_queue(state.queued, policy, state.recent_gpu_hours)
+    if capacity is None:
+        return [QueueEntry(position, job.job_id, job.tenant_id, job.tier, job.gpus, job.queued_at, None)
+                for position, job in enumerate(ordered, start=1)]
     nodes = [Node(n.name, n.total, set(n.free)) for n in state.nodes]
     by_name = {n.name: n for n in nodes}
     ends: list[tuple[float, int, dict[str, tuple[int, ...]]]] = []

@@ -16,6 +16,7 @@ from tuneforge.domain.spec import (
     LoraConfig,
 )
 from tuneforge.settings import Settings
+from tuneforge.storage import layout
 
 
 def build_spec(session: Session, settings: Settings, job: Job, number: int, token: str) -> JobSpec:
@@ -54,7 +55,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         divergence_loss_multiple=float(divergence.get("loss_multiple", settings.divergence_loss_multiple)),
         divergence_patience_steps=int(divergence.get("patience_steps", settings.divergence_patience_steps)),
         divergence_min_increase=float(divergence.get("min_increase", settings.divergence_min_increase)),
-        cache_dir=str((settings.home / "cache" / "base-models").resolve()),
+        cache_dir=str(layout.home_base_model_cache_dir(settings.home).resolve()),
         extra={**(resolved.get("extra") or {}),
                **({"eval": resolved["eval"]} if (resolved.get("eval") or {}).get("enabled") else {}),
                **({"gradient_checkpointing": True}

@@ -23,7 +23,6 @@ from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import transition
-from tuneforge.executors.local import local_inventory
 from tuneforge.scheduler.policy import Node, QueuedJob, place
 from tuneforge.storage import layout
 
@@ -88,8 +87,8 @@ def _point_out_duplicate(session: Session, job: Job) -> None:
     if twin is None:
         return
     model = f" (model {twin.fine_tuned_model})" if twin.fine_tuned_model else ""
-    events.add(session, job.job_id, f"This job has the same configuration as {twin.job_id}{model}, which is "
-                                    f"{twin.status}: same base model, data, method, hyperparameters and seed",
+    events.add(session, job, f"This job has the same configuration as {twin.job_id}{model}, which is "
+                             f"{twin.status}: same base model, data, method, hyperparameters and seed",
                level="warn", data={"code": "duplicate_config", "config_hash": job.config_hash,
                                    "same_as_job": twin.job_id, "same_as_model": twin.fine_tuned_model})
 
@@ -100,8 +99,11 @@ def _fail(session: Session, job: Job, code: str, message: str, param: str | None
 
 
 def _never_fits(platform: Platform, resources: dict) -> str | None:
-    """Why the job could not be placed even on an idle inventory, or None."""
-    capacity = platform.inventory or local_inventory(platform.settings)
+    """Why the job could not be placed even on an idle inventory, or None (also when this
+    process cannot know the inventory: the job waits for a scheduler that can place it)."""
+    capacity = platform.capacity()
+    if capacity is None:
+        return None
     nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus))) for n in capacity.nodes]
     probe = QueuedJob("probe", "probe", "standard", int(resources["gpus"]), 0.0, 0.0,
                       int(resources.get("gpus_per_node") or 0))

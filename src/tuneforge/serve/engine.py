@@ -50,13 +50,14 @@ from tuneforge.serve.params import (
     SamplingParams,
 )
 from tuneforge.settings import Settings
+from tuneforge.storage import layout
 from tuneforge.storage.model_cache import fetch_base_model
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train.model import load_base_model
 
 log = logging.getLogger(__name__)
 
-_COMPLETE_MARKER = ".complete"
+_COMPLETE_MARKER = layout.COMPLETE_NAME
 _RECENT_SWITCHES = 1024  # switch durations kept for percentiles
 _END = object()  # the end of a stream's queue
 
@@ -134,7 +135,7 @@ class InferenceEngine:
 
     @classmethod
     def from_settings(cls, settings: Settings, store: ObjectStore) -> InferenceEngine:
-        return cls(store, cache_dir=settings.home / "cache", device=settings.inference_device,
+        return cls(store, cache_dir=layout.local_cache_dir(settings.home), device=settings.inference_device,
                    max_models=settings.inference_max_base_models, max_adapters=settings.inference_max_adapters)
 
     # -- requests -----------------------------------------------------------------------------------
@@ -267,7 +268,7 @@ class InferenceEngine:
     def _artifact_dir(self, prefix: str) -> Path:
         """A local copy of the artifact under `prefix`, downloaded once: artifacts are
         immutable once registered, so the prefix names the content."""
-        target = self.cache_dir / "artifacts" / hashlib.sha256(prefix.encode()).hexdigest()[:32]
+        target = layout.artifact_cache_dir(self.cache_dir, prefix)
         if (target / _COMPLETE_MARKER).exists():
             return target
         with self._fetch_lock:
@@ -308,7 +309,7 @@ class InferenceEngine:
 
     def _load_base(self, key: str, target: ModelTarget) -> LoadedModel:
         try:
-            local_dir = fetch_base_model(self.store, target.base, self.cache_dir / "base-models")
+            local_dir = fetch_base_model(self.store, target.base, layout.base_model_cache_dir(self.cache_dir))
         except FileNotFoundError as exc:
             raise _unavailable(f"the files of base model {target.base.name} are missing from the object "
                                "store") from exc

@@ -16,6 +16,7 @@ from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.status import JobStatus
+from tuneforge.services.context import Platform
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
@@ -43,12 +44,12 @@ def _archive(store: ObjectStore, prefix: str, folder: str, keep: tuple[str, ...]
     return spool
 
 
-def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact: str | None,
-                    step: int | None, dtype: str | None = None, cache_dir: Path | None = None,
-                    ) -> tuple[str, IO[bytes]]:
+def adapter_archive(session: Session, platform: Platform, job: Job, *, artifact: str | None,
+                    step: int | None, dtype: str | None = None) -> tuple[str, IO[bytes]]:
     """The job's trained weights as a .tar.gz: the adapter (LoRA, QLoRA), or the whole
     model (a full fine-tune: `artifact=model`); `step=N`: a checkpoint's weights;
     `artifact=merged`: base + adapter as full weights of `dtype` (bf16 by default)."""
+    store = platform.store
     full = ((job.request.get("training_type") or {}).get("type")) == "full"
     artifact = artifact or ("model" if full else "adapter")
     if artifact not in ("adapter", "model", "merged"):
@@ -58,12 +59,13 @@ def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact:
     if artifact == "merged":
         if step is not None:
             raise invalid("artifact=merged is built from the final weights; step cannot be given", param="step")
-        return _merged_archive(session, store, job, dtype or "bf16", cache_dir)
+        return _merged_archive(session, store, job, dtype or "bf16", layout.home_base_model_cache_dir(
+            platform.settings.home))
     if (artifact == "model") != full:
         kind = "a full fine-tune: its artifact is 'model'" if full else "an adapter: its artifact is 'adapter'"
         raise invalid(f"{job.job_id} is {kind}", param="artifact", code="artifact_not_found")
     if step is not None:
-        row = checkpoint_repo.at_step(session, job.job_id, step)
+        row = checkpoint_repo.at_step(session, job.tenant_id, job.job_id, step)
         if row is None:
             raise not_found(f"{job.job_id} has no checkpoint at step {step}", param="step",
                             code="checkpoint_not_found")
@@ -78,7 +80,7 @@ def adapter_archive(session: Session, store: ObjectStore, job: Job, *, artifact:
 
 
 def _merged_archive(session: Session, store: ObjectStore, job: Job, dtype: str,
-                    cache_dir: Path | None) -> tuple[str, IO[bytes]]:
+                    cache_dir: Path) -> tuple[str, IO[bytes]]:
     from tuneforge.registry import export
     from tuneforge.registry import models as registry
 
@@ -92,10 +94,10 @@ def _merged_archive(session: Session, store: ObjectStore, job: Job, dtype: str,
     if base is None or base.sha256 != row.base_model_sha256:
         raise ApiError(409, f"the base model {job.model} this adapter was trained on is no longer registered",
                        param="artifact", code="base_model_gone")
-    prefix = export.build_merged(store, row, base.sha256, base.prefix, dtype,
-                                 cache_dir or Path(tempfile.gettempdir()) / "tuneforge-base-models")
+    prefix = export.build_merged(store, row, base.sha256, base.prefix, dtype, cache_dir)
     folder = f"{job.job_id}-merged-{dtype}"
-    keys_kept = tuple(k.rsplit("/", 1)[-1] for k in store.list(prefix) if not k.endswith("/.complete"))
+    marker = layout.complete_marker_key(prefix)
+    keys_kept = tuple(k.rsplit("/", 1)[-1] for k in store.list(prefix) if k != marker)
     return f"{folder}.tar.gz", _archive(store, prefix, folder, keep=keys_kept)
 
 
@@ -122,7 +124,7 @@ def discard_checkpoints(session: Session, store: ObjectStore, job: Job) -> int:
     """A cancelled job's checkpoints, unless its policy keeps them: files and rows. Returns how many."""
     if ((job.resolved or {}).get("checkpoint") or {}).get("keep_on_cancel"):
         return 0
-    rows = checkpoint_repo.for_job(session, job.job_id)
+    rows = checkpoint_repo.for_job(session, job.tenant_id, job.job_id)
     store.delete_prefix(layout.checkpoints_prefix(job.tenant_id, job.job_id))
     for row in rows:
         session.delete(row)

@@ -130,3 +130,19 @@ def add_base_model(
     if not keys:
         raise invalid(f"nothing was copied from {source}", param="source")
     return row
+
+
+def list_base_models(session: Session) -> list[BaseModelRow]:
+    return base_model_repo.list_all(session)
+
+
+def find(session: Session, name: str) -> BaseModelRow | None:
+    """The base model registered as `name`, or None (base models are shared by every tenant)."""
+    return base_model_repo.by_name(session, name)
+
+
+def refuse_deleting(session: Session, model_id: str) -> None:
+    """Base models are the platform's: a tenant deletes only its fine-tuned models."""
+    if base_model_repo.by_name(session, model_id) is not None:
+        raise invalid(f"{model_id} is a base model; only fine-tuned models can be deleted", param="model",
+                      code="model_not_deletable")

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneforge.db.engine import Database
+from tuneforge.executors.local import local_inventory
+from tuneforge.executors.protocol import Capacity
 from tuneforge.settings import Settings
 from tuneforge.storage.store import FsspecStore, open_store
 
@@ -15,7 +17,7 @@ class Platform:
     settings: Settings
     db: Database
     store: FsspecStore
-    inventory: Any = None  # the executor's last reported Capacity (set by the scheduler), for queue views
+    inventory: Capacity | None = None  # the executor's last reported capacity (set by the scheduler); read capacity()
     scheduler_role: str = "off"  # "leader" | "standby" | "off", set by the scheduler thread
     inference: Any = None  # serve.InferenceEngine, created on first use by serve.engine_for
 
@@ -27,3 +29,16 @@ class Platform:
             db=Database(settings.resolved_database_url),
             store=open_store(settings.resolved_storage_url, settings.storage_options()),
         )
+
+    def capacity(self) -> Capacity | None:
+        """What the executor offers, as this process can know it — the one answer validation,
+        the queue views and /metrics use. The live inventory when this process's scheduler has
+        read one from its executor; otherwise the configured slots if the executor is `local`
+        (they are known without asking); otherwise None: unknown (a standby or API-only control
+        plane of a Ray platform has no view of the cluster), and nothing may be judged against
+        it — no job fails as too large, no start time is estimated."""
+        if self.inventory is not None:
+            return self.inventory
+        if self.settings.executor == "local":
+            return local_inventory(self.settings)
+        return None

@@ -1,13 +1,16 @@
-"""Fine-tuning jobs: create (with idempotency), read, list, cancel."""
+"""Fine-tuning jobs: create (with idempotency), read, list, cancel, pause, resume; a job's
+events (paged or followed), checkpoints and attempts."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import json
+import logging
 import random
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from dataclasses import asdict
 
@@ -16,15 +19,18 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.engine import savepoint
 from tuneforge.db.pagination import Page
+from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import base_models as base_model_repo
+from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.tables import BaseModelRow, FileRow, Job, Tenant
+from tuneforge.db.tables import Attempt, BaseModelRow, FileRow, Job, JobEvent, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobCreate
-from tuneforge.domain.status import JobStatus
+from tuneforge.domain.status import TERMINAL, JobStatus
+from tuneforge.scheduler.validation import validate_job
 from tuneforge.services import artifacts, estimates, evaluation, hyperparams
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
@@ -36,6 +42,8 @@ from tuneforge.train import methods
 
 SUPPORTED_TRAINING_TYPES = ("lora", "qlora", "full")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+STREAM_POLL_S = 0.5  # how often a followed event stream looks for new events
+_log = logging.getLogger(__name__)
 
 
 def request_hash(request: JobCreate) -> str:
@@ -147,6 +155,34 @@ def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: 
     }
 
 
+def submit_job(session: Session, platform: Platform, tenant: Tenant, request: JobCreate,
+               idempotency_key: str | None = None) -> Job:
+    """Job create as the API does it: `create_job`, then a new job with small files is
+    validated at once (see `_validate_small_job`)."""
+    if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
+        raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
+    job, created = create_job(session, platform.settings, tenant, request, idempotency_key)
+    if created:
+        _validate_small_job(session, platform, job)
+    return job
+
+
+def _validate_small_job(session: Session, platform: Platform, job: Job) -> None:
+    """Validate a job with small files now, in the create request's transaction
+    (the scheduler cannot see the job before it commits), so the job comes
+    back queued with its estimate, or failed with the data error."""
+    files = [file_id for file_id in (job.training_file, job.validation_file) if file_id]
+    size = sum(row.size_bytes for file_id in files if (row := file_repo.get(session, job.tenant_id, file_id)))
+    if size > platform.settings.inline_validation_max_bytes:
+        return
+    try:
+        with savepoint(session):
+            validate_job(session, platform, job)
+    except Exception:  # noqa: BLE001 - e.g. a tokenizer that fails to load: the scheduler retries and reports
+        _log.exception("inline validation of %s failed; the scheduler will validate it", job.job_id)
+        session.refresh(job)
+
+
 def create_job(
     session: Session,
     settings: Settings,
@@ -192,7 +228,7 @@ def create_job(
         if existing is None:
             raise
         return _replay(existing, body_hash), False
-    events.add(session, job.job_id, f"Created fine-tuning job: {job.job_id}", data={"status": job.status})
+    events.add(session, job, f"Created fine-tuning job: {job.job_id}", data={"status": job.status})
     return job, True
 
 
@@ -241,7 +277,7 @@ def pause_job(session: Session, tenant_id: str, job_id: str) -> Job:
     elif job.status in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value):
         if not job.pause_requested:
             job.pause_requested = True
-            events.add(session, job.job_id, "Pause requested: the trainer checkpoints and stops")
+            events.add(session, job, "Pause requested: the trainer checkpoints and stops")
     elif job.status != JobStatus.PAUSED.value:
         raise ApiError(400, f"Job {job_id} is {job.status}; only a queued or running job can be paused",
                        param="fine_tuning_job_id", code="job_not_pausable")
@@ -257,3 +293,38 @@ def resume_job(session: Session, tenant_id: str, job_id: str) -> Job:
     job.pause_requested = False
     transition(session, job, JobStatus.QUEUED, "Fine-tuning job resumed; it continues from its newest checkpoint")
     return job
+
+
+# ---- a job's events, checkpoints and attempts ------------------------------------------------
+def list_events(session: Session, tenant_id: str, job_id: str, *, after: str | None, limit: int) -> Page:
+    job = get_job(session, tenant_id, job_id)
+    return events.page(session, job.tenant_id, job.job_id, after=after, limit=limit)
+
+
+def follow_events(platform: Platform, job: Job, poll_s: float = STREAM_POLL_S) -> Iterator[JobEvent | None]:
+    """Every event of the job, oldest first, then new ones as they come; None whenever
+    there was nothing new (then it waits `poll_s`); ends once the job has finished and
+    every event is out. Each look is its own short session, so a long stream holds none."""
+    tenant_id, job_id, last_pk = job.tenant_id, job.job_id, 0
+    while True:
+        with platform.db.session() as session:
+            batch = events.since(session, tenant_id, job_id, last_pk)
+            status = job_repo.status_of(session, tenant_id, job_id) if not batch else None
+            finished = status is not None and JobStatus(status) in TERMINAL
+        for event in batch:
+            last_pk = event.pk
+            yield event
+        if finished:
+            return
+        if not batch:
+            yield None
+            time.sleep(poll_s)
+
+
+def list_checkpoints(session: Session, job: Job, *, after: str | None, limit: int) -> Page:
+    return checkpoint_repo.page(session, job.tenant_id, job.job_id, after=after, limit=limit)
+
+
+def list_attempts(session: Session, tenant_id: str, job_id: str) -> list[Attempt]:
+    job = get_job(session, tenant_id, job_id)
+    return attempt_repo.for_job(session, job.tenant_id, job.job_id)

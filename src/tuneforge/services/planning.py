@@ -18,6 +18,7 @@ from tuneforge.services.context import Platform
 from tuneforge.services.datasets import PreparedDataset, PrepareRequest, prepare_for_job
 from tuneforge.services.tokenizers import tokenizer_for
 from tuneforge.settings import Settings
+from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import methods
 from tuneforge.domain.errors import invalid
@@ -55,7 +56,7 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobC
     data = (request.data or DataOptions()).model_dump()
     data["pii_policy"] = data.get("pii_policy") or tenant.pii_policy or "warn"
     max_seq_length = hyperparams.resolve_max_seq_length(requested, base.max_position_embeddings, method)
-    tokenizer = tokenizer_for(platform.store, base, platform.settings.home / "cache" / "base-models")
+    tokenizer = tokenizer_for(platform.store, base, layout.home_base_model_cache_dir(platform.settings.home))
     options = {k: v for k, v in data.items() if k != "pii_policy"}
     prepared = prepare_for_job(platform.store, PrepareRequest(
         tenant_id=tenant.tenant_id, training=(training.key, training.filename, training.sha256),
@@ -103,7 +104,7 @@ def model_shape(store: ObjectStore, base: BaseModelRow) -> memory.ModelShape | N
     """The base model's sizes from its config.json, for the memory model (None when the
     config is missing or not a dense decoder the model covers)."""
     try:
-        return memory.ModelShape.from_config(json.loads(store.get_bytes(f"{base.prefix}/config.json")))
+        return memory.ModelShape.from_config(json.loads(store.get_bytes(layout.base_model_config_key(base.prefix))))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

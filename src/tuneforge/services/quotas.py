@@ -2,17 +2,18 @@
 
 A tier gives defaults (`TIER_DEFAULTS`); a tenant's own quota column overrides
 one of them: NULL takes the tier's default, `UNLIMITED` (-1) lifts the limit,
-0 or more is the limit. The rules, all here:
+0 or more is the limit. Every check is one function, `refusal(limits, standing,
+action)`; the rules it applies:
 
-- admission (`check_admission`, called by job create before the row exists):
-  this month's billable GPU-hours at or above the hard cap answer 403
+- "create" — admission (`check_admission`, called by job create before the row
+  exists): this month's billable GPU-hours at or above the hard cap answer 403
   `quota_exceeded`; as many waiting jobs (queued or validating) as
   `max_queued_jobs` answer 429 `too_many_queued_jobs`. Both refuse the request
   and leave nothing behind; the tenant can retry once a job has started or the
   month has turned.
-- start (`can_start`, asked by the scheduler before it launches a queued job):
-  fewer jobs holding compute (running or evaluating) than
-  `max_concurrent_jobs`.
+- "start" — the scheduler's start decision (`start_gate`, one per tick; for a
+  single tenant `can_start`): fewer jobs holding compute (running or
+  evaluating) than `max_concurrent_jobs`.
 - the soft allowance is never enforced: usage past it is allowed and flagged
   (`over_soft_allowance` in GET /v1/usage and `tuneforge tenants usage`).
 
@@ -27,12 +28,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.errors import invalid, quota_exceeded, rate_limited
 from tuneforge.domain.status import JobStatus
@@ -126,19 +130,57 @@ def billable_gpu_hours(session: Session, tenant: Tenant, now: float) -> float:
     return usage.tenant_usage(session, tenant.tenant_id, start, end, now).billable_gpu_seconds / 3600.0
 
 
-# ---- the checks ------------------------------------------------------------------------
-def can_start(session: Session, tenant: Tenant) -> bool:
-    """May one more of the tenant's queued jobs start now? (jobs running < max_concurrent_jobs)"""
-    cap = limits(tenant).max_concurrent_jobs
-    return cap is None or running_jobs(session, tenant.tenant_id) < cap
+# ---- the rule ------------------------------------------------------------------------------
+Action = Literal["create", "start"]
 
 
-def hard_cap_reached(session: Session, tenant: Tenant, now: float | None = None) -> bool:
-    cap = limits(tenant).gpu_hours_hard
-    now = time.time() if now is None else now
-    return cap is not None and billable_gpu_hours(session, tenant, now) >= cap
+@dataclass(frozen=True)
+class Standing:
+    """What a tenant holds now, as far as a check needs it (fields a check does not read stay 0)."""
+
+    holding: int = 0  # jobs holding compute (running or evaluating)
+    waiting: int = 0  # jobs waiting (queued or validating their files)
+    gpu_hours: float = 0.0  # billable GPU-hours this calendar month
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """The limit that refuses an action, with what is used and what is allowed."""
+
+    limit: str  # a field of Limits
+    used: float
+    allowed: float
+
+
+def reached(allowed: float | None, used: float) -> bool:
+    """A limit is reached at equality; no limit (None) never is."""
+    return allowed is not None and used >= allowed
+
+
+def refusal(quota: Limits, standing: Standing, action: Action) -> Refusal | None:
+    """Every quota decision, in one place: what refuses `action` for a tenant with `quota`
+    at `standing`, or None.
+
+    - "create" (a new job, at admission): the monthly GPU-hour hard cap first, then the
+      number of waiting jobs (`max_queued_jobs`).
+    - "start" (a queued job, by the scheduler): the number of jobs holding compute
+      (`max_concurrent_jobs`). The hard cap is not checked here: a job admitted under the
+      cap runs to its end even if it crosses the cap.
+    """
+    if action == "create":
+        if reached(quota.gpu_hours_hard, standing.gpu_hours):
+            return Refusal("gpu_hours_hard", standing.gpu_hours, quota.gpu_hours_hard)
+        if reached(quota.max_queued_jobs, standing.waiting):
+            return Refusal("max_queued_jobs", standing.waiting, quota.max_queued_jobs)
+        return None
+    if action == "start":
+        if reached(quota.max_concurrent_jobs, standing.holding):
+            return Refusal("max_concurrent_jobs", standing.holding, quota.max_concurrent_jobs)
+        return None
+    raise ValueError(f"unknown quota action {action!r}")
+
+
+# ---- the checks, with what they need read from the database ---------------------------------
 def check_admission(session: Session, tenant: Tenant, now: float | None = None) -> None:
     """Raise the API error that refuses a new job of this tenant, if any.
 
@@ -149,19 +191,50 @@ def check_admission(session: Session, tenant: Tenant, now: float | None = None) 
     GPU-hour cap depends on usage, not on other creates, and has no race."""
     now = time.time() if now is None else now
     quota = limits(tenant)
-    if quota.gpu_hours_hard is not None:
-        used_h = billable_gpu_hours(session, tenant, now)
-        if used_h >= quota.gpu_hours_hard:
-            raise quota_exceeded(
-                f"This month's GPU-hour quota is used up: {used_h:.2f} of {quota.gpu_hours_hard:g} GPU-hours "
-                f"({usage.current_month(now)}, UTC). New jobs are accepted again next month or once the "
-                "quota is raised.")
-    if quota.max_queued_jobs is not None:
-        waiting = waiting_jobs(session, tenant.tenant_id)
-        if waiting >= quota.max_queued_jobs:
-            raise rate_limited(
-                f"Too many jobs waiting: {waiting} queued or validating, the limit is {quota.max_queued_jobs}. "
-                "Retry once one of them has started, or cancel one.", code="too_many_queued_jobs")
+    standing = Standing(
+        waiting=waiting_jobs(session, tenant.tenant_id) if quota.max_queued_jobs is not None else 0,
+        gpu_hours=billable_gpu_hours(session, tenant, now) if quota.gpu_hours_hard is not None else 0.0)
+    refused = refusal(quota, standing, "create")
+    if refused is None:
+        return
+    if refused.limit == "gpu_hours_hard":
+        raise quota_exceeded(
+            f"This month's GPU-hour quota is used up: {refused.used:.2f} of {refused.allowed:g} GPU-hours "
+            f"({usage.current_month(now)}, UTC). New jobs are accepted again next month or once the "
+            "quota is raised.")
+    raise rate_limited(
+        f"Too many jobs waiting: {int(refused.used)} queued or validating, the limit is {int(refused.allowed)}. "
+        "Retry once one of them has started, or cancel one.", code="too_many_queued_jobs")
+
+
+def start_gate(session: Session, holding: Mapping[str, int]) -> Callable[[str], bool]:
+    """The scheduler's start check for one tick: `gate(tenant_id)` says whether another
+    queued job of the tenant may start, given `holding` (tenant_id -> jobs holding compute
+    as the scheduler sees them) plus the starts this gate has already allowed in the tick
+    (the policy starts a job when the gate says yes and the job fits). A tenant without a
+    row has no limits."""
+    quotas = {tenant.tenant_id: limits(tenant) for tenant in tenant_repo.list_all(session)}
+    counts = Counter(holding)
+
+    def gate(tenant_id: str) -> bool:
+        quota = quotas.get(tenant_id)
+        if quota is not None and refusal(quota, Standing(holding=counts[tenant_id]), "start") is not None:
+            return False
+        counts[tenant_id] += 1
+        return True
+
+    return gate
+
+
+def can_start(session: Session, tenant: Tenant) -> bool:
+    """May one more of the tenant's queued jobs start now? (its running and evaluating jobs
+    against max_concurrent_jobs)"""
+    return refusal(limits(tenant), Standing(holding=running_jobs(session, tenant.tenant_id)), "start") is None
+
+
+def hard_cap_reached(session: Session, tenant: Tenant, now: float | None = None) -> bool:
+    now = time.time() if now is None else now
+    return reached(limits(tenant).gpu_hours_hard, billable_gpu_hours(session, tenant, now))
 
 
 # ---- standing ----------------------------------------------------------------------------
@@ -178,7 +251,7 @@ def totals(tenant: Tenant, month: str, metered: usage.Metered) -> dict[str, Any]
         "gpu_hours_soft": quota.gpu_hours_soft,
         "gpu_hours_hard": quota.gpu_hours_hard,
         "over_soft_allowance": quota.gpu_hours_soft is not None and billable_h > quota.gpu_hours_soft,
-        "hard_cap_reached": quota.gpu_hours_hard is not None and billable_h >= quota.gpu_hours_hard,
+        "hard_cap_reached": reached(quota.gpu_hours_hard, billable_h),
     }
 
 

@@ -47,7 +47,7 @@ def _stale(message: str) -> ApiError:
 def authorize(session: Session, job_id: str, number: int, authorization: str | None) -> tuple[Job, Attempt]:
     token = (authorization or "").partition(" ")[2].strip()
     job = job_repo.get_for_update(session, job_id)
-    attempt = attempt_repo.current(session, job_id, number) if job else None
+    attempt = attempt_repo.current(session, job.tenant_id, job.job_id, number) if job else None
     if job is None or attempt is None or attempt.token_hash != token_hash(token):
         raise unauthorized("invalid job token", code="invalid_job_token")
     return job, attempt
@@ -109,7 +109,7 @@ def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Event
         if _already_applied(attempt, item.seq):
             continue
         events.add(
-            session, job.job_id, item.message, level=item.level, event_type=item.type,
+            session, job, item.message, level=item.level, event_type=item.type,
             data=item.data, attempt=attempt.number, seq=item.seq, created_at=int(item.created_at or time.time()),
         )
         attempt.last_seq = item.seq
@@ -127,7 +127,7 @@ def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: reports.C
         return
     step = body.step
     metrics = {"step": float(step), **body.metrics}
-    row = checkpoint_repo.at_step(session, job.job_id, step)
+    row = checkpoint_repo.at_step(session, job.tenant_id, job.job_id, step)
     if row is None:
         row = Checkpoint(
             checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number,
@@ -136,7 +136,7 @@ def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: reports.C
         session.add(row)
     else:  # an exact resume may write the same step again
         row.prefix, row.metrics, row.attempt = body.prefix, metrics, attempt.number
-    events.add(session, job.job_id, f"Checkpoint created at step {step}",
+    events.add(session, job, f"Checkpoint created at step {step}",
                data={"step": step, "checkpoint": row.checkpoint_id}, attempt=attempt.number, seq=seq)
     attempt.last_seq = seq
     _forget_pruned(session, job, step)
@@ -157,25 +157,25 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
     if prefix != layout.checkpoint_prefix(job.tenant_id, job.job_id, step):
         raise invalid(f"'prefix' must be this job's checkpoint at step {step}", param="prefix")
     try:
-        state = json.loads(store.get_bytes(f"{prefix}/{layout.TRAINER_STATE_NAME}"))
+        state = json.loads(store.get_bytes(layout.trainer_state_key(prefix)))
         history = {int(row["step"]): row for row in state["history"] if int(row["step"]) <= step}
     except (OSError, KeyError, TypeError, ValueError) as exc:  # the trainer just read it; a race with a delete
-        events.add(session, job.job_id, f"could not read the history of the checkpoint at step {step}: {exc}",
+        events.add(session, job, f"could not read the history of the checkpoint at step {step}: {exc}",
                    level="warn", attempt=attempt.number)
         return 0
     total_steps = int(body.total_steps or attempt.total_steps or 0)
-    if step in history and checkpoint_repo.at_step(session, job.job_id, step) is None:
+    if step in history and checkpoint_repo.at_step(session, job.tenant_id, job.job_id, step) is None:
         session.add(Checkpoint(
             checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number, prefix=prefix,
             metrics={"step": float(step), **checkpoint_metrics(history[step])}, created_at=int(time.time()),
         ))
-    have = {int((row.data or {}).get("step", -1)) for row in events.metrics_rows(session, job.job_id)}
+    have = {int((row.data or {}).get("step", -1)) for row in events.metrics_rows(session, job.tenant_id, job.job_id)}
     missing = sorted(set(history) - have)
     for number in missing:
-        events.add(session, job.job_id, f"step {number}", event_type="metrics", attempt=attempt.number,
+        events.add(session, job, f"step {number}", event_type="metrics", attempt=attempt.number,
                    data={**metrics_data(history[number], total_steps), "recovered_from_checkpoint": True})
     if missing:
-        events.add(session, job.job_id,
+        events.add(session, job,
                    f"metrics of {len(missing)} step(s) recovered from the checkpoint at step {step}",
                    data={"steps": missing[:50], "count": len(missing)}, attempt=attempt.number)
     return len(missing)
@@ -189,7 +189,7 @@ def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:
     if keep_last <= 0:
         return
     session.flush()
-    rows = [r for r in checkpoint_repo.for_job(session, job.job_id) if r.step <= newest_step]
+    rows = [r for r in checkpoint_repo.for_job(session, job.tenant_id, job.job_id) if r.step <= newest_step]
     for row in rows[:-keep_last]:
         session.delete(row)
 
@@ -247,13 +247,13 @@ def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[d
     report = evaluation.check_gates(resolved_eval, results, hyperparameters)
     job.eval_results = {**results, "gates": report}
     if report["passed"]:
-        events.add(session, job.job_id, f"All {len(report['gates'])} eval gates passed; the model can be promoted",
+        events.add(session, job, f"All {len(report['gates'])} eval gates passed; the model can be promoted",
                    data={"gates": report["gates"]})
     else:
         reasons = "; ".join(g["reason"] for g in report["gates"] if not g["passed"])
         advice = " Suggestions: " + " ".join(report["suggestions"]) if report["suggestions"] else ""
-        events.add(session, job.job_id, f"Eval gates failed: {reasons}. The model is registered but cannot be "
-                                        f"promoted to staging or production.{advice}", level="warn",
+        events.add(session, job, f"Eval gates failed: {reasons}. The model is registered but cannot be "
+                                 f"promoted to staging or production.{advice}", level="warn",
                    data={"code": "gates_failed", "gates": report["gates"], "suggestions": report["suggestions"]})
     return results, report
 

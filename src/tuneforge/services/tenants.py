@@ -65,6 +65,10 @@ def authenticate(session: Session, authorization: str | None) -> Tenant:
     return tenant
 
 
+def list_tenants(session: Session) -> list[Tenant]:
+    return tenant_repo.list_all(session)
+
+
 def _named(session: Session, name: str) -> Tenant:
     tenant = tenant_repo.by_name(session, name)
     if tenant is None:

@@ -44,7 +44,7 @@ def transition(
     if error is not None:
         job.error = error
     payload = {"status": target.value, **(data or {})}
-    events.add(session, job.job_id, message, level=level, data=payload, attempt=job.attempt)
+    events.add(session, job, message, level=level, data=payload, attempt=job.attempt)
     if target in TERMINAL:  # the outbox row commits (or rolls back) with the change itself
         webhooks.enqueue_job_event(session, job, target)
 

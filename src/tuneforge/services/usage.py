@@ -32,6 +32,7 @@ from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Attempt, Job, JobEvent, Tenant
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
+from tuneforge.services.context import Platform
 
 REFUNDED_FAILURE_CLASSES = frozenset({"platform"})
 _ACTIVE = tuple(status.value for status in ATTEMPT_ACTIVE)
@@ -167,13 +168,15 @@ class Snapshot:
     queue_depth: dict[str, int]  # tier -> queued jobs
     oldest_wait_s: dict[str, float]  # tier -> time in the queue of its longest-waiting job (0 when none)
     running_jobs: int
-    gpus_total: int
+    gpus_total: int | None  # None: this process cannot see the executor's inventory (Platform.capacity)
     gpus_busy: int  # GPUs held by starting or running attempts
     preemptions: int  # attempts ever preempted
     jobs_by_status: dict[str, int]
 
     @property
-    def gpu_utilization(self) -> float:
+    def gpu_utilization(self) -> float | None:
+        if self.gpus_total is None:
+            return None
         return self.gpus_busy / self.gpus_total if self.gpus_total > 0 else 0.0
 
 
@@ -201,7 +204,13 @@ def queued_since(session: Session, created_at: dict[str, float]) -> dict[str, fl
     return {job_id: latest.get(job_id, float(created)) for job_id, created in created_at.items()}
 
 
-def snapshot(session: Session, tiers: Sequence[str], gpus_total: int, now: float) -> Snapshot:
+def platform_snapshot(session: Session, platform: Platform, tiers: Sequence[str], now: float) -> Snapshot:
+    """The gauges of /metrics, GPUs counted in the capacity this process knows."""
+    capacity = platform.capacity()
+    return snapshot(session, tiers, None if capacity is None else int(capacity.total_gpus), now)
+
+
+def snapshot(session: Session, tiers: Sequence[str], gpus_total: int | None, now: float) -> Snapshot:
     queued = session.execute(
         select(Job.job_id, Job.created_at, Tenant.tier)
         .join(Tenant, Tenant.tenant_id == Job.tenant_id)

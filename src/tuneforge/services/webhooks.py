@@ -43,6 +43,11 @@ MAX_URL_CHARS = 2048
 MAX_ENDPOINTS_PER_TENANT = 20  # each one multiplies every job outcome into another delivery
 
 
+def is_pending(delivery: WebhookDelivery) -> bool:
+    """Whether the delivery is still to be sent (or retried)."""
+    return delivery.status == repo.PENDING
+
+
 class InvalidSignature(ValueError):
     """A webhook request whose headers or signature do not check out."""
 

@@ -1,4 +1,5 @@
-"""Every object-store key tuneforge uses is built here and nowhere else.
+"""Every object-store key tuneforge uses is built here and nowhere else, and so is
+every folder of a host's local caches.
 
 tenants/{tenant}/files/{file_id}/{filename}
 tenants/{tenant}/datasets/{dataset_id}/...
@@ -6,17 +7,28 @@ tenants/{tenant}/jobs/{job_id}/checkpoints/step-{n}/...
 tenants/{tenant}/jobs/{job_id}/artifacts/{adapter|merged|model}/...
 tenants/{tenant}/jobs/{job_id}/results.csv
 base-models/{name}/{sha}/...
+
+Local caches (a host's folders, not keys):
+
+{TUNEFORGE_HOME}/cache/base-models/{sha}/...     base models copied from the store
+{TUNEFORGE_HOME}/cache/artifacts/{hash}/...      registered artifacts copied for serving
+{TUNEFORGE_HOME}/cache/hub/...                   hub downloads of a base model being registered
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+from pathlib import Path
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # A whole last segment "step-N": "laststep-3" or "step-3.tmp" are not checkpoints.
 CHECKPOINT_DIR = re.compile(r"(?:^|/)step-(\d+)$")
 MANIFEST_NAME = "manifest.json"
 TRAINER_STATE_NAME = "trainer_state.json"  # in a checkpoint: step, data position, history
+COMPLETE_NAME = ".complete"  # written last into a folder (a merged export, a cached copy): the folder is whole
+BASE_MODEL_CONFIG_NAME = "config.json"
 
 
 def _part(value: str) -> str:
@@ -92,6 +104,11 @@ def checkpoint_prefix(tenant_id: str, job_id: str, step: int) -> str:
     return f"{checkpoints_prefix(tenant_id, job_id)}/step-{int(step)}"
 
 
+def trainer_state_key(checkpoint: str) -> str:
+    """The trainer state (step, data position, history) inside the checkpoint folder `checkpoint`."""
+    return f"{checkpoint}/{TRAINER_STATE_NAME}"
+
+
 def checkpoint_step(prefix: str) -> int | None:
     """The step of a checkpoint folder key, or None if it is not one."""
     match = CHECKPOINT_DIR.search(prefix.rstrip("/"))
@@ -111,6 +128,12 @@ def merged_prefix(tenant_id: str, job_id: str, dtype: str) -> str:
     return f"{artifact_prefix(tenant_id, job_id, 'merged')}/{dtype}"
 
 
+def complete_marker_key(prefix: str) -> str:
+    """The marker written last into a folder of keys built in several writes (a merged
+    export): without it the folder is unfinished."""
+    return f"{prefix}/{COMPLETE_NAME}"
+
+
 def eval_base_results_key(base_sha256: str, suite_sha256: str) -> str:
     """A base model's results on a platform eval suite, computed once and shared by every job."""
     return f"eval-cache/{_part(base_sha256)}/{_part(suite_sha256)}.json"
@@ -122,3 +145,46 @@ def results_key(tenant_id: str, job_id: str) -> str:
 
 def base_model_prefix(name: str, sha256: str) -> str:
     return f"base-models/{_part(name)}/{_part(sha256)}"
+
+
+def base_model_config_key(base_prefix: str) -> str:
+    """The model's config.json inside a registered base model's folder (`base_model_prefix`)."""
+    return f"{base_prefix}/{BASE_MODEL_CONFIG_NAME}"
+
+
+# ---- a host's local caches ----------------------------------------------------------------------
+def local_cache_dir(home: Path) -> Path:
+    """The caches of a control plane (and of the trainers its local executor starts) under its home."""
+    return Path(home) / "cache"
+
+
+def base_model_cache_dir(cache_dir: Path) -> Path:
+    """Base models copied from the store under a cache folder, one folder per SHA."""
+    return Path(cache_dir) / "base-models"
+
+
+def home_base_model_cache_dir(home: Path) -> Path:
+    """The base-model cache of the control plane at `home`: its tokenizers, its merges, and
+    the trainers its local executor starts on this host."""
+    return base_model_cache_dir(local_cache_dir(home))
+
+
+def default_base_model_cache_dir() -> Path:
+    """Where a trainer whose spec names no cache folder keeps base models."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneforge" / "base-models"
+
+
+def cached_base_model_dir(base_model_cache: Path, sha256: str) -> Path:
+    """The copy of the base model with this SHA in a base-model cache folder."""
+    return Path(base_model_cache) / sha256
+
+
+def artifact_cache_dir(cache_dir: Path, artifact_prefix: str) -> Path:
+    """A registered artifact copied from the store (artifacts are immutable once
+    registered, so their prefix names the content)."""
+    return Path(cache_dir) / "artifacts" / hashlib.sha256(artifact_prefix.encode()).hexdigest()[:32]
+
+
+def hub_cache_dir(cache_dir: Path) -> Path:
+    """Downloads from the Hugging Face hub when a base model is registered by its hub id."""
+    return Path(cache_dir) / "hub"

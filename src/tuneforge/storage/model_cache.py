@@ -9,21 +9,19 @@ import shutil
 from pathlib import Path
 
 from tuneforge.domain.spec import BaseModelRef
+from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-_COMPLETE_MARKER = ".complete"
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tuneforge" / "base-models"
+_COMPLETE_MARKER = layout.COMPLETE_NAME
+default_cache_dir = layout.default_base_model_cache_dir  # the folders themselves are layout's
 
 
 def is_cached(ref: BaseModelRef, cache_dir: Path | None = None) -> bool:
     """Whether this host's cache already holds a complete copy of the base model."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    return (cache_dir / ref.sha256 / _COMPLETE_MARKER).exists()
+    return (layout.cached_base_model_dir(cache_dir, ref.sha256) / _COMPLETE_MARKER).exists()
 
 
 def fetch_base_model(store: ObjectStore, ref: BaseModelRef, cache_dir: Path | None = None) -> Path:
@@ -33,7 +31,7 @@ def fetch_base_model(store: ObjectStore, ref: BaseModelRef, cache_dir: Path | No
     trainers sharing the cache never see a half-written model.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache_dir / ref.sha256
+    target = layout.cached_base_model_dir(cache_dir, ref.sha256)
     if (target / _COMPLETE_MARKER).exists():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from tests.unit.api.test_usage import add_attempt, add_job
 from tuneforge.api.app import create_app
 from tuneforge.api.routes.metrics import family, render
 from tuneforge.db.repos import events
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.executors.protocol import Capacity, NodeCapacity
 from tuneforge.services import usage
 
@@ -60,10 +61,11 @@ def situation(tmp_path, database_url):
     add_attempt(platform, requeued, 1, started_at=now - 4000, ended_at=now - 50, status="preempted",
                 failure_class="preempted")
     with platform.db.session() as session:
-        events.add(session, requeued, "validated; job queued", data={"status": "queued"}, created_at=int(now - 4900))
-        events.add(session, requeued, "preempted; requeued", data={"status": "queued"}, created_at=int(now - 50))
+        job_row = job_repo.get_for_update(session, requeued)
+        events.add(session, job_row, "validated; job queued", data={"status": "queued"}, created_at=int(now - 4900))
+        events.add(session, job_row, "preempted; requeued", data={"status": "queued"}, created_at=int(now - 50))
         # a trainer's report (it has a seq) does not move the job in the queue, whatever its data says
-        events.add(session, requeued, "trainer", data={"status": "queued"}, seq=1, attempt=1,
+        events.add(session, job_row, "trainer", data={"status": "queued"}, seq=1, attempt=1,
                    created_at=int(now - 10))
     running = add_job(platform, "p", "running")
     add_attempt(platform, running, 1, started_at=now - 900, ended_at=now - 600, status="preempted",

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.executors.protocol import Capacity, NodeCapacity, PollResult
 from tuneforge.scheduler.loop import Scheduler
@@ -51,6 +52,12 @@ class FakeExecutor:
 
     def close(self):
         pass
+
+
+def attempt_of(session, job_id: str, number: int):
+    """Attempt `number` of the job, read as the job's tenant (the repository reads a job's
+    attempts only together with its tenant)."""
+    return attempt_repo.current(session, job_repo.get_for_update(session, job_id).tenant_id, job_id, number)
 
 
 @pytest.fixture
@@ -156,7 +163,7 @@ def test_lost_lease_requeues_and_repeated_crashes_fail_the_job(setup):
     job_id = create_job()
     scheduler.tick()
     with platform.db.session() as session:
-        attempt = attempt_repo.current(session, job_id, 1)
+        attempt = attempt_of(session, job_id, 1)
         attempt.heartbeat_at = time.time() - 60  # it had heartbeated, then went silent
         attempt.status = "running"
     scheduler.tick()
@@ -187,11 +194,11 @@ def test_a_trainer_still_starting_gets_the_start_timeout_not_the_lease(setup):
     job_id = create_job()
     scheduler.tick()
     with platform.db.session() as session:
-        attempt_repo.current(session, job_id, 1).heartbeat_at = time.time() - 60  # launched 60 s ago, no heartbeat
+        attempt_of(session, job_id, 1).heartbeat_at = time.time() - 60  # launched 60 s ago, no heartbeat
     scheduler.tick()
     assert executor.signals == [] and job(job_id)["attempt"] == 1
     with platform.db.session() as session:
-        attempt_repo.current(session, job_id, 1).heartbeat_at = time.time() - platform.settings.start_timeout_s - 1
+        attempt_of(session, job_id, 1).heartbeat_at = time.time() - platform.settings.start_timeout_s - 1
     scheduler.tick()
     assert (1, "cancel") in executor.signals and job(job_id)["attempt"] == 2
 
@@ -216,7 +223,7 @@ def test_a_resumed_attempt_recovers_the_metrics_its_predecessor_never_delivered(
                 "tokens_per_second": 100.0} for s in range(1, 8)]  # step 7 is past the checkpoint
     platform.store.put_bytes(f"{prefix}/trainer_state.json", json.dumps({"step": 6, "history": history}).encode())
     with platform.db.session() as session:  # then it went silent: SIGKILLed
-        attempt = attempt_repo.current(session, job_id, 1)
+        attempt = attempt_of(session, job_id, 1)
         attempt.heartbeat_at = time.time() - 60
         attempt.status = "running"
     scheduler.tick()
@@ -264,7 +271,7 @@ def test_a_lost_attempt_is_requeued_at_once_not_after_its_lease(setup):
     executor.states[1] = PollResult("lost", detail="a node of the attempt was lost: node n1 died")
     scheduler.tick()
     with platform.db.session() as session:
-        first = attempt_repo.current(session, job_id, 1)
+        first = attempt_of(session, job_id, 1)
         assert (first.status, first.failure_class, first.exit_code) == ("lost", "platform", None)
     assert job(job_id)["attempt"] == 2 and job(job_id)["status"] == "running"
     events = http.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100", headers=auth).json()["data"]
@@ -289,7 +296,7 @@ def test_an_attempt_ended_by_its_report_is_released_once_its_process_is_gone(set
     scheduler.tick()
     assert executor.released == [1]  # once
     with platform.db.session() as session:
-        assert attempt_repo.current(session, job_id, 1).handle["released_at"] > 0
+        assert attempt_of(session, job_id, 1).handle["released_at"] > 0
 
 
 def test_an_ended_attempt_that_does_not_exit_is_released_after_the_grace(setup):
@@ -300,7 +307,7 @@ def test_an_ended_attempt_that_does_not_exit_is_released_after_the_grace(setup):
     scheduler.tick()  # signalled; the fake keeps "running"
     assert executor.released == []
     with platform.db.session() as session:
-        attempt_repo.current(session, job_id, 1).ended_at = time.time() - platform.settings.preempt_grace_s - 1
+        attempt_of(session, job_id, 1).ended_at = time.time() - platform.settings.preempt_grace_s - 1
     scheduler.tick()
     assert executor.released == [1]
 

@@ -250,3 +250,15 @@ def test_a_job_at_its_tenants_concurrency_cap_never_preempts():
     capped = decide([job("p", "premium", gpus=8, queued_at=now - 1000.0)], nodes(0), busy, now, TARGET,
                     can_start=lambda j: False)
     assert capped.preemptions == [] and capped.starts == []
+
+
+def test_policy_config_from_settings_takes_the_operators_aging_and_premium_target(tmp_path):
+    from tuneforge.settings import Settings
+
+    settings = Settings(home=tmp_path, scheduler_aging_s=7200.0, premium_target_wait_s=90.0)
+    config = PolicyConfig.from_settings(settings)
+    assert config.aging_s == 7200.0
+    assert config.target_wait_s == {"premium": 90.0, "standard": None, "free": None}
+    defaults = PolicyConfig()
+    assert (config.fair_share_s_per_gpu_hour, config.hold_s, config.backfill_depth) == \
+        (defaults.fair_share_s_per_gpu_hour, defaults.hold_s, defaults.backfill_depth)

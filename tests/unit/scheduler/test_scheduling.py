@@ -92,7 +92,8 @@ def test_a_premium_job_past_its_target_preempts_lower_tier_work(world):
     assert get("premium", urgent)["status"] == "running"
     assert get("free", low[0])["status"] == "queued"  # requeued, resumes later from its checkpoint
     with platform.db.session() as session:
-        assert attempt_repo.current(session, low[0], 1).failure_class == "preempted"
+        preempted = job_repo.get_for_update(session, low[0])
+        assert attempt_repo.current(session, preempted.tenant_id, low[0], 1).failure_class == "preempted"
 
 
 def test_a_job_larger_than_any_node_is_rejected_at_validation(world):
@@ -154,3 +155,22 @@ def test_resources_nodes_must_divide_the_gpus(world):
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "resources.nodes"
     assert "split evenly" in response.json()["error"]["message"]
+
+
+def test_the_scheduler_starts_at_most_max_concurrent_jobs_of_a_tenant_and_does_not_hold_at_the_hard_cap(world):
+    platform, scheduler, _executor, create, get = world
+    from tuneforge.services import tenants as tenant_service
+
+    free = [create("free", 1), create("free", 1)]  # free tier: one job at a time
+    standard = create("standard", 1)
+    with platform.db.session() as session:  # the cap counts from 0 GPU-hours: reached
+        tenant_service.set_quota(session, "standard-co", {"gpu_hours_hard": 0.0})
+    scheduler.tick()  # 4 free GPUs: room for all three
+    assert sorted(get("free", job)["status"] for job in free) == ["queued", "running"]
+    assert get("standard", standard)["status"] == "running"  # admitted under the cap: it starts
+    scheduler.tick()
+    assert sorted(get("free", job)["status"] for job in free) == ["queued", "running"]
+    with platform.db.session() as session:
+        tenant_service.set_quota(session, "free-co", {"max_concurrent_jobs": 2})
+    scheduler.tick()
+    assert [get("free", job)["status"] for job in free] == ["running", "running"]

@@ -271,7 +271,7 @@ def test_the_outbox_row_rolls_back_with_the_status_change(tmp_path, database_url
         raise RuntimeError("something failed after the change")
     assert deliveries(platform) == []
     with platform.db.session() as session:
-        assert job_repo.status_of(session, job_id) == "running"
+        assert job_repo.status_of(session, alpha, job_id) == "running"
 
 
 def test_a_deleted_endpoint_gets_nothing_more(tmp_path, database_url, closing):

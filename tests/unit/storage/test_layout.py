@@ -92,3 +92,27 @@ def test_checkpoint_step_parsing(prefix: str, step: int | None) -> None:
 def test_checkpoint_step_round_trips_checkpoint_prefix() -> None:
     for step in (0, 1, 50, 10_000):
         assert layout.checkpoint_step(layout.checkpoint_prefix("t1", "j", step)) == step
+
+
+def test_files_inside_checkpoint_base_model_and_merged_folders() -> None:
+    checkpoint = layout.checkpoint_prefix("t1", "j", 6)
+    assert layout.trainer_state_key(checkpoint) == "tenants/t1/jobs/j/checkpoints/step-6/trainer_state.json"
+    base = layout.base_model_prefix("llama", "ab12")
+    assert layout.base_model_config_key(base) == "base-models/llama/ab12/config.json"
+    merged = layout.merged_prefix("t1", "j", "bf16")
+    assert layout.complete_marker_key(merged) == "tenants/t1/jobs/j/artifacts/merged/bf16/.complete"
+
+
+def test_local_cache_folders(tmp_path, monkeypatch) -> None:
+    cache = layout.local_cache_dir(tmp_path)
+    assert cache == tmp_path / "cache"
+    assert layout.base_model_cache_dir(cache) == tmp_path / "cache" / "base-models"
+    assert layout.home_base_model_cache_dir(tmp_path) == layout.base_model_cache_dir(cache)
+    assert layout.cached_base_model_dir(layout.base_model_cache_dir(cache), "ab12") == cache / "base-models" / "ab12"
+    assert layout.hub_cache_dir(cache) == tmp_path / "cache" / "hub"
+    served = layout.artifact_cache_dir(cache, "tenants/t1/jobs/j/artifacts/adapter")
+    assert served.parent == cache / "artifacts" and len(served.name) == 32
+    assert served == layout.artifact_cache_dir(cache, "tenants/t1/jobs/j/artifacts/adapter")  # the prefix names it
+    assert served != layout.artifact_cache_dir(cache, "tenants/t1/jobs/k/artifacts/adapter")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert layout.default_base_model_cache_dir() == tmp_path / "xdg" / "tuneforge" / "base-models"

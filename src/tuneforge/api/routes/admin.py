@@ -17,12 +17,9 @@ from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import fine_tuned_model_object
-from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError, unauthorized
-from tuneforge.executors.local import local_inventory
 from tuneforge.registry import models as registry
-from tuneforge.scheduler.policy import PolicyConfig
-from tuneforge.scheduler.queue_view import queue_view
+from tuneforge.services import queue as queue_service
 from tuneforge.services import quotas, usage
 from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
@@ -77,7 +74,7 @@ def create_tenant(body: TenantCreate, session: Session = deps.SESSION) -> dict:
 
 @router.get("/tenants", dependencies=[Depends(admin)])
 def list_tenants(session: Session = deps.SESSION) -> dict:
-    return {"object": "list", "has_more": False, "data": [_tenant_object(t) for t in tenant_repo.list_all(session)]}
+    return {"object": "list", "has_more": False, "data": [_tenant_object(t) for t in tenant_service.list_tenants(session)]}
 
 
 @router.post("/tenants/{name}/tier", dependencies=[Depends(admin)])
@@ -103,8 +100,7 @@ def usage_all(month: str | None = Query(default=None), session: Session = deps.S
 
 @router.get("/queue", dependencies=[Depends(admin)])
 def whole_queue(session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
-    capacity = platform.inventory or local_inventory(platform.settings)
-    entries = queue_view(session, capacity, PolicyConfig(aging_s=platform.settings.scheduler_aging_s), time.time())
+    entries = queue_service.whole_queue(session, platform)
     return {"object": "list", "data": [
         {"position": e.position, "job_id": e.job_id, "tenant_id": e.tenant_id, "tier": e.tier, "gpus": e.gpus,
          "queued_at": int(e.queued_at),

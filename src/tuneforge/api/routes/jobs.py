@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
-import time
 from typing import Iterator
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -14,28 +12,16 @@ from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
-from tuneforge.db.engine import savepoint
-from tuneforge.db.repos import attempts as attempt_repo
-from tuneforge.db.repos import checkpoints as checkpoint_repo
-from tuneforge.db.repos import events as event_repo
-from tuneforge.db.repos import files as file_repo
-from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.tables import Job, Tenant
-from tuneforge.domain.errors import invalid
+from tuneforge.db.tables import JobEvent, Tenant
 from tuneforge.domain.job_config import JobCreate
-from tuneforge.domain.status import JobStatus, TERMINAL
+from tuneforge.domain.status import JobStatus
 from tuneforge.services import artifacts, datasets
 from tuneforge.services import jobs as job_service
-from tuneforge.executors.local import local_inventory
-from tuneforge.scheduler.policy import PolicyConfig
-from tuneforge.scheduler.queue_view import queue_view
-from tuneforge.scheduler.validation import validate_job
+from tuneforge.services import queue as queue_service
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
-STREAM_POLL_S = 0.5
-_log = logging.getLogger(__name__)
 
 
 @router.post("")
@@ -46,28 +32,7 @@ def create_job(
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
-    if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
-        raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
-    job, created = job_service.create_job(session, platform.settings, tenant, body, idempotency_key)
-    if created:
-        _validate_small_job(session, platform, job)
-    return job_object(job)
-
-
-def _validate_small_job(session: Session, platform: Platform, job: Job) -> None:
-    """Validate a job with small files now, in the create request's transaction
-    (the scheduler cannot see the job before it commits), so the job comes
-    back queued with its estimate, or failed with the data error."""
-    files = [file_id for file_id in (job.training_file, job.validation_file) if file_id]
-    size = sum(row.size_bytes for file_id in files if (row := file_repo.get(session, job.tenant_id, file_id)))
-    if size > platform.settings.inline_validation_max_bytes:
-        return
-    try:
-        with savepoint(session):
-            validate_job(session, platform, job)
-    except Exception:  # noqa: BLE001 - e.g. a tokenizer that fails to load: the scheduler retries and reports
-        _log.exception("inline validation of %s failed; the scheduler will validate it", job.job_id)
-        session.refresh(job)
+    return job_object(job_service.submit_job(session, platform, tenant, body, idempotency_key))
 
 
 @router.post("/estimate")
@@ -104,19 +69,8 @@ def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Se
     job = job_service.get_job(session, tenant.tenant_id, job_id)
     body = job_object(job)
     if job.status == JobStatus.QUEUED.value:
-        body["queue"] = queue_place(session, platform, job.job_id)
+        body["queue"] = queue_service.place_of(session, platform, job)
     return body
-
-
-def queue_place(session: Session, platform: Platform, job_id: str) -> dict | None:
-    """Extension: the job's position in the scheduling order and its estimated start (epoch seconds)."""
-    capacity = platform.inventory or local_inventory(platform.settings)
-    policy = PolicyConfig(aging_s=platform.settings.scheduler_aging_s)
-    for entry in queue_view(session, capacity, policy, time.time()):
-        if entry.job_id == job_id:
-            start = None if entry.estimated_start is None else int(entry.estimated_start)
-            return {"position": entry.position, "estimated_start": start}
-    return None  # waiting out a retry backoff
 
 
 @router.post("/{job_id}/cancel")
@@ -148,32 +102,20 @@ def list_events(
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict | StreamingResponse:
-    job = job_service.get_job(session, tenant.tenant_id, job_id)
     if stream:
-        return StreamingResponse(_event_stream(platform, job.job_id), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    page = event_repo.page(session, job.job_id, after=after, limit=limit)
+        job = job_service.get_job(session, tenant.tenant_id, job_id)
+        return StreamingResponse(_event_stream(job_service.follow_events(platform, job)),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    page = job_service.list_events(session, tenant.tenant_id, job_id, after=after, limit=limit)
     return list_object(page.rows, event_object, page.has_more)
 
 
-def _event_stream(platform: Platform, job_id: str) -> Iterator[bytes]:
-    """Server-Sent Events: every event oldest first, then new ones as they come,
-    then `data: [DONE]` once the job has finished."""
-    last_pk = 0
-    while True:
-        with platform.db.session() as session:
-            batch = event_repo.since(session, job_id, last_pk)
-            status = job_repo.status_of(session, job_id) if not batch else None
-            finished = status is not None and JobStatus(status) in TERMINAL
-        for event in batch:
-            last_pk = event.pk
-            yield f"data: {json.dumps(event_object(event))}\n\n".encode()
-        if finished:
-            yield b"data: [DONE]\n\n"
-            return
-        if not batch:
-            yield b": keep-alive\n\n"
-            time.sleep(STREAM_POLL_S)
+def _event_stream(events: Iterator[JobEvent | None]) -> Iterator[bytes]:
+    """Server-Sent Events: every event oldest first, then new ones as they come (a
+    keep-alive comment while there are none), then `data: [DONE]` once the job has finished."""
+    for event in events:
+        yield b": keep-alive\n\n" if event is None else f"data: {json.dumps(event_object(event))}\n\n".encode()
+    yield b"data: [DONE]\n\n"
 
 
 @router.get("/{job_id}/validation")
@@ -198,7 +140,7 @@ def list_checkpoints(
     session: Session = deps.SESSION,
 ) -> dict:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
-    page = checkpoint_repo.page(session, job.job_id, after=after, limit=limit)
+    page = job_service.list_checkpoints(session, job, after=after, limit=limit)
     return list_object(page.rows, lambda row: checkpoint_object(row, job), page.has_more)
 
 
@@ -213,8 +155,7 @@ def download(
     platform: Platform = Depends(deps.platform),
 ) -> Response:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
-    name, archive = artifacts.adapter_archive(session, platform.store, job, artifact=artifact, step=step,
-                                              dtype=dtype, cache_dir=platform.settings.home / "cache" / "base-models")
+    name, archive = artifacts.adapter_archive(session, platform, job, artifact=artifact, step=step, dtype=dtype)
     return StreamingResponse(
         artifacts.iter_file(archive), media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}"'},
@@ -225,8 +166,7 @@ def download(
 def list_attempts(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     """Extension: every attempt of the job, with how it ended and why (failure_class: platform failures are
     retried and not billed, user errors are not retried)."""
-    job = job_service.get_job(session, tenant.tenant_id, job_id)
-    rows = attempt_repo.for_job(session, job.job_id)
+    rows = job_service.list_attempts(session, tenant.tenant_id, job_id)
     return {"object": "list", "has_more": False, "data": [
         {"object": "fine_tuning.job.attempt", "number": a.number, "status": a.status, "exit_code": a.exit_code,
          "failure_class": a.failure_class, "gpus": a.gpus, "started_at": a.started_at, "ended_at": a.ended_at}

@@ -18,7 +18,6 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
-from tuneforge.executors.local import local_inventory
 from tuneforge.services import usage
 from tuneforge.services.context import Platform
 from tuneforge.services.tenants import TIERS
@@ -59,11 +58,14 @@ def render(snap: usage.Snapshot) -> str:
                     "Time in the queue of the longest-waiting queued job, by tier (0 when none is queued).",
                     [({"tier": tier}, round(wait_s, 3)) for tier, wait_s in snap.oldest_wait_s.items()])
     lines += family("tuneforge_running_jobs", "gauge", "Jobs running now.", [({}, snap.running_jobs)])
-    lines += family("tuneforge_gpus_total", "gauge", "GPUs (or slots) the executor offers.", [({}, snap.gpus_total)])
+    # with the inventory unknown to this process (see Platform.capacity), its families have no sample
+    lines += family("tuneforge_gpus_total", "gauge", "GPUs (or slots) the executor offers.",
+                    [({}, snap.gpus_total)] if snap.gpus_total is not None else [])
     lines += family("tuneforge_gpus_busy", "gauge", "GPUs held by starting or running attempts.",
                     [({}, snap.gpus_busy)])
+    utilization = snap.gpu_utilization
     lines += family("tuneforge_gpu_utilization", "gauge", "Busy GPUs over total GPUs (0 to 1).",
-                    [({}, round(snap.gpu_utilization, 6))])
+                    [({}, round(utilization, 6))] if utilization is not None else [])
     lines += family("tuneforge_preemptions_total", "counter", "Attempts that were preempted.",
                     [({}, snap.preemptions)])
     lines += family("tuneforge_jobs_total", "gauge", "Jobs by current status.",
@@ -71,14 +73,7 @@ def render(snap: usage.Snapshot) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gpus_total(platform: Platform) -> int:
-    """The executor's inventory as the scheduler last saw it; in a process without a
-    scheduler, the configured local slots."""
-    capacity = platform.inventory or local_inventory(platform.settings)
-    return int(capacity.total_gpus)
-
-
 @router.get("/metrics", include_in_schema=False)
 def metrics(session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> Response:
-    snap = usage.snapshot(session, TIERS, gpus_total(platform), time.time())
+    snap = usage.platform_snapshot(session, platform, TIERS, time.time())
     return Response(render(snap), media_type=CONTENT_TYPE)

@@ -17,10 +17,9 @@ from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import base_model_object, fine_tuned_model_object
-from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.tables import Tenant
-from tuneforge.domain.errors import invalid
 from tuneforge.registry import models as registry
+from tuneforge.services import base_models as base_model_service
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -45,7 +44,7 @@ def list_models(
 ) -> dict:
     data = []
     if type in (None, "base") and base_model is None and stage is None:
-        data += [base_model_object(row) for row in base_model_repo.list_all(session)]
+        data += [base_model_object(row) for row in base_model_service.list_base_models(session)]
     if type in (None, "fine-tuned"):
         rows = registry.listing(session, tenant.tenant_id, base_model=base_model, stage=stage,
                                 include_deprecated=include_deprecated)
@@ -81,7 +80,7 @@ def stage_change_object(change) -> dict:  # noqa: ANN001 - a ModelStageChange ro
 @router.get("/{model_id:path}")
 def retrieve_model(model_id: str, tenant: Tenant = Depends(deps.tenant),
                    session: Session = deps.SESSION) -> dict:
-    base = base_model_repo.by_name(session, model_id)
+    base = base_model_service.find(session, model_id)
     if base is not None:
         return base_model_object(base)
     return fine_tuned_model_object(registry.get(session, tenant.tenant_id, model_id))
@@ -90,9 +89,7 @@ def retrieve_model(model_id: str, tenant: Tenant = Depends(deps.tenant),
 @router.delete("/{model_id:path}")
 def delete_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                  platform: Platform = Depends(deps.platform)) -> dict:
-    if base_model_repo.by_name(session, model_id) is not None:
-        raise invalid(f"{model_id} is a base model; only fine-tuned models can be deleted", param="model",
-                      code="model_not_deletable")
+    base_model_service.refuse_deleting(session, model_id)
     row = registry.get(session, tenant.tenant_id, model_id)
     registry.deprecate(session, row, grace_s=platform.settings.model_delete_grace_s, actor=_actor(tenant))
     return {"id": row.model_id, "object": "model", "deleted": True, "delete_after": row.delete_after}

@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import list_object
-from tuneforge.db.repos import webhooks as repo
 from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
 from tuneforge.services import webhooks as webhook_service
 
@@ -38,7 +37,7 @@ def endpoint_object(row: WebhookEndpoint, *, with_secret: bool = False) -> dict[
 
 
 def delivery_object(row: WebhookDelivery) -> dict[str, Any]:
-    pending = row.status == repo.PENDING
+    pending = webhook_service.is_pending(row)
     return {"id": row.delivery_id, "object": "webhook_delivery", "endpoint_id": row.endpoint_id,
             "type": row.event_type, "status": row.status, "attempts": row.attempts,
             "last_status_code": row.last_status_code, "last_error": row.last_error,

@@ -1,19 +1,27 @@
+"""A job's attempts. Reads of one job's attempts take the tenant and find nothing of
+another tenant's job (`db/tenancy.owned_by_job`); the scans over every tenant's
+attempts (`active`, `ended_since`) are the scheduler's and name each attempt's tenant."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tuneforge.db.tables import Attempt
+from tuneforge.db.tables import Attempt, Job
+from tuneforge.db.tenancy import owned_by_job
 from tuneforge.domain.status import ATTEMPT_ACTIVE
 
 
-def current(session: Session, job_id: str, number: int) -> Attempt | None:
-    return session.scalar(
-        select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)
-    )
+def current(session: Session, tenant_id: str, job_id: str, number: int) -> Attempt | None:
+    return session.scalar(owned_by_job(Attempt, tenant_id, job_id).where(Attempt.number == number))
+
+
+def for_job(session: Session, tenant_id: str, job_id: str) -> list[Attempt]:
+    return list(session.scalars(owned_by_job(Attempt, tenant_id, job_id).order_by(Attempt.number)))
 
 
 def active(session: Session) -> list[Attempt]:
+    """Every tenant's starting or running attempts (platform-side: the scheduler's)."""
     return list(
         session.scalars(
             select(Attempt)
@@ -23,13 +31,10 @@ def active(session: Session) -> list[Attempt]:
     )
 
 
-def for_job(session: Session, job_id: str) -> list[Attempt]:
-    return list(
-        session.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number))
-    )
-
-
-def ended_since(session: Session, since: float) -> list[Attempt]:
-    """Attempts that ended after `since` (epoch seconds), oldest first."""
-    return list(session.scalars(
-        select(Attempt).where(Attempt.ended_at.is_not(None), Attempt.ended_at > since).order_by(Attempt.pk)))
+def ended_since(session: Session, since: float) -> list[tuple[str, Attempt]]:
+    """(tenant_id, attempt) of every attempt that ended after `since` (epoch seconds),
+    oldest first (platform-side: the scheduler's)."""
+    rows = session.execute(
+        select(Job.tenant_id, Attempt).join(Job, Job.job_id == Attempt.job_id)
+        .where(Attempt.ended_at.is_not(None), Attempt.ended_at > since).order_by(Attempt.pk))
+    return [(tenant_id, attempt) for tenant_id, attempt in rows]

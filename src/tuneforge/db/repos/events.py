@@ -1,3 +1,6 @@
+"""A job's events. Reads take the tenant and find nothing of another tenant's job
+(`db/tenancy.of_job`); a write takes the job row its caller already holds."""
+
 from __future__ import annotations
 
 import time
@@ -7,13 +10,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.pagination import Page, newest_first
-from tuneforge.db.tables import JobEvent
+from tuneforge.db.tables import Job, JobEvent
+from tuneforge.db.tenancy import of_job, owned_by_job
 from tuneforge.domain.ids import new_id
 
 
 def add(
     session: Session,
-    job_id: str,
+    job: Job,
     message: str,
     *,
     level: str = "info",
@@ -25,7 +29,7 @@ def add(
 ) -> JobEvent:
     event = JobEvent(
         event_id=new_id("ftevent"),
-        job_id=job_id,
+        job_id=job.job_id,
         attempt=attempt,
         seq=seq,
         level=level,
@@ -38,39 +42,39 @@ def add(
     return event
 
 
-def page(session: Session, job_id: str, *, after: str | None, limit: int) -> Page:
-    stmt = select(JobEvent).where(JobEvent.job_id == job_id)
+def page(session: Session, tenant_id: str, job_id: str, *, after: str | None, limit: int) -> Page:
+    stmt = owned_by_job(JobEvent, tenant_id, job_id)
     return newest_first(session, stmt, JobEvent, JobEvent.event_id, after, limit)
 
 
-def since(session: Session, job_id: str, after_pk: int, limit: int = 500) -> list[JobEvent]:
+def since(session: Session, tenant_id: str, job_id: str, after_pk: int, limit: int = 500) -> list[JobEvent]:
     """Events in chronological order after `after_pk` (for streaming)."""
     return list(
         session.scalars(
-            select(JobEvent)
-            .where(JobEvent.job_id == job_id, JobEvent.pk > after_pk)
+            owned_by_job(JobEvent, tenant_id, job_id)
+            .where(JobEvent.pk > after_pk)
             .order_by(JobEvent.pk)
             .limit(limit)
         )
     )
 
 
-def reported_seqs(session: Session, job_id: str, attempt: int, seqs: list[int]) -> set[int]:
+def reported_seqs(session: Session, tenant_id: str, job_id: str, attempt: int, seqs: list[int]) -> set[int]:
     if not seqs:
         return set()
     rows = session.scalars(
         select(JobEvent.seq).where(
-            JobEvent.job_id == job_id, JobEvent.attempt == attempt, JobEvent.seq.in_(seqs)
+            of_job(JobEvent, tenant_id, job_id), JobEvent.attempt == attempt, JobEvent.seq.in_(seqs)
         )
     )
     return set(rows)
 
 
-def metrics_rows(session: Session, job_id: str) -> list[JobEvent]:
+def metrics_rows(session: Session, tenant_id: str, job_id: str) -> list[JobEvent]:
     return list(
         session.scalars(
-            select(JobEvent)
-            .where(JobEvent.job_id == job_id, JobEvent.event_type == "metrics")
+            owned_by_job(JobEvent, tenant_id, job_id)
+            .where(JobEvent.event_type == "metrics")
             .order_by(JobEvent.pk)
         )
     )

@@ -17,9 +17,9 @@ def get_for_update(session: Session, job_id: str) -> Job | None:
     return session.scalar(select(Job).where(Job.job_id == job_id).with_for_update())
 
 
-def status_of(session: Session, job_id: str) -> str | None:
-    """Platform-side status read (no lock), for streaming."""
-    return session.scalar(select(Job.status).where(Job.job_id == job_id))
+def status_of(session: Session, tenant_id: str, job_id: str) -> str | None:
+    """Status read without the row (no lock), for streaming."""
+    return session.scalar(owned(Job, tenant_id).with_only_columns(Job.status).where(Job.job_id == job_id))
 
 
 def by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:

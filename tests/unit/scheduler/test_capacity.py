@@ -1,0 +1,82 @@
+"""One answer to "what does the executor offer?" (`Platform.capacity`): the live inventory,
+else the local executor's configured slots, else unknown — and what validation and the
+queue views make of an unknown one (a standby or API-only control plane of a Ray platform)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
+from tests.unit.api.test_metrics import parse
+from tuneforge.api.app import create_app
+from tuneforge.executors.local import local_inventory
+from tuneforge.executors.protocol import Capacity, NodeCapacity
+
+ADMIN_KEY = "admin-secret"
+
+
+def test_the_live_inventory_comes_first_then_local_slots_and_a_ray_platform_without_one_is_unknown(
+        tmp_path, database_url):
+    local = make_platform(tmp_path / "local", database_url, local_gpus=3, local_nodes=2)
+    ray = make_platform(tmp_path / "ray", database_url, executor="ray", local_gpus=3)
+    try:
+        assert local.capacity() == local_inventory(local.settings)
+        assert [(n.name, n.total_gpus) for n in local.capacity().nodes] == [("local", 3), ("local-1", 3)]
+        assert ray.capacity() is None  # not the local slots: the cluster is elsewhere
+        live = Capacity([NodeCapacity("gpu-a", 8, 6), NodeCapacity("gpu-b", 8, 8)])
+        local.inventory = live
+        ray.inventory = live  # what a leader's scheduler records each tick
+        assert local.capacity() is live and ray.capacity() is live
+    finally:
+        local.db.dispose()
+        ray.db.dispose()
+
+
+@pytest.fixture
+def standby(tmp_path, database_url, tiny_model_dir):
+    """The API of a control plane on a Ray platform whose scheduler is not leading: no inventory."""
+    def start(executor: str):
+        platform = make_platform(tmp_path / executor, database_url, executor=executor, local_gpus=1,
+                                 admin_api_key=ADMIN_KEY)
+        add_base_model(platform, "tiny-base", tiny_model_dir)
+        key = add_tenant(platform, "acme")
+        http = TestClient(create_app(platform=platform))
+        auth = {"Authorization": f"Bearer {key}"}
+        file_id = http.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(chat_lines(20)))},
+                            data={"purpose": "fine-tune"}, headers=auth).json()["id"]
+        body = {"model": "tiny-base", "training_file": file_id, "resources": {"gpus": 8}}
+        created = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+        assert created.status_code == 200, created.text
+        opened.append((platform, http))
+        return http, auth, created.json()["id"]
+
+    opened = []
+    yield start
+    for platform, http in opened:
+        http.close()
+        platform.db.dispose()
+
+
+def test_a_ray_standby_does_not_fail_a_big_job_against_its_local_gpus(standby):
+    http, auth, job_id = standby("ray")
+    job = http.get(f"/v1/fine_tuning/jobs/{job_id}", headers=auth).json()
+    assert job["status"] == "queued" and job["error"] is None
+    assert job["queue"] == {"position": 1, "estimated_start": None}  # its start is unknown here
+    queue = http.get("/v1/admin/queue", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
+    assert [(e["job_id"], e["position"], e["estimated_start"]) for e in queue] == [(job_id, 1, None)]
+    samples = parse(http.get("/metrics").text)
+    assert ("tuneforge_gpus_total", ()) not in samples  # unknown: no sample, rather than a wrong one
+    assert ("tuneforge_gpu_utilization", ()) not in samples
+    assert samples[("tuneforge_gpus_busy", ())] == 0
+
+
+def test_the_local_executor_judges_against_its_configured_slots(standby):
+    http, auth, job_id = standby("local")  # one slot
+    job = http.get(f"/v1/fine_tuning/jobs/{job_id}", headers=auth).json()
+    assert job["status"] == "failed" and job["error"]["code"] == "resources_unavailable"
+    assert "resources.gpus = 8 cannot be placed" in job["error"]["message"]
+    samples = parse(http.get("/metrics").text)
+    assert samples[("tuneforge_gpus_total", ())] == 1
