@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 
 from tuneforge.domain.errors import invalid
-from tuneforge.domain.job_config import JobCreate, PreferenceHyperparameters, SupervisedHyperparameters, TrainingType
+from tuneforge.domain.job_config import SupervisedHyperparameters, TrainingType
 from tuneforge.domain.spec import Hyperparameters, LoraConfig
 
 # by method, then adapter: preference methods move a trained model only a little
@@ -30,22 +30,8 @@ MAX_MICRO_BATCH = 8
 DEFAULT_MAX_SEQ_LENGTH = 2048
 
 
-def method_of(request: JobCreate) -> str:
-    return request.method.type if request.method else "supervised"
-
-
 def param_prefix(method: str) -> str:
     return f"method.{method}.hyperparameters"
-
-
-def requested_hyperparameters(request: JobCreate) -> SupervisedHyperparameters:
-    method = method_of(request)
-    block = getattr(request.method, method, None) if request.method is not None else None
-    if block is not None:
-        return block.hyperparameters
-    if request.hyperparameters is not None and method == "supervised":
-        return request.hyperparameters
-    return PreferenceHyperparameters() if method in DEFAULT_BETA else SupervisedHyperparameters()
 
 
 def _auto(value, default):  # noqa: ANN001

@@ -24,7 +24,7 @@ from tuneforge.data.example import KINDS_FOR_METHOD
 from tuneforge.db.tables import BaseModelRow, FileRow, Job, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
-from tuneforge.domain.job_config import JobCreate
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import artifacts, estimates, evaluation, hyperparams
 from tuneforge.services.context import Platform
@@ -39,8 +39,8 @@ SUPPORTED_TRAINING_TYPES = ("lora", "qlora", "full")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-def request_hash(request: JobCreate) -> str:
-    canonical = json.dumps(request.model_dump(mode="json", exclude_unset=True), sort_keys=True)
+def request_hash(request: JobRequest) -> str:
+    canonical = json.dumps(request.to_json(), sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -78,12 +78,12 @@ def qlora_available(settings: Settings) -> bool:
     return Path("/proc/driver/nvidia/version").exists() and importlib.util.find_spec("bitsandbytes") is not None
 
 
-def _check_request(request: JobCreate, settings: Settings) -> None:
-    method = request.method.type if request.method else "supervised"
+def _check_request(request: JobRequest, settings: Settings) -> None:
+    method = request.method_type
     if method not in SUPPORTED_METHODS:
         raise invalid(f"method.type {method!r} is not supported; use one of {', '.join(SUPPORTED_METHODS)}",
                       param="method.type")
-    training_type = request.training_type.type if request.training_type else "lora"
+    training_type = request.training_type_kind
     if training_type not in SUPPORTED_TRAINING_TYPES:
         raise invalid(f"training_type.type {training_type!r} is not supported; use one of "
                       f"{', '.join(SUPPORTED_TRAINING_TYPES)}", param="training_type.type")
@@ -100,7 +100,7 @@ def _check_request(request: JobCreate, settings: Settings) -> None:
         raise invalid("suffix may use up to 64 letters, digits, '-', '_' and '.'", param="suffix")
     if request.metadata is not None and len(request.metadata) > 16:
         raise invalid("metadata may hold at most 16 keys", param="metadata")
-    hyperparams.check_static(hyperparams.requested_hyperparameters(request), method)
+    hyperparams.check_static(request.requested_hyperparameters, method)
     if request.training_type is not None:
         hyperparams.resolve_lora(request.training_type)
     resources = request.resources
@@ -110,7 +110,7 @@ def _check_request(request: JobCreate, settings: Settings) -> None:
 
 
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
-                  request: JobCreate) -> tuple[BaseModelRow, FileRow, FileRow | None]:
+                  request: JobRequest) -> tuple[BaseModelRow, FileRow, FileRow | None]:
     _check_request(request, settings)
     base = base_model_repo.by_name(session, request.model)
     if base is None:
@@ -118,7 +118,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
             f"Model {request.model!r} is not available for fine-tuning or does not exist",
             param="model", code="model_not_available",
         )
-    method = hyperparams.method_of(request)
+    method = request.method_type
     training = _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
                            settings.min_training_examples, method)
     validation = None
@@ -129,7 +129,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
     return base, training, validation
 
 
-def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobCreate) -> dict:
+def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest) -> dict:
     """The figures a job with this body would get, without creating it."""
     base, training, validation = _check_inputs(session, platform.settings, tenant, request)
     try:
@@ -141,7 +141,7 @@ def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: 
     return {
         "object": "fine_tuning.job.estimate",
         "model": base.name,
-        **plan.estimate,
+        **asdict(plan.estimate),
         "train_tokens_per_epoch": plan.prepared.train_tokens,
         "validation_examples": plan.prepared.valid_examples,
         "hyperparameters": asdict(plan.hyperparameters),
@@ -154,7 +154,7 @@ def create_job(
     session: Session,
     settings: Settings,
     tenant: Tenant,
-    request: JobCreate,
+    request: JobRequest,
     idempotency_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Returns (job, created). A repeated Idempotency-Key returns the first job."""
@@ -179,7 +179,7 @@ def create_job(
         seed=request.seed if request.seed is not None else random.randint(0, 2**31 - 1),
         suffix=request.suffix,
         user_metadata=request.metadata,
-        request=request.model_dump(mode="json", exclude_unset=True),
+        request=request,
         result_files=[],
         idempotency_key=idempotency_key,
         request_hash=body_hash,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -167,7 +168,7 @@ def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:
     """The trainer keeps the newest `keep_last` checkpoints and deletes older
     ones from the store; the listing follows the same policy so every listed
     checkpoint can be downloaded."""
-    keep_last = int(((job.resolved or {}).get("checkpoint") or {}).get("keep_last") or 0)
+    keep_last = job.resolved.checkpoint.keep_last if job.resolved is not None else 0
     if keep_last <= 0:
         return
     session.flush()
@@ -220,13 +221,11 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
 
 def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[dict | None, dict | None]:
     """Check the job's gates against the eval results; the verdict goes to the job and its events."""
-    resolved_eval = (job.resolved or {}).get("eval") or {}
-    if not results or not resolved_eval.get("enabled"):
+    resolved = job.resolved
+    if not results or resolved is None or resolved.eval is None or not resolved.eval.enabled:
         return None, None
-    hyperparameters = {**((job.resolved or {}).get("hyperparameters") or {}),
-                       "lora": (job.resolved or {}).get("lora"),
-                       "method": (job.request.get("method") or {}).get("type") or "supervised"}
-    report = evaluation.check_gates(resolved_eval, results, hyperparameters)
+    hyperparameters = {**asdict(resolved.hyperparameters), "lora": asdict(resolved.lora), "method": resolved.method}
+    report = evaluation.check_gates(resolved.eval, results, hyperparameters)
     job.eval_results = {**results, "gates": report}
     if report["passed"]:
         events.add(session, job.job_id, f"All {len(report['gates'])} eval gates passed; the model can be promoted",

@@ -22,7 +22,7 @@ from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.errors import invalid
-from tuneforge.domain.job_config import JobCreate
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus, TERMINAL
 from tuneforge.services import artifacts, datasets
 from tuneforge.services import jobs as job_service
@@ -40,7 +40,7 @@ _log = logging.getLogger(__name__)
 
 @router.post("")
 def create_job(
-    body: JobCreate,
+    body: JobRequest,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
@@ -72,7 +72,7 @@ def _validate_small_job(session: Session, platform: Platform, job: Job) -> None:
 
 @router.post("/estimate")
 def estimate_job(
-    body: JobCreate,
+    body: JobRequest,
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
