@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Callable, Iterable
 
-from tuneforge.domain.spec import Hyperparameters
 from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent
 
 
@@ -24,30 +24,30 @@ def file_object(row: FileRow) -> dict[str, Any]:
 
 def _hyperparameters(job: Job) -> dict[str, Any]:
     """Resolved values once validation ran; before that, what was asked ('auto')."""
-    resolved = (job.resolved or {}).get("hyperparameters")
-    method = _method(job)
-    requested = ((job.request.get("method") or {}).get(method) or {}).get("hyperparameters") \
-        or job.request.get("hyperparameters") or {}
-    if resolved:
-        return Hyperparameters.flatten(resolved)
+    if job.resolved is not None:
+        return job.resolved.hyperparameters.flat()
+    requested = job.request.asked_hyperparameters
     keys = ("n_epochs", "batch_size", "learning_rate_multiplier")
     return {key: requested.get(key, "auto") for key in keys} | {
         k: v for k, v in requested.items() if k not in keys
     }
 
 
-def _method(job: Job) -> str:
-    return (job.request.get("method") or {}).get("type") or "supervised"
+def _training_type(job: Job) -> dict[str, Any]:
+    """As asked; with the resolved adapter settings once validation ran."""
+    training_type = {"type": "lora", **(job.request.to_json().get("training_type") or {})}
+    if job.resolved is not None and training_type["type"] != "full":
+        lora = job.resolved.lora
+        training_type.update(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                             target_modules=lora.target_modules)
+    return training_type
 
 
 def job_object(job: Job) -> dict[str, Any]:
     hp = _hyperparameters(job)
     summary = {key: hp.get(key, "auto") for key in ("batch_size", "learning_rate_multiplier", "n_epochs")}
-    training_type = {"type": "lora", **(job.request.get("training_type") or {})}
-    if job.resolved and training_type["type"] != "full":
-        lora = job.resolved["lora"]
-        training_type.update(rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
-                             target_modules=lora["target_modules"])
+    method = job.request.method_type
+    resolved = job.resolved
     return {
         "id": job.job_id,
         "object": "fine_tuning.job",
@@ -67,15 +67,15 @@ def job_object(job: Job) -> dict[str, Any]:
         "estimated_finish": job.estimated_finish,
         "integrations": [],
         "metadata": job.user_metadata,
-        "method": {"type": _method(job), _method(job): {"hyperparameters": hp}},
+        "method": {"type": method, method: {"hyperparameters": hp}},
         "user_provided_suffix": job.suffix,
         # extensions
-        "training_type": training_type,
+        "training_type": _training_type(job),
         "attempt": job.attempt,
-        "checkpointing": (job.resolved or {}).get("checkpoint"),
-        "divergence": (job.resolved or {}).get("divergence"),
+        "checkpointing": asdict(resolved.checkpoint) if resolved is not None else None,
+        "divergence": asdict(resolved.divergence) if resolved is not None and resolved.divergence else None,
         "base_model_sha256": job.base_model_sha256,
-        "estimate": (job.resolved or {}).get("estimate"),
+        "estimate": asdict(resolved.estimate) if resolved is not None and resolved.estimate else None,
         "data": _data_summary(job),
         "eval": _eval_config(job),
         "eval_results": job.eval_results,
@@ -84,19 +84,21 @@ def job_object(job: Job) -> dict[str, Any]:
 
 
 def _eval_config(job: Job) -> dict[str, Any] | None:
-    resolved = (job.resolved or {}).get("eval")
-    if resolved is None:
+    if job.resolved is None or job.resolved.eval is None:
         return None
-    return {k: v for k, v in resolved.items() if k != "task_file_key"}  # a storage key is not the tenant's business
+    shown = job.resolved.eval.to_json()
+    del shown["task_file_key"]  # a storage key is not the tenant's business
+    return shown
 
 
 def _data_summary(job: Job) -> dict[str, Any] | None:
-    data = (job.resolved or {}).get("data")
-    if not data:
-        return (job.request or {}).get("data")
-    keys = ("dataset_id", "train_examples", "valid_examples", "train_tokens", "remove_duplicates",
-            "validation_split", "pii_policy", "long_examples")
-    return {key: data.get(key) for key in keys}
+    if job.resolved is None:
+        return job.request.to_json().get("data")  # the options as asked
+    data = job.resolved.data
+    return {"dataset_id": data.dataset_id, "train_examples": data.train_examples,
+            "valid_examples": data.valid_examples, "train_tokens": data.train_tokens,
+            "remove_duplicates": data.remove_duplicates, "validation_split": data.validation_split,
+            "pii_policy": data.pii_policy, "long_examples": data.long_examples}
 
 
 def event_object(event: JobEvent) -> dict[str, Any]:

@@ -21,7 +21,36 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from tuneforge.domain.job_config import JobRequest
+from tuneforge.domain.resolved import ResolvedJob
+
+
+class TypedJSON(TypeDecorator):
+    """A JSON column holding one typed value of `value_type`: written with the value's
+    `to_json()`, read with `value_type.from_json(...)`. The database keeps plain JSON (the
+    column's schema is unchanged); Python code sees only the typed value, and assigning
+    anything else (a dict) fails at the flush."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, value_type: type) -> None:
+        super().__init__()
+        self.value_type = value_type
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if not isinstance(value, self.value_type):
+            raise TypeError(f"this column holds a {self.value_type.__name__}, not a {type(value).__name__}")
+        return value.to_json()
+
+    def process_result_value(self, value: dict[str, Any] | None, dialect: Dialect) -> Any:
+        return None if value is None else self.value_type.from_json(value)
 
 
 class Base(DeclarativeBase):
@@ -100,8 +129,9 @@ class Job(Base):
     seed: Mapped[int] = mapped_column(BigInteger)
     suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # the create body as given
-    resolved: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    request: Mapped[JobRequest] = mapped_column(TypedJSON(JobRequest))  # the create body as given
+    # what validation resolved (None before): what the trainer runs and the scheduler places
+    resolved: Mapped[ResolvedJob | None] = mapped_column(TypedJSON(ResolvedJob), nullable=True)
     fine_tuned_model: Mapped[str | None] = mapped_column(String(256), nullable=True)
     trained_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     result_files: Mapped[list[Any]] = mapped_column(JSON, default=list)

@@ -1,7 +1,12 @@
-"""The fine-tuning job create body: OpenAI's fields plus tuneforge's extensions.
+"""What a tenant asks of a fine-tuning job (`JobRequest`, the create body):
+OpenAI's fields plus tuneforge's extensions.
 
 Every model forbids unknown keys, so a typo answers 400 naming the key instead
-of being silently ignored. Field descriptions are the documentation.
+of being silently ignored, and is frozen: a request is what was asked, never
+edited afterwards. Field descriptions are the documentation. Which method a
+request asks for and where its hyperparameters are is decided here, by
+`JobRequest.method_type` and `JobRequest.asked_hyperparameters`, and
+nowhere else (the method registry then types the values).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ Auto = Literal["auto"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SupervisedHyperparameters(_Strict):
@@ -156,7 +161,10 @@ class Integration(_Strict):
     wandb: dict | None = None
 
 
-class JobCreate(_Strict):
+# methods whose hyperparameters include beta; every other method takes the supervised set
+
+
+class JobRequest(_Strict):
     model: str = Field(description="Base model name (see GET /v1/models).")
     training_file: str = Field(description="Id of an uploaded file with purpose fine-tune.")
     validation_file: str | None = None
@@ -174,3 +182,39 @@ class JobCreate(_Strict):
     data: DataOptions | None = None
     resources: Resources | None = None
     eval: EvalConfig | None = Field(None, description="Post-training evaluation and gates (docs/eval.md).")
+
+    @property
+    def method_type(self) -> str:
+        """The training method asked for: `method.type`, "supervised" without a method block."""
+        return self.method.type if self.method is not None else "supervised"
+
+    @property
+    def asked_hyperparameters(self) -> dict[str, Any]:
+        """The method's hyperparameters as the tenant wrote them: the method block's
+        (`method.<type>.hyperparameters`), else the deprecated top-level `hyperparameters` of a
+        supervised job, else none. The method's own model types them
+        (`services.hyperparams.requested_hyperparameters`)."""
+        block = self.method.block if self.method is not None else None
+        if block is not None:
+            return dict(block.hyperparameters)
+        if self.hyperparameters is not None and self.method_type == "supervised":
+            return self.hyperparameters.model_dump(exclude_unset=True)
+        return {}
+
+    @property
+    def effective_training_type(self) -> TrainingType:
+        """`training_type` as asked, or the default (a LoRA adapter with "auto" rank and alpha)."""
+        return self.training_type or TrainingType()
+
+    @property
+    def training_type_kind(self) -> str:
+        """What is trained: lora, qlora or full."""
+        return self.effective_training_type.type
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form: the fields the tenant gave, as JSON values (what `from_json` reads)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> JobRequest:
+        return cls.model_validate(raw)

@@ -330,7 +330,7 @@ def _lora_rank(hyperparameters: Mapping[str, Any]) -> int | None:
 
 def suggestions(report: GateReport, hyperparameters: Mapping[str, Any]) -> list[str]:
     """Concrete changes for the next run, from the failures and the job's resolved hyperparameters
-    (keys as in jobs.resolved["hyperparameters"], plus "lora": {"rank": ...}, "method" and optionally
+    (the fields of `domain.spec.Hyperparameters`, plus "lora": {"rank": ...}, "method" and optionally
     "training_type" and "num_examples"). A regression (general ability, safety, validation worse than
     the base) asks for gentler training; only a task that was not learned asks for harder training."""
     kinds = {kind for kind in map(failure_kind, report.failures) if kind}

@@ -12,12 +12,13 @@ import functools
 import hashlib
 import json
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tuneforge import __version__
 from tuneforge.db.tables import FileRow, Job
-from tuneforge.domain.spec import Hyperparameters
+from tuneforge.domain.resolved import ResolvedJob
 from tuneforge.storage.store import ObjectStore
 
 
@@ -25,23 +26,28 @@ def _canonical_sha256(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def hyperparameters_hash(resolved: dict[str, Any]) -> str:
+def _trained_settings(resolved: ResolvedJob | None) -> dict[str, Any]:
+    """The resolved hyperparameters and LoRA settings as the hashes and the lineage show them."""
+    if resolved is None:
+        return {"hyperparameters": None, "lora": None}
+    return {"hyperparameters": resolved.hyperparameters.flat(), "lora": asdict(resolved.lora)}
+
+
+def hyperparameters_hash(resolved: ResolvedJob | None) -> str:
     """SHA-256 of the resolved hyperparameters and LoRA settings (canonical JSON)."""
-    return _canonical_sha256({"hyperparameters": Hyperparameters.flatten(resolved.get("hyperparameters") or {}),
-                              "lora": resolved.get("lora")})
+    return _canonical_sha256(_trained_settings(resolved))
 
 
 def config_hash(job: Job, training: FileRow, validation: FileRow | None) -> str:
-    request = job.request or {}
-    resolved = job.resolved or {}
+    request = job.request
     return _canonical_sha256({
         "base_model_sha256": job.base_model_sha256,
         "training_file_sha256": training.sha256,
         "validation_file_sha256": validation.sha256 if validation else None,
-        "method": (request.get("method") or {}).get("type") or "supervised",
-        "training_type": (request.get("training_type") or {}).get("type") or "lora",
-        "hyperparameters": hyperparameters_hash(resolved),
-        "data": {k: v for k, v in (request.get("data") or {}).items()},
+        "method": request.method_type,
+        "training_type": request.training_type_kind,
+        "hyperparameters": hyperparameters_hash(job.resolved),
+        "data": request.to_json().get("data") or {},  # the data options as the tenant gave them
         "seed": job.seed,
     })
 
@@ -73,8 +79,7 @@ def artifact_digests(store: ObjectStore, prefix: str) -> dict[str, str]:
 
 def build_lineage(job: Job, training: FileRow | None, validation: FileRow | None, *, attempts: int,
                   artifact_prefix: str, artifact_files: dict[str, str]) -> dict[str, Any]:
-    resolved = job.resolved or {}
-    request = job.request or {}
+    resolved, request = job.resolved, job.request
 
     def file_entry(row: FileRow | None, file_id: str | None) -> dict[str, Any] | None:
         if file_id is None:
@@ -85,11 +90,10 @@ def build_lineage(job: Job, training: FileRow | None, validation: FileRow | None
         "base_model": {"name": job.model, "sha256": job.base_model_sha256},
         "training_file": file_entry(training, job.training_file),
         "validation_file": file_entry(validation, job.validation_file),
-        "dataset_id": (resolved.get("data") or {}).get("dataset_id"),
-        "method": (request.get("method") or {}).get("type") or "supervised",
-        "training_type": (request.get("training_type") or {}).get("type") or "lora",
-        "hyperparameters": Hyperparameters.flatten(resolved.get("hyperparameters") or {}),
-        "lora": resolved.get("lora"),
+        "dataset_id": resolved.data.dataset_id if resolved is not None else None,
+        "method": request.method_type,
+        "training_type": request.training_type_kind,
+        **_trained_settings(resolved),
         "hyperparameters_sha256": hyperparameters_hash(resolved),
         "config_hash": job.config_hash,
         "seed": job.seed,

@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
@@ -212,22 +213,20 @@ class Scheduler:
     def _retry_smaller_or_fail(self, session: Session, job: Job, attempt: Attempt) -> None:
         """Out of memory: the same effective batch in micro-batches half as large (twice the
         gradient accumulation), down to 1; then the job fails with advice."""
-        resolved = dict(job.resolved or {})
-        hp = dict(resolved.get("hyperparameters") or {})
-        micro, batch = int(hp.get("micro_batch_size") or 1), int(hp.get("batch_size") or 1)
-        if micro > 1:
+        resolved = job.resolved  # a job that ran was resolved; None is handled as "cannot shrink"
+        hp = resolved.hyperparameters if resolved is not None else None
+        micro, batch = (hp.micro_batch_size, hp.batch_size) if hp is not None else (1, 1)
+        if resolved is not None and micro > 1:
             smaller = micro // 2
-            hp["micro_batch_size"] = smaller
-            hp["gradient_accumulation_steps"] = -(-batch // smaller)
-            resolved["hyperparameters"] = hp
-            job.resolved = resolved  # a new dict, so the JSON column is written
+            job.resolved = replace(resolved, hyperparameters=replace(
+                resolved.hyperparameters, micro_batch_size=smaller, gradient_accumulation_steps=-(-batch // smaller)))
             transition(session, job, JobStatus.QUEUED,
                        f"Attempt {attempt.number} ran out of memory with micro-batch {micro}; retrying with "
                        f"micro-batch {smaller} and gradient accumulation {-(-batch // smaller)} (same batch size "
                        f"{batch})", level="warn",
                        data={"code": "job_restarted", "attempt": attempt.number, "micro_batch_size": smaller})
             return
-        max_seq = hp.get("max_seq_length")
+        max_seq = hp.max_seq_length if hp is not None else None
         message = (f"The training step does not fit in memory even with micro-batch 1 (batch size {batch}, "
                    f"max_seq_length {max_seq}). Lower max_seq_length (long examples are truncated or rejected "
                    "per data.long_examples), use a smaller LoRA rank or training_type qlora, or ask for GPUs "

@@ -7,14 +7,7 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.tables import Job
-from tuneforge.domain.spec import (
-    BaseModelRef,
-    CheckpointPolicy,
-    DataFileRef,
-    Hyperparameters,
-    JobSpec,
-    LoraConfig,
-)
+from tuneforge.domain.spec import BaseModelRef, DataFileRef, JobSpec
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 
@@ -24,40 +17,44 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
     training = file_repo.get(session, job.tenant_id, job.training_file)
     if base is None or training is None:
         raise LookupError(f"{job.job_id}: base model or training file is gone")
-    resolved = job.resolved or {}
-    divergence = resolved.get("divergence") or {}
+    resolved = job.resolved
+    if resolved is None:
+        raise LookupError(f"{job.job_id}: the job was never validated")
     # the trainer reads the prepared (normalised) dataset, whatever the upload's format
-    data = resolved.get("data") or {}
+    data = resolved.data
     validation = None
-    if data.get("valid_key"):
+    if data.valid_key:
         validation = DataFileRef(file_id=job.validation_file or f"{training.file_id}:split",
-                                 key=data["valid_key"], sha256="")
+                                 key=data.valid_key, sha256="")
+    divergence = resolved.divergence
+    extra = dict(resolved.extra)
+    if resolved.eval is not None and resolved.eval.enabled:
+        extra["eval"] = resolved.eval.to_json()
+    if resolved.resources.gradient_checkpointing:
+        extra["gradient_checkpointing"] = True
     return JobSpec(
         job_id=job.job_id,
         tenant_id=job.tenant_id,
         attempt=number,
         seed=job.seed,
         base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix),
-        training_file=DataFileRef(file_id=training.file_id, key=data.get("train_key", training.key),
+        training_file=DataFileRef(file_id=training.file_id, key=data.train_key or training.key,
                                   sha256=training.sha256),
         validation_file=validation,
-        method=(job.request.get("method") or {}).get("type") or "supervised",
-        training_type=(job.request.get("training_type") or {}).get("type") or "lora",
-        lora=LoraConfig(**resolved["lora"]),
-        hyperparameters=Hyperparameters.from_dict(resolved["hyperparameters"]),
-        checkpoint=CheckpointPolicy(**resolved["checkpoint"]),
+        method=resolved.method,
+        training_type=resolved.training_type,
+        lora=resolved.lora,
+        hyperparameters=resolved.hyperparameters,
+        checkpoint=resolved.checkpoint,
         storage_url=settings.resolved_storage_url,
         callback_url=settings.resolved_public_url,
         job_token=token,
-        gpus=int(resolved.get("gpus", 1)),
+        gpus=resolved.gpus,
         heartbeat_interval_s=settings.heartbeat_interval_s,
         preempt_grace_s=settings.preempt_grace_s,
-        divergence_loss_multiple=float(divergence.get("loss_multiple", settings.divergence_loss_multiple)),
-        divergence_patience_steps=int(divergence.get("patience_steps", settings.divergence_patience_steps)),
-        divergence_min_increase=float(divergence.get("min_increase", settings.divergence_min_increase)),
+        divergence_loss_multiple=divergence.loss_multiple if divergence else settings.divergence_loss_multiple,
+        divergence_patience_steps=divergence.patience_steps if divergence else settings.divergence_patience_steps,
+        divergence_min_increase=divergence.min_increase if divergence else settings.divergence_min_increase,
         cache_dir=str(layout.home_base_model_cache_dir(settings.home).resolve()),
-        extra={**(resolved.get("extra") or {}),
-               **({"eval": resolved["eval"]} if (resolved.get("eval") or {}).get("enabled") else {}),
-               **({"gradient_checkpointing": True}
-                  if (resolved.get("resources") or {}).get("gradient_checkpointing") else {})},
+        extra=extra,
     )

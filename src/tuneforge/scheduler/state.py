@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.tables import Attempt, Checkpoint, Job, Tenant
+from tuneforge.domain.resolved import ResolvedResources
 from tuneforge.domain.status import JobStatus
 from tuneforge.executors.protocol import Capacity
 from tuneforge.scheduler.policy import Node, QueuedJob, RunningJob
@@ -46,8 +47,10 @@ def placement_spans(placement: dict[str, Any] | None) -> dict[str, tuple[int, ..
     return {placement.get("node", "local"): tuple(placement.get("gpu_ids", []))}
 
 
-def _estimate(job: Job) -> dict[str, Any]:
-    return (job.resolved or {}).get("estimate") or {}
+def _runtime_s(job: Job) -> float:
+    """The job's estimated runtime; an hour when it has no estimate."""
+    estimate = job.resolved.estimate if job.resolved is not None else None
+    return (estimate.estimated_runtime_seconds if estimate is not None else 0.0) or 3600.0
 
 
 def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState:
@@ -72,7 +75,7 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
         job = jobs.get(attempt.job_id)
         if job is None:
             continue
-        runtime = float(_estimate(job).get("estimated_runtime_seconds") or 3600.0)
+        runtime = _runtime_s(job)
         running.append(RunningJob(
             job_id=job.job_id, tenant_id=job.tenant_id, tier=tiers.get(job.tenant_id, "standard"),
             placement=spans, started_at=attempt.started_at, expected_end=attempt.started_at + runtime,
@@ -89,13 +92,11 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
     for job in jobs.values():
         if job.status != JobStatus.QUEUED.value or (job.not_before and job.not_before > now):
             continue
-        resolved = job.resolved or {}
-        resources = resolved.get("resources") or {}
+        resources = job.resolved.resources if job.resolved is not None else ResolvedResources()
         queued.append(QueuedJob(
             job_id=job.job_id, tenant_id=job.tenant_id, tier=tiers.get(job.tenant_id, "standard"),
-            gpus=int(resolved.get("gpus") or 1), queued_at=float(job.created_at),
-            runtime_s=float(_estimate(job).get("estimated_runtime_seconds") or 3600.0),
-            gpus_per_node=int(resources.get("gpus_per_node") or 0), seq=job.pk))
+            gpus=resources.gpus, queued_at=float(job.created_at), runtime_s=_runtime_s(job),
+            gpus_per_node=resources.gpus_per_node, seq=job.pk))
     queued.sort(key=lambda job: (job.queued_at, job.seq, job.job_id))  # arrival order: QueueIndex appends
     return ClusterState(list(nodes.values()), running, queued, recent_usage(session, now), stopping, handles)
 

@@ -5,6 +5,7 @@ estimate the cost) and keep the report."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -15,7 +16,8 @@ from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError
-from tuneforge.domain.job_config import JobCreate
+from tuneforge.domain.resolved import DivergencePolicy, ResolvedResources
+from tuneforge.domain.spec import CheckpointPolicy
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import lineage
 from tuneforge.services import evaluation
@@ -28,7 +30,7 @@ from tuneforge.storage import layout
 
 
 def validate_job(session: Session, platform: Platform, job: Job) -> None:
-    request = JobCreate.model_validate(job.request)
+    request = job.request
     training = file_repo.get(session, job.tenant_id, job.training_file)
     validation = file_repo.get(session, job.tenant_id, job.validation_file) if job.validation_file else None
     base = base_model_repo.by_name(session, job.model)
@@ -55,19 +57,20 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
         _fail(session, job, "resources_unavailable", unplaceable, param="resources.gpus")
         return
     policy, divergence = request.checkpointing, request.divergence
-    job.resolved = {**plan.resolved({
-        "every_steps": (policy and policy.every_steps) or settings.default_checkpoint_every_steps,
-        "keep_last": (policy and policy.keep_last) or settings.default_checkpoint_keep_last,
-        "every_minutes": (policy and policy.every_minutes) or 0.0,
-        "keep_on_cancel": bool(policy and policy.keep_on_cancel),
-    }), "divergence": {
-        "loss_multiple": (divergence and divergence.loss_multiple) or settings.divergence_loss_multiple,
-        "patience_steps": (divergence and divergence.patience_steps) or settings.divergence_patience_steps,
-        "min_increase": divergence.min_increase if divergence and divergence.min_increase is not None
+    checkpoint = CheckpointPolicy(
+        every_steps=(policy and policy.every_steps) or settings.default_checkpoint_every_steps,
+        keep_last=(policy and policy.keep_last) or settings.default_checkpoint_keep_last,
+        every_minutes=(policy and policy.every_minutes) or 0.0,
+        keep_on_cancel=bool(policy and policy.keep_on_cancel),
+    )
+    divergence_policy = DivergencePolicy(
+        loss_multiple=(divergence and divergence.loss_multiple) or settings.divergence_loss_multiple,
+        patience_steps=(divergence and divergence.patience_steps) or settings.divergence_patience_steps,
+        min_increase=divergence.min_increase if divergence and divergence.min_increase is not None
         else settings.divergence_min_increase,
-    }}
-    resolved_eval = evaluation.resolve(session, settings, job.tenant_id, request)  # queries: may autoflush
-    job.resolved = {**job.resolved, "eval": resolved_eval}  # a new dict, so the JSON column is written
+    )
+    resolved_eval = evaluation.resolve(session, settings, job.tenant_id, request)
+    job.resolved = plan.resolved(checkpoint, divergence_policy, resolved_eval)
     job.config_hash = lineage.config_hash(job, training, validation)
     _point_out_duplicate(session, job)
     prepared = plan.prepared
@@ -76,7 +79,7 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
                f"Validated training data: {prepared.train_examples} training and {prepared.valid_examples} "
                f"validation examples, {prepared.train_tokens} tokens per epoch, {warnings} warning(s); job queued",
                data={"dataset_id": prepared.dataset_id, "train_tokens": prepared.train_tokens,
-                     "reused_dataset": prepared.reused, "estimate": plan.estimate})
+                     "reused_dataset": prepared.reused, "estimate": asdict(plan.estimate)})
 
 
 def _point_out_duplicate(session: Session, job: Job) -> None:
@@ -98,15 +101,14 @@ def _fail(session: Session, job: Job, code: str, message: str, param: str | None
                error={"code": code, "message": message, "param": param})
 
 
-def _never_fits(platform: Platform, resources: dict) -> str | None:
+def _never_fits(platform: Platform, resources: ResolvedResources) -> str | None:
     """Why the job could not be placed even on an idle inventory, or None (also when this
     process cannot know the inventory: the job waits for a scheduler that can place it)."""
     capacity = platform.capacity()
     if capacity is None:
         return None
     nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus))) for n in capacity.nodes]
-    probe = QueuedJob("probe", "probe", "standard", int(resources["gpus"]), 0.0, 0.0,
-                      int(resources.get("gpus_per_node") or 0))
+    probe = QueuedJob("probe", "probe", "standard", resources.gpus, 0.0, 0.0, resources.gpus_per_node)
     if place(probe, nodes) is not None:
         return None
     sizes = sorted({n.total for n in nodes}, reverse=True)

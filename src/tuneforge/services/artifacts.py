@@ -50,7 +50,7 @@ def adapter_archive(session: Session, platform: Platform, job: Job, *, artifact:
     model (a full fine-tune: `artifact=model`); `step=N`: a checkpoint's weights;
     `artifact=merged`: base + adapter as full weights of `dtype` (bf16 by default)."""
     store = platform.store
-    full = ((job.request.get("training_type") or {}).get("type")) == "full"
+    full = job.request.training_type_kind == "full"
     artifact = artifact or ("model" if full else "adapter")
     if artifact not in ("adapter", "model", "merged"):
         raise invalid("artifact must be 'adapter', 'model' or 'merged'", param="artifact")
@@ -122,7 +122,7 @@ def extract(archive: Path, into: Path) -> Path:
 
 def discard_checkpoints(session: Session, store: ObjectStore, job: Job) -> int:
     """A cancelled job's checkpoints, unless its policy keeps them: files and rows. Returns how many."""
-    if ((job.resolved or {}).get("checkpoint") or {}).get("keep_on_cancel"):
+    if job.resolved is not None and job.resolved.checkpoint.keep_on_cancel:
         return 0
     rows = checkpoint_repo.for_job(session, job.tenant_id, job.job_id)
     store.delete_prefix(layout.checkpoints_prefix(job.tenant_id, job.job_id))

@@ -10,12 +10,12 @@ scheduler records it.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.tables import BaseModelRow, Job
+from tuneforge.domain.resolved import Estimate
 from tuneforge.domain.status import JobStatus
 from tuneforge.settings import Settings
 
@@ -33,7 +33,7 @@ def queue_position(session: Session, job: Job | None = None) -> int:
 
 
 def estimate(settings: Settings, base: BaseModelRow, *, train_tokens_per_epoch: int, train_examples: int,
-             n_epochs: int, batch_size: int, training_type: str, gpus: int = 1) -> dict[str, Any]:
+             n_epochs: int, batch_size: int, training_type: str, gpus: int = 1) -> Estimate:
     training_tokens = train_tokens_per_epoch * n_epochs
     steps = n_epochs * math.ceil(train_examples / max(1, batch_size))
     params = base.num_parameters or base.size_bytes // 2
@@ -43,15 +43,15 @@ def estimate(settings: Settings, base: BaseModelRow, *, train_tokens_per_epoch: 
     gpu_type = settings.gpu_type
     table = settings.price_per_gpu_hour
     unit_price = table.get(gpu_type, table.get("default", 0.0))
-    return {
-        "training_tokens": training_tokens,
-        "train_examples": train_examples,
-        "steps": steps,
-        "estimated_runtime_seconds": round(runtime_s, 1),
-        "estimated_gpu_hours": round(gpu_hours, 4),
-        "gpu_type": gpu_type,
-        "gpus": gpus,
-        "price_per_gpu_hour": unit_price,
-        "estimated_price": round(gpu_hours * unit_price, 4),
-        "currency": settings.price_currency,
-    }
+    return Estimate(
+        training_tokens=training_tokens,
+        train_examples=train_examples,
+        steps=steps,
+        estimated_runtime_seconds=round(runtime_s, 1),
+        estimated_gpu_hours=round(gpu_hours, 4),
+        gpu_type=gpu_type,
+        gpus=gpus,
+        price_per_gpu_hour=unit_price,
+        estimated_price=round(gpu_hours * unit_price, 4),
+        currency=settings.price_currency,
+    )

@@ -8,13 +8,15 @@ resolved gates, so a trainer cannot grade itself."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import files as file_repo
 from tuneforge.domain.errors import invalid
-from tuneforge.domain.job_config import EvalConfig, JobCreate
+from tuneforge.domain.job_config import EvalConfig, JobRequest
+from tuneforge.domain.resolved import ResolvedEval, ResolvedGate
 from tuneforge.eval import gates as eval_gates
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal
@@ -24,7 +26,7 @@ from tuneforge.train import methods
 TASK_FILE_PURPOSES = ("fine-tune", "evals")
 
 
-def check_request(session: Session, tenant_id: str, request: JobCreate) -> None:
+def check_request(session: Session, tenant_id: str, request: JobRequest) -> None:
     """At creation: the task file is the tenant's and usable; metrics, gates and detector parse."""
     config = request.eval
     if config is None:
@@ -48,21 +50,31 @@ def check_request(session: Session, tenant_id: str, request: JobCreate) -> None:
     refusal.detector_from_config(config.safety_detector)
 
 
-def resolve(session: Session, settings: Settings, tenant_id: str, request: JobCreate) -> dict[str, Any]:
-    """What the trainer and the gate check use (`jobs.resolved["eval"]`)."""
+def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRequest) -> ResolvedEval:
+    """What the trainer and the gate check use (`job.resolved.eval`): the request's `eval`
+    (or the platform's default), the task file's storage key, the default task metrics
+    and gates where the request names none."""
     config = request.eval or EvalConfig(enabled=settings.eval_by_default)
-    defaults = methods.get(request.method.type if request.method else "supervised").default_eval
+    defaults = methods.get(request.method_type).default_eval
     unset = {"golden": defaults.golden, "safety": defaults.safety}  # the method's default where the body is silent
     config = config.model_copy(update={k: v for k, v in unset.items() if k not in config.model_fields_set})
-    resolved: dict[str, Any] = config.model_dump(mode="json")
+    asked = config.model_dump(mode="json")
+    task_file_key = None
     if config.task_file:
         row = file_repo.get(session, tenant_id, config.task_file)
-        resolved["task_file_key"] = row.key if row else None
+        task_file_key = row.key if row else None
+    metrics = asked["metrics"]
     if config.task_file and config.metrics is None:
-        resolved["metrics"] = [spec_name(s) for s in task_metrics.parse_metrics(None)]
-    if config.gates is None:
-        resolved["gates"] = [gate_dict(g) for g in default_gates(settings, config)]
-    return resolved
+        metrics = [spec_name(s) for s in task_metrics.parse_metrics(None)]
+    gates = asked["gates"] if config.gates is not None else [
+        gate.as_dict() for gate in default_gates(settings, config)]
+    return ResolvedEval(
+        enabled=config.enabled, task_file=config.task_file,
+        metrics=tuple(metrics) if metrics is not None else None,
+        gates=tuple(ResolvedGate(**gate) for gate in gates), golden=config.golden, safety=config.safety,
+        safety_detector=asked["safety_detector"], max_new_tokens=config.max_new_tokens,
+        max_examples=config.max_examples, task_file_key=task_file_key,
+    )
 
 
 def default_gates(settings: Settings, config: EvalConfig) -> list[Any]:
@@ -79,16 +91,11 @@ def spec_name(spec: Any) -> Any:
     return getattr(spec, "name", spec)
 
 
-def gate_dict(gate: Any) -> dict[str, Any]:
-    return {"metric": gate.metric, "op": gate.op, "threshold": gate.threshold,
-            "relative_to_base": gate.relative_to_base}
-
-
-def check_gates(resolved_eval: dict[str, Any], results: dict[str, Any],
+def check_gates(resolved_eval: ResolvedEval, results: dict[str, Any],
                 hyperparameters: dict[str, Any]) -> dict[str, Any]:
     """The gate report stored with the model: every gate's value and verdict, the reasons of
     the failures and concrete hyperparameter suggestions."""
-    gates = eval_gates.parse_gates(resolved_eval.get("gates") or [])
+    gates = eval_gates.parse_gates([asdict(gate) for gate in resolved_eval.gates])
     report = eval_gates.check(gates, results)
     suggestions = eval_gates.suggestions(report, hyperparameters) if not report.passed else []
     return {**report.as_dict(), "suggestions": suggestions}

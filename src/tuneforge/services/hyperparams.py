@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 
 from tuneforge.domain.errors import invalid
-from tuneforge.domain.job_config import JobCreate, SupervisedHyperparameters, TrainingType
+from tuneforge.domain.job_config import JobRequest, SupervisedHyperparameters, TrainingType
 from tuneforge.domain.spec import Hyperparameters, LoraConfig
 from tuneforge.train import methods
 
@@ -24,24 +24,14 @@ MAX_MICRO_BATCH = 8
 DEFAULT_MAX_SEQ_LENGTH = 2048
 
 
-def method_of(request: JobCreate) -> str:
-    return request.method.type if request.method else "supervised"
-
-
 def param_prefix(method: str) -> str:
     return f"method.{method}.hyperparameters"
 
 
-def requested_hyperparameters(request: JobCreate) -> SupervisedHyperparameters:
-    """The method's typed hyperparameters: its block, else (supervised only) the deprecated
-    top-level `hyperparameters`, else all "auto"; a 400 naming the field if they do not fit it."""
-    method = methods.get(method_of(request))
-    block = request.method.block if request.method is not None else None
-    if block is not None:
-        return method.parse_hyperparameters(block.hyperparameters)
-    if request.hyperparameters is not None and method.name == "supervised":
-        return request.hyperparameters
-    return method.parse_hyperparameters({})
+def requested_hyperparameters(request: JobRequest) -> SupervisedHyperparameters:
+    """The method's typed hyperparameters ("auto" where not given); a 400 naming the field
+    (`method.<type>.hyperparameters.<name>`) if they do not fit the method's model."""
+    return methods.get(request.method_type).parse_hyperparameters(request.asked_hyperparameters)
 
 
 def _auto(value, default):  # noqa: ANN001

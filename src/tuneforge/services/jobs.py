@@ -28,7 +28,7 @@ from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Attempt, BaseModelRow, FileRow, Job, JobEvent, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
-from tuneforge.domain.job_config import JobCreate
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import TERMINAL, JobStatus
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services import artifacts, estimates, evaluation, hyperparams
@@ -46,8 +46,8 @@ STREAM_POLL_S = 0.5  # how often a followed event stream looks for new events
 _log = logging.getLogger(__name__)
 
 
-def request_hash(request: JobCreate) -> str:
-    canonical = json.dumps(request.model_dump(mode="json", exclude_unset=True), sort_keys=True)
+def request_hash(request: JobRequest) -> str:
+    canonical = json.dumps(request.to_json(), sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -86,9 +86,9 @@ def qlora_available(settings: Settings) -> bool:
     return Path("/proc/driver/nvidia/version").exists() and importlib.util.find_spec("bitsandbytes") is not None
 
 
-def _check_request(request: JobCreate, settings: Settings) -> None:
-    method = methods.get(hyperparams.method_of(request)).name  # 400 naming method.type if unknown
-    training_type = request.training_type.type if request.training_type else "lora"
+def _check_request(request: JobRequest, settings: Settings) -> None:
+    method = methods.get(request.method_type).name  # 400 naming method.type if unknown
+    training_type = request.training_type_kind
     if training_type not in SUPPORTED_TRAINING_TYPES:
         raise invalid(f"training_type.type {training_type!r} is not supported; use one of "
                       f"{', '.join(SUPPORTED_TRAINING_TYPES)}", param="training_type.type")
@@ -115,7 +115,7 @@ def _check_request(request: JobCreate, settings: Settings) -> None:
 
 
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
-                  request: JobCreate) -> tuple[BaseModelRow, FileRow, FileRow | None]:
+                  request: JobRequest) -> tuple[BaseModelRow, FileRow, FileRow | None]:
     _check_request(request, settings)
     base = base_model_repo.by_name(session, request.model)
     if base is None:
@@ -123,7 +123,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
             f"Model {request.model!r} is not available for fine-tuning or does not exist",
             param="model", code="model_not_available",
         )
-    method = hyperparams.method_of(request)
+    method = request.method_type
     training = _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
                            settings.min_training_examples, method)
     validation = None
@@ -134,7 +134,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
     return base, training, validation
 
 
-def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobCreate) -> dict:
+def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest) -> dict:
     """The figures a job with this body would get, without creating it."""
     base, training, validation = _check_inputs(session, platform.settings, tenant, request)
     try:
@@ -146,7 +146,7 @@ def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: 
     return {
         "object": "fine_tuning.job.estimate",
         "model": base.name,
-        **plan.estimate,
+        **asdict(plan.estimate),
         "train_tokens_per_epoch": plan.prepared.train_tokens,
         "validation_examples": plan.prepared.valid_examples,
         "hyperparameters": asdict(plan.hyperparameters),
@@ -155,7 +155,7 @@ def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: 
     }
 
 
-def submit_job(session: Session, platform: Platform, tenant: Tenant, request: JobCreate,
+def submit_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest,
                idempotency_key: str | None = None) -> Job:
     """Job create as the API does it: `create_job`, then a new job with small files is
     validated at once (see `_validate_small_job`)."""
@@ -187,7 +187,7 @@ def create_job(
     session: Session,
     settings: Settings,
     tenant: Tenant,
-    request: JobCreate,
+    request: JobRequest,
     idempotency_key: str | None = None,
 ) -> tuple[Job, bool]:
     """Returns (job, created). A repeated Idempotency-Key returns the first job."""
@@ -212,7 +212,7 @@ def create_job(
         seed=request.seed if request.seed is not None else random.randint(0, 2**31 - 1),
         suffix=request.suffix,
         user_metadata=request.metadata,
-        request=request.model_dump(mode="json", exclude_unset=True),
+        request=request,
         result_files=[],
         idempotency_key=idempotency_key,
         request_hash=body_hash,

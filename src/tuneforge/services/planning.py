@@ -5,14 +5,22 @@ by `POST /v1/fine_tuning/jobs/estimate`, so both give the same figures."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from tuneforge.db.tables import BaseModelRow, FileRow, Tenant
-from tuneforge.domain.job_config import DataOptions, JobCreate, TrainingType
-from tuneforge.domain.spec import Hyperparameters, LoraConfig
+from tuneforge.domain.job_config import DataOptions, JobRequest
+from tuneforge.domain.resolved import (
+    DivergencePolicy,
+    Estimate,
+    ResolvedData,
+    ResolvedEval,
+    ResolvedJob,
+    ResolvedResources,
+)
+from tuneforge.domain.spec import CheckpointPolicy, Hyperparameters, LoraConfig
 from tuneforge.services import estimates, eval_sets, hyperparams, memory
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import PreparedDataset, PrepareRequest, prepare_for_job
@@ -27,32 +35,38 @@ from tuneforge.domain.errors import invalid
 @dataclass
 class Plan:
     prepared: PreparedDataset
+    method: str
+    training_type: str
     hyperparameters: Hyperparameters
     lora: LoraConfig
-    data: dict[str, Any]
-    estimate: dict[str, Any]
-    resources: dict[str, Any]
+    data: dict[str, Any]  # the data options, resolved (DataOptions' fields)
+    estimate: Estimate
+    resources: ResolvedResources
 
-    def resolved(self, checkpoint: dict[str, int]) -> dict[str, Any]:
-        """What the job row keeps (`jobs.resolved`)."""
-        return {
-            "hyperparameters": asdict(self.hyperparameters),
-            "lora": asdict(self.lora),
-            "checkpoint": checkpoint,
-            "gpus": self.resources["gpus"],
-            "resources": self.resources,
-            "num_examples": self.prepared.train_examples,
-            "data": {**self.prepared.to_dict(), **self.data},
-            "estimate": self.estimate,
-        }
+    def resolved(self, checkpoint: CheckpointPolicy, divergence: DivergencePolicy,
+                 evaluation: ResolvedEval | None) -> ResolvedJob:
+        """What the job row keeps (`jobs.resolved`), with the policies the caller resolved."""
+        return ResolvedJob(
+            method=self.method,
+            training_type=self.training_type,
+            hyperparameters=self.hyperparameters,
+            lora=self.lora,
+            checkpoint=checkpoint,
+            resources=self.resources,
+            num_examples=self.prepared.train_examples,
+            data=ResolvedData(**self.prepared.to_dict(), **self.data),
+            estimate=self.estimate,
+            divergence=divergence,
+            eval=evaluation,
+        )
 
 
-def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobCreate, *, seed: int,
+def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest, *, seed: int,
              training: FileRow, validation: FileRow | None, base: BaseModelRow) -> Plan:
     """Raises DataCheckFailed (bad data) or ApiError (bad hyperparameters)."""
-    training_type = request.training_type or TrainingType()
+    training_type = request.effective_training_type
     requested = hyperparams.requested_hyperparameters(request)
-    method = hyperparams.method_of(request)
+    method = request.method_type
     data = (request.data or DataOptions()).model_dump()
     data["pii_policy"] = data.get("pii_policy") or tenant.pii_policy or "warn"
     max_seq_length = hyperparams.resolve_max_seq_length(requested, base.max_position_embeddings, method)
@@ -89,9 +103,9 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobC
     estimate = estimates.estimate(
         platform.settings, base, train_tokens_per_epoch=prepared.train_tokens,
         train_examples=prepared.train_examples, n_epochs=resolved_hp.n_epochs,
-        batch_size=resolved_hp.batch_size, training_type=training_type.type, gpus=resources["gpus"],
+        batch_size=resolved_hp.batch_size, training_type=training_type.type, gpus=resources.gpus,
     )
-    return Plan(prepared, resolved_hp, lora, data, estimate, resources)
+    return Plan(prepared, method, training_type.type, resolved_hp, lora, data, estimate, resources)
 
 
 # bytes of GPU memory per parameter: frozen bf16 weights for adapters; weights, gradients and
@@ -109,8 +123,9 @@ def model_shape(store: ObjectStore, base: BaseModelRow) -> memory.ModelShape | N
         return None
 
 
-def resolve_resources(settings: Settings, request: JobCreate, base: BaseModelRow, training_type: str,
-                      shape: memory.ModelShape | None = None, seq_len: int = 2048, lora_rank: int = 16) -> dict:
+def resolve_resources(settings: Settings, request: JobRequest, base: BaseModelRow, training_type: str,
+                      shape: memory.ModelShape | None = None, seq_len: int = 2048,
+                      lora_rank: int = 16) -> ResolvedResources:
     """GPUs as asked, or as many as the memory model says the job needs at micro-batch 1
     (`memory.gpus_needed`, weights and optimizer states sharded); without a model shape, as
     many as the weights (and, for a full fine-tune, optimizer states) need, rounded up to a
@@ -129,8 +144,9 @@ def resolve_resources(settings: Settings, request: JobCreate, base: BaseModelRow
         while gpus * memory_gb * _MEMORY_HEADROOM < need_gb:
             gpus *= 2
     per_node = _gpus_per_node(settings, gpus, asked.nodes if asked else None)
-    return {"gpus": gpus, "gpus_per_node": per_node, "gpu_type": (asked and asked.gpu_type) or settings.gpu_type,
-            "gpu_memory_gb": memory_gb, "gradient_checkpointing": checkpointing}
+    return ResolvedResources(gpus=gpus, gpus_per_node=per_node,
+                             gpu_type=(asked and asked.gpu_type) or settings.gpu_type,
+                             gpu_memory_gb=memory_gb, gradient_checkpointing=checkpointing)
 
 
 def _gpus_per_node(settings: Settings, gpus: int, nodes: int | None) -> int:

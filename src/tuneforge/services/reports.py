@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -24,7 +25,6 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Checkpoint, Job
 from tuneforge.domain import reports
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
-from tuneforge.domain.spec import Hyperparameters
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.ids import new_id, short_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
@@ -185,7 +185,7 @@ def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:
     """The trainer keeps the newest `keep_last` checkpoints and deletes older
     ones from the store; the listing follows the same policy so every listed
     checkpoint can be downloaded."""
-    keep_last = int(((job.resolved or {}).get("checkpoint") or {}).get("keep_last") or 0)
+    keep_last = job.resolved.checkpoint.keep_last if job.resolved is not None else 0
     if keep_last <= 0:
         return
     session.flush()
@@ -238,13 +238,11 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
 
 def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[dict | None, dict | None]:
     """Check the job's gates against the eval results; the verdict goes to the job and its events."""
-    resolved_eval = (job.resolved or {}).get("eval") or {}
-    if not results or not resolved_eval.get("enabled"):
+    resolved = job.resolved
+    if not results or resolved is None or resolved.eval is None or not resolved.eval.enabled:
         return None, None
-    hyperparameters = {**Hyperparameters.flatten((job.resolved or {}).get("hyperparameters") or {}),
-                       "lora": (job.resolved or {}).get("lora"),
-                       "method": (job.request.get("method") or {}).get("type") or "supervised"}
-    report = evaluation.check_gates(resolved_eval, results, hyperparameters)
+    hyperparameters = {**resolved.hyperparameters.flat(), "lora": asdict(resolved.lora), "method": resolved.method}
+    report = evaluation.check_gates(resolved.eval, results, hyperparameters)
     job.eval_results = {**results, "gates": report}
     if report["passed"]:
         events.add(session, job, f"All {len(report['gates'])} eval gates passed; the model can be promoted",

@@ -19,6 +19,7 @@ from tests.helpers.net import free_port
 from tests.helpers.platform import make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.tables import FineTunedModel, Job
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.server import ControlPlane
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import tenants as tenant_service
@@ -56,7 +57,8 @@ def populate(platform: Platform, model_dir: Path, adapter_dirs: dict[str, Path])
             tenant, keys[name] = tenant_service.create_tenant(session, name)
             job_id = f"ftjob-{name}"
             session.add(Job(job_id=job_id, tenant_id=tenant.tenant_id, model=BASE, base_model_sha256=base.sha256,
-                            training_file="file-train", status="succeeded", seed=0, request={},
+                            training_file="file-train", status="succeeded", seed=0,
+                            request=JobRequest(model=BASE, training_file="file-train"),
                             request_hash="0" * 64, created_at=now))
             session.flush()
             prefix = layout.artifact_prefix(tenant.tenant_id, job_id, "adapter")

@@ -166,7 +166,7 @@ def test_the_default_lora_rank_follows_the_model_size():
 def test_gpu_requests_and_micro_batches_come_from_the_memory_model():
     from types import SimpleNamespace
 
-    from tuneforge.domain.job_config import JobCreate
+    from tuneforge.domain.job_config import JobRequest
     from tuneforge.services import memory
     from tuneforge.services.planning import resolve_resources
     from tuneforge.settings import Settings
@@ -178,15 +178,15 @@ def test_gpu_requests_and_micro_batches_come_from_the_memory_model():
         "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
         "num_key_value_heads": 8, "vocab_size": 128256})
     settings = Settings(gpu_memory_gb=80, gpus_per_node=8)
-    request = JobCreate(model="m", training_file="file-x")
+    request = JobRequest(model="m", training_file="file-x")
     base = SimpleNamespace(num_parameters=None, size_bytes=0)
     lora_8b = resolve_resources(settings, request, base, "lora", llama_8b, seq_len=2048)
     full_8b = resolve_resources(settings, request, base, "full", llama_8b, seq_len=2048)
     full_70b = resolve_resources(settings, request, base, "full", llama_70b, seq_len=2048)
-    assert lora_8b["gpus"] == 1
-    assert full_8b["gpus"] > lora_8b["gpus"]
-    assert full_70b["gpus"] >= 16 and full_70b["gpus_per_node"] == 8  # whole nodes
-    assert not lora_8b["gradient_checkpointing"] and full_70b["gradient_checkpointing"]  # only where needed
+    assert lora_8b.gpus == 1
+    assert full_8b.gpus > lora_8b.gpus
+    assert full_70b.gpus >= 16 and full_70b.gpus_per_node == 8  # whole nodes
+    assert not lora_8b.gradient_checkpointing and full_70b.gradient_checkpointing  # only where needed
     choice = memory.choose_micro_batch(llama_8b, training_type="lora", seq_len=1024,
                                        memory_bytes=80 * memory.GIB, batch_size=32, max_micro_batch=8)
     assert choice.fits and choice.micro_batch_size * choice.gradient_accumulation_steps == 32

@@ -4,12 +4,15 @@ grace period, admin override with an audit trail, immutable artifacts, duplicate
 from __future__ import annotations
 
 import io
+from dataclasses import asdict
 
 import pytest
 
 from tests.helpers.platform import chat_lines
 from tuneforge.db.tables import FileRow, FineTunedModel, Job
 from tuneforge.domain.errors import ApiError
+from tuneforge.domain.resolved import ResolvedJob
+from tuneforge.domain.spec import Hyperparameters
 from tuneforge.registry import lineage
 from tuneforge.registry import models as registry
 from tuneforge.storage import layout
@@ -44,7 +47,8 @@ def _register(world, job_id: str, gate_report: dict | None, *, files: dict[str, 
         for name, data in (files or {"adapter_config.json": b'{"r": 4}', "adapter_model.safetensors": b"w" * 32}
                            ).items():
             platform.store.put_bytes(f"{prefix}/{name}", data)
-        job.resolved = {"hyperparameters": {"learning_rate": 2e-4, "n_epochs": 3}, "lora": {"rank": 8}}
+        job.resolved = ResolvedJob.from_json(
+            {"hyperparameters": {"learning_rate": 2e-4, "n_epochs": 3}, "lora": {"rank": 8}})
         training = session.query(FileRow).filter_by(file_id=job.training_file).one()
         job.config_hash = lineage.config_hash(job, training, None)
         job.status, job.fine_tuned_model, job.trained_tokens = "succeeded", f"ft:tiny-base:x::{job_id[-6:]}", 1234
@@ -67,7 +71,8 @@ def test_a_registered_model_shows_its_lineage_and_starts_in_dev(world):
     assert lin["base_model"] == {"name": "tiny-base", "sha256": base_sha}
     assert lin["training_file"]["sha256"] == training_sha and len(training_sha) == 64
     assert lin["job_id"] == job_id and lin["attempts"] == 2 and lin["trained_tokens"] == 1234
-    assert lin["hyperparameters"] == {"learning_rate": 2e-4, "n_epochs": 3}
+    # the row's partial hyperparameters are resolved values: the ones it lacks take their defaults
+    assert lin["hyperparameters"] == asdict(Hyperparameters(learning_rate=2e-4, n_epochs=3))
     assert len(lin["hyperparameters_sha256"]) == 64 and lin["config_hash"] == body["config_hash"]
     assert lin["code_version"].startswith("0.1.0")
     assert set(lin["artifact"]["files"]) == {"adapter_config.json", "adapter_model.safetensors"}

@@ -12,6 +12,7 @@ import pytest
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.ids import new_id
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.services import tenants as tenant_service
 from tuneforge.services import usage
 from tuneforge.services.context import Platform
@@ -26,7 +27,8 @@ def add_job(platform: Platform, tenant: str, status: str = "succeeded", *, creat
     with platform.db.session() as session:
         row = tenant_repo.by_name(session, tenant)
         job = Job(job_id=new_id("ftjob"), tenant_id=row.tenant_id, model=model, base_model_sha256="0" * 64,
-                  training_file="file-x", status=status, attempt=0, seed=1, request={}, result_files=[],
+                  training_file="file-x", status=status, attempt=0, seed=1,
+                  request=JobRequest(model=model, training_file="file-x"), result_files=[],
                   request_hash="0" * 64, created_at=int(created_at if created_at is not None else time.time()))
         session.add(job)
         return job.job_id

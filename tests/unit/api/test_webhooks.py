@@ -11,6 +11,7 @@ from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.ids import new_id
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.services.transitions import transition
 
@@ -28,7 +29,8 @@ def _finished_job(world, tenant_name: str, status: JobStatus) -> str:
         tenant = tenant_repo.by_name(session, tenant_name)
         job = Job(job_id=new_id("ftjob"), tenant_id=tenant.tenant_id, model=world.base_model,
                   base_model_sha256="0" * 64, training_file="file-x", status="running", attempt=1, seed=1,
-                  request={}, result_files=[], request_hash="0" * 64, created_at=int(time.time()))
+                  request=JobRequest(model=world.base_model, training_file="file-x"), result_files=[],
+                  request_hash="0" * 64, created_at=int(time.time()))
         session.add(job)
     with world.platform.db.session() as session:
         transition(session, job_repo.get_for_update(session, job.job_id), status, "test")

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
+from sqlalchemy.orm import Session
 
 from tuneforge.db.migrate import downgrade, upgrade
-from tuneforge.db.tables import Base
+from tuneforge.db.tables import Base, Job
 
 TABLES = {"tenants", "api_keys", "base_models", "files", "jobs", "attempts", "job_events", "checkpoints",
           "fine_tuned_models", "model_stage_changes", "webhook_endpoints", "webhook_deliveries", "alembic_version"}
@@ -31,5 +33,42 @@ def test_migrations_match_the_table_definitions(database_url):
         with engine.connect() as connection:
             diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
         assert diff == []
+    finally:
+        engine.dispose()
+
+
+def test_rows_resolved_before_0007_get_the_method_and_training_type_of_their_request(database_url):
+    upgrade(database_url, "0006")
+    engine = create_engine(database_url)
+    tenants = sa.table("tenants", *(sa.column(name, kind) for name, kind in (
+        ("tenant_id", sa.String), ("name", sa.String), ("tier", sa.String), ("created_at", sa.BigInteger))))
+    jobs_0006 = sa.table("jobs", *(sa.column(name, kind) for name, kind in (
+        ("job_id", sa.String), ("tenant_id", sa.String), ("model", sa.String), ("base_model_sha256", sa.String),
+        ("training_file", sa.String), ("status", sa.String), ("attempt", sa.Integer), ("seed", sa.BigInteger),
+        ("request", sa.JSON), ("resolved", sa.JSON), ("result_files", sa.JSON), ("request_hash", sa.String),
+        ("cancel_requested", sa.Boolean), ("pause_requested", sa.Boolean), ("created_at", sa.BigInteger))))
+    old_resolved = {"hyperparameters": {"n_epochs": 2, "beta": 0.2}, "lora": {"rank": 4}, "gpus": 1}
+    rows = (("ftjob-dpo", {"model": "m", "training_file": "f", "method": {"type": "dpo"},
+                           "training_type": {"type": "qlora"}}, old_resolved),
+            ("ftjob-plain", {"model": "m", "training_file": "f"}, old_resolved),
+            ("ftjob-unvalidated", {"model": "m", "training_file": "f"}, sa.null()))
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.insert(tenants).values(tenant_id="tenant-1", name="alpha", tier="standard",
+                                                         created_at=0))
+            for job_id, request, resolved in rows:
+                connection.execute(sa.insert(jobs_0006).values(
+                    job_id=job_id, tenant_id="tenant-1", model="m", base_model_sha256="0" * 64, training_file="f",
+                    status="queued", attempt=0, seed=1, request=request, resolved=resolved, result_files=[],
+                    request_hash="0" * 64, cancel_requested=False, pause_requested=False, created_at=0))
+        upgrade(database_url)
+        with Session(engine) as session:
+            jobs = {job.job_id: job for job in session.scalars(sa.select(Job))}
+        dpo, plain = jobs["ftjob-dpo"].resolved, jobs["ftjob-plain"].resolved
+        assert (dpo.method, dpo.training_type) == ("dpo", "qlora")
+        assert (plain.method, plain.training_type) == ("supervised", "lora")
+        assert dpo.hyperparameters.beta == 0.2 and dpo.lora.rank == 4  # the rest of the row as it was
+        assert jobs["ftjob-unvalidated"].resolved is None
+        assert jobs["ftjob-dpo"].request.method_type == "dpo"
     finally:
         engine.dispose()

@@ -21,6 +21,7 @@ from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job, WebhookDelivery
 from tuneforge.domain.ids import new_id
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import webhooks
 from tuneforge.services.context import Platform
@@ -133,7 +134,8 @@ def register(platform: Platform, tenant: str, url: str, events: list[str] | None
 def running_job(platform: Platform, tenant: str) -> str:
     with platform.db.session() as session:
         job = Job(job_id=new_id("ftjob"), tenant_id=tenant, model="tiny-base", base_model_sha256="0" * 64,
-                  training_file="file-x", status=JobStatus.RUNNING.value, attempt=1, seed=1, request={},
+                  training_file="file-x", status=JobStatus.RUNNING.value, attempt=1, seed=1,
+                  request=JobRequest(model="tiny-base", training_file="file-x"),
                   result_files=[], request_hash="0" * 64, created_at=int(time.time()))
         session.add(job)
         return job.job_id

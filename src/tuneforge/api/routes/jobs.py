@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from tuneforge.api import deps
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
 from tuneforge.db.tables import JobEvent, Tenant
-from tuneforge.domain.job_config import JobCreate
+from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import artifacts, datasets
 from tuneforge.services import jobs as job_service
@@ -26,7 +26,7 @@ _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 
 @router.post("")
 def create_job(
-    body: JobCreate,
+    body: JobRequest,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
@@ -37,7 +37,7 @@ def create_job(
 
 @router.post("/estimate")
 def estimate_job(
-    body: JobCreate,
+    body: JobRequest,
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
