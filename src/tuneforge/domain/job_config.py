@@ -61,7 +61,7 @@ class Method(BaseModel):
     """`{"type": NAME, NAME: {"hyperparameters": {...}}}` as OpenAI's API has it; NAME is a
     registered training method (`tuneforge.train.methods`), whose own model checks the block."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", frozen=True)
     type: str = Field("supervised", max_length=64, description="The training method.")
 
     @model_validator(mode="after")

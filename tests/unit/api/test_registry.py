@@ -4,7 +4,6 @@ grace period, admin override with an audit trail, immutable artifacts, duplicate
 from __future__ import annotations
 
 import io
-from dataclasses import asdict
 
 import pytest
 
@@ -72,7 +71,7 @@ def test_a_registered_model_shows_its_lineage_and_starts_in_dev(world):
     assert lin["training_file"]["sha256"] == training_sha and len(training_sha) == 64
     assert lin["job_id"] == job_id and lin["attempts"] == 2 and lin["trained_tokens"] == 1234
     # the row's partial hyperparameters are resolved values: the ones it lacks take their defaults
-    assert lin["hyperparameters"] == asdict(Hyperparameters(learning_rate=2e-4, n_epochs=3))
+    assert lin["hyperparameters"] == Hyperparameters(learning_rate=2e-4, n_epochs=3).flat()
     assert len(lin["hyperparameters_sha256"]) == 64 and lin["config_hash"] == body["config_hash"]
     assert lin["code_version"].startswith("0.1.0")
     assert set(lin["artifact"]["files"]) == {"adapter_config.json", "adapter_model.safetensors"}

@@ -67,7 +67,7 @@ def test_rows_resolved_before_0007_get_the_method_and_training_type_of_their_req
         dpo, plain = jobs["ftjob-dpo"].resolved, jobs["ftjob-plain"].resolved
         assert (dpo.method, dpo.training_type) == ("dpo", "qlora")
         assert (plain.method, plain.training_type) == ("supervised", "lora")
-        assert dpo.hyperparameters.beta == 0.2 and dpo.lora.rank == 4  # the rest of the row as it was
+        assert dpo.hyperparameters.method_options["beta"] == 0.2 and dpo.lora.rank == 4  # the rest of the row as it was
         assert jobs["ftjob-unvalidated"].resolved is None
         assert jobs["ftjob-dpo"].request.method_type == "dpo"
     finally:

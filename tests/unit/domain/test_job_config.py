@@ -6,12 +6,10 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from tuneforge.domain.job_config import (
-    JobRequest,
-    PreferenceHyperparameters,
-    SupervisedHyperparameters,
-    TrainingType,
-)
+from tuneforge.domain.job_config import JobRequest, SupervisedHyperparameters, TrainingType
+from tuneforge.services.hyperparams import requested_hyperparameters
+from tuneforge.train.methods.dpo import DpoHyperparameters
+from tuneforge.train.methods.orpo import OrpoHyperparameters
 
 
 def _request(**fields) -> JobRequest:
@@ -21,8 +19,8 @@ def _request(**fields) -> JobRequest:
 def test_without_a_method_block_a_request_is_supervised_with_auto_hyperparameters():
     request = _request()
     assert request.method_type == "supervised"
-    assert request.requested_hyperparameters == SupervisedHyperparameters()
-    assert request.requested_hyperparameters.n_epochs == "auto"
+    assert requested_hyperparameters(request) == SupervisedHyperparameters()
+    assert requested_hyperparameters(request).n_epochs == "auto"
     assert request.training_type_kind == "lora" and request.effective_training_type == TrainingType()
 
 
@@ -30,26 +28,26 @@ def test_the_method_block_names_the_method_and_holds_its_hyperparameters():
     dpo = _request(method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "n_epochs": 2}}},
                    training_type={"type": "qlora"})
     assert dpo.method_type == "dpo" and dpo.training_type_kind == "qlora"
-    assert isinstance(dpo.requested_hyperparameters, PreferenceHyperparameters)
-    assert dpo.requested_hyperparameters.beta == 0.2 and dpo.requested_hyperparameters.n_epochs == 2
+    assert isinstance(requested_hyperparameters(dpo), DpoHyperparameters)
+    assert requested_hyperparameters(dpo).beta == 0.2 and requested_hyperparameters(dpo).n_epochs == 2
     # a preference method without its block still has beta (at "auto")
     orpo = _request(method={"type": "orpo"})
-    assert orpo.method_type == "orpo" and orpo.requested_hyperparameters == PreferenceHyperparameters()
+    assert orpo.method_type == "orpo" and requested_hyperparameters(orpo) == OrpoHyperparameters()
     cpt = _request(method={"type": "cpt"})
-    assert type(cpt.requested_hyperparameters) is SupervisedHyperparameters
+    assert type(requested_hyperparameters(cpt)) is SupervisedHyperparameters
 
 
 def test_the_deprecated_top_level_hyperparameters_count_for_supervised_jobs_only():
     plain = _request(hyperparameters={"n_epochs": 4, "batch_size": 2})
     assert plain.method_type == "supervised"
-    assert plain.requested_hyperparameters.n_epochs == 4 and plain.requested_hyperparameters.batch_size == 2
+    assert requested_hyperparameters(plain).n_epochs == 4 and requested_hyperparameters(plain).batch_size == 2
     # the method block wins over them
     both = _request(hyperparameters={"n_epochs": 4},
                     method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 7}}})
-    assert both.requested_hyperparameters.n_epochs == 7
+    assert requested_hyperparameters(both).n_epochs == 7
     # a preference method does not take them
     dpo = _request(hyperparameters={"n_epochs": 4}, method={"type": "dpo"})
-    assert dpo.requested_hyperparameters == PreferenceHyperparameters()
+    assert requested_hyperparameters(dpo) == DpoHyperparameters()
 
 
 def test_a_request_stores_what_was_given_and_reads_back_equal():

@@ -54,7 +54,7 @@ def _full_job() -> ResolvedJob:
     return ResolvedJob(
         method="dpo", training_type="qlora",
         hyperparameters=Hyperparameters(n_epochs=2, batch_size=16, micro_batch_size=4, gradient_accumulation_steps=4,
-                                        learning_rate=5e-5, beta=0.2),
+                                        learning_rate=5e-5, method_options={"beta": 0.2}),
         lora=LoraConfig(rank=16, alpha=32, dropout=0.05, target_modules=["q_proj", "v_proj"]),
         checkpoint=CheckpointPolicy(every_steps=10, keep_last=2, every_minutes=15.0, keep_on_cancel=True),
         resources=ResolvedResources(gpus=8, gpus_per_node=4, gpu_type="a100-80gb", gpu_memory_gb=80.0,
@@ -87,7 +87,7 @@ def test_a_row_written_before_the_types_reads_back_with_the_same_values():
     row = copy.deepcopy(ROW_BEFORE_TYPES)
     job = ResolvedJob.from_json(row)
     assert row == ROW_BEFORE_TYPES  # reading does not change the row
-    assert job.hyperparameters == Hyperparameters(**ROW_BEFORE_TYPES["hyperparameters"])
+    assert job.hyperparameters == Hyperparameters.from_dict(ROW_BEFORE_TYPES["hyperparameters"])
     assert job.lora == LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
     assert job.checkpoint == CheckpointPolicy(every_steps=7, keep_last=3, every_minutes=5.0, keep_on_cancel=True)
     assert job.gpus == 2 and job.resources.gpus_per_node == 0 and job.resources.gpu_type == "default"
@@ -100,7 +100,10 @@ def test_a_row_written_before_the_types_reads_back_with_the_same_values():
     assert job.extra == {}
     # written again: the same keys and values, plus the ones the types added
     written = job.to_json()
-    assert {key: written[key] for key in ROW_BEFORE_TYPES} == ROW_BEFORE_TYPES
+    # the same values; a method's own (beta) now sit in hyperparameters.method_options
+    assert {key: written[key] for key in ROW_BEFORE_TYPES if key != "hyperparameters"} == \
+        {key: value for key, value in ROW_BEFORE_TYPES.items() if key != "hyperparameters"}
+    assert Hyperparameters.flatten(written["hyperparameters"]) == ROW_BEFORE_TYPES["hyperparameters"]
     assert set(written) - set(ROW_BEFORE_TYPES) == {"method", "training_type", "extra"}
 
 
