@@ -46,7 +46,8 @@ def run_attempt(
             )
         from tuneforge.train.loop import run_training
 
-        objective = methods.get(spec.method).objective(spec.hyperparameters.method_options)
+        method = methods.get(spec.method)
+        objective = method.objective({**method.option_defaults, **spec.hyperparameters.method_options})
         return run_training(spec, store, reporter, stop, objective,
                             hooks if hooks is not None else faults_from_extra(spec.extra))
     except AttemptFenced as exc:
