@@ -299,7 +299,7 @@ def stage_tuneforge(cfg: Config, side_dir: Path, packing: bool) -> Path:
         checkpoint=CheckpointPolicy(every_steps=0, keep_last=1, every_minutes=0.0),  # save only the adapter
         storage_url=store_url, callback_url="http://127.0.0.1:9", job_token="bench",
         gpus=1 if cfg.device == "cuda" else 0, cache_dir=str(side_dir / "cache"),
-        extra={"cpu_threads": cfg.threads},
+        cpu_threads=cfg.threads,
     )
     spec_path = side_dir / "spec.json"
     spec.write(spec_path)

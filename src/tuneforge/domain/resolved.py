@@ -128,7 +128,7 @@ class ResolvedGate:
 @dataclass(frozen=True)
 class ResolvedEval:
     """Post-training evaluation with the platform's defaults filled in (services/evaluation.py).
-    The trainer gets it in its spec (`extra["eval"]`, as `to_json()`); the gates are checked
+    The trainer gets it in its spec (`JobSpec.eval`); the gates are checked
     by the control plane."""
 
     enabled: bool = True

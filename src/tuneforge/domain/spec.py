@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuneforge.domain.resolved import ResolvedEval
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,10 @@ class JobSpec:
     divergence_loss_multiple: float = 4.0
     divergence_patience_steps: int = 20
     divergence_min_increase: float = 1.0  # nats: a near-zero best loss times a multiple is still near zero
-    extra: dict[str, Any] = field(default_factory=dict)  # test hooks, future options
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (the memory model asked)
+    cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
+    eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none
+    extra: dict[str, Any] = field(default_factory=dict)  # injected faults for tests (`train/hooks.py`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -124,6 +130,16 @@ class JobSpec:
         raw["lora"] = LoraConfig(**raw["lora"])
         raw["hyperparameters"] = Hyperparameters.from_dict(raw["hyperparameters"])
         raw["checkpoint"] = CheckpointPolicy(**raw["checkpoint"])
+        extra = dict(raw.get("extra") or {})
+        for name in ("gradient_checkpointing", "cpu_threads", "eval"):  # where specs of older releases kept them
+            if name in extra and name not in raw:
+                raw[name] = extra.pop(name)
+        raw["extra"] = extra
+        if raw.get("eval"):
+            from tuneforge.domain.resolved import ResolvedEval  # resolved.py builds on this module's types
+
+            raw["eval"] = ResolvedEval.from_json(raw["eval"])
+        raw["cpu_threads"] = int(raw.get("cpu_threads") or 0)
         return cls(**raw)
 
     @classmethod

@@ -27,11 +27,6 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         validation = DataFileRef(file_id=job.validation_file or f"{training.file_id}:split",
                                  key=data.valid_key, sha256="")
     divergence = resolved.divergence
-    extra = dict(resolved.extra)
-    if resolved.eval is not None and resolved.eval.enabled:
-        extra["eval"] = resolved.eval.to_json()
-    if resolved.resources.gradient_checkpointing:
-        extra["gradient_checkpointing"] = True
     return JobSpec(
         job_id=job.job_id,
         tenant_id=job.tenant_id,
@@ -56,5 +51,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         divergence_patience_steps=divergence.patience_steps if divergence else settings.divergence_patience_steps,
         divergence_min_increase=divergence.min_increase if divergence else settings.divergence_min_increase,
         cache_dir=str(layout.home_base_model_cache_dir(settings.home).resolve()),
-        extra=extra,
+        gradient_checkpointing=resolved.resources.gradient_checkpointing,
+        eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
+        extra=dict(resolved.extra),
     )

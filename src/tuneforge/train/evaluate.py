@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +26,7 @@ import torch
 
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.errors import ApiError
+from tuneforge.domain.resolved import ResolvedEval
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal, runner, shipped
 from tuneforge.storage.model_cache import fetch_base_model
@@ -39,26 +40,27 @@ log = logging.getLogger(__name__)
 _SAMPLES = 5
 
 
-def eval_config(spec_extra: dict[str, Any]) -> dict[str, Any] | None:
-    config = spec_extra.get("eval")
-    return config if config and config.get("enabled", True) else None
+def eval_config(spec: Any) -> ResolvedEval | None:
+    """The attempt's eval, or None when the job has none."""
+    config = spec.eval
+    return config if config is not None and config.enabled else None
 
 
 def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[str, Any] | None:
     """Measure base and fine-tuned model; None when the job has no eval. `validate(run)` is the
     recipe's validation pass (its objective's loss and token accuracy on the validation set)."""
-    config = eval_config(run.spec.extra)
+    config = eval_config(run.spec)
     if config is None:
         return None
     started = time.monotonic()
     run.reporter.report("evaluating", {"step": run.state.step})
     errors: list[dict[str, Any]] = []
-    golden = shipped.golden_examples() if config.get("golden", True) else []
-    safety = shipped.safety_examples() if config.get("safety", True) else []
+    golden = shipped.golden_examples() if config.golden else []
+    safety = shipped.safety_examples() if config.safety else []
     tasks, specs = _tasks(run, config, errors)
-    detector = refusal.detector_from_config(config.get("safety_detector"))
-    limit = int(config.get("max_examples") or 200)
-    suites = dict(golden=golden, safety=safety, tasks=tasks, max_new_tokens=int(config.get("max_new_tokens") or 64),
+    detector = refusal.detector_from_config(_plain(config.safety_detector))
+    limit = config.max_examples
+    suites = dict(golden=golden, safety=safety, tasks=tasks, max_new_tokens=config.max_new_tokens,
                   max_seq_length=run.spec.hyperparameters.max_seq_length)
     valid_rows = run.valid_set[:limit]
     tuned = runner.observe(run.model, run.tokenizer, run.device, **suites)
@@ -92,14 +94,23 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[s
     return {**results, "examples": counts, "samples": samples, "errors": errors, "duration_s": round(duration, 3)}
 
 
-def _tasks(run: Any, config: dict[str, Any], errors: list[dict[str, Any]]) -> tuple[list[runner.TaskExample], list]:
-    key = config.get("task_file_key")
+def _plain(value: Any) -> Any:
+    """A detector or metric object of the resolved config as the parsers take it (dicts, lists)."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _tasks(run: Any, config: ResolvedEval, errors: list[dict[str, Any]]) -> tuple[list[runner.TaskExample], list]:
+    key = config.task_file_key
     if not key:
         return [], []
     try:
-        specs = task_metrics.parse_metrics(config.get("metrics"))
+        specs = task_metrics.parse_metrics(_plain(config.metrics))
         rows = _read_jsonl(run.store.get_bytes(key))
-        return runner.task_examples(rows, int(config.get("max_examples") or 200)), specs
+        return runner.task_examples(rows, config.max_examples), specs
     except (BadDataError, ApiError, OSError) as exc:
         errors.append({"suite": "task", "message": str(exc)})
         run.reporter.report("events", message_event(f"task eval skipped: {exc}", level="warn"))

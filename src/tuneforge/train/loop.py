@@ -38,7 +38,7 @@ smoothed loss far above its lowest value for too long, stops the job
 newest checkpoint is a good one.
 
 Tests reach in only through `run.hooks` (`train/hooks.py`).
-`spec.extra["cpu_threads"]` overrides the size-based choice of CPU threads.
+`spec.cpu_threads` overrides the size-based choice of CPU threads.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     cached = model_cache.is_cached(spec.base_model, cache_dir)
     base_dir = fetch_base_model(store, spec.base_model, cache_dir)
     model, tokenizer = load_base_model(base_dir, device, quantize_4bit=spec.training_type == "qlora")
-    threads = configure_threads(device, model.num_parameters(), spec.extra.get("cpu_threads"))
+    threads = configure_threads(device, model.num_parameters(), spec.cpu_threads or None)
     node = os.environ.get("TUNEFORGE_NODE", "")
     reporter.report("events", message_event(
         f"attempt {spec.attempt} started on {device.type}" + (f" on node {node}" if node else ""),
@@ -143,7 +143,7 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     if dist.main:
         dist.barrier()
     model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed,
-                              gradient_checkpointing=bool(spec.extra.get("gradient_checkpointing")))
+                              gradient_checkpointing=spec.gradient_checkpointing)
     if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
         seed_everything(spec.seed * 1009 + 7919 * dist.rank)
     params = trainable_parameters(model)
@@ -386,7 +386,7 @@ def save_final(run: Run) -> TrainerExit:
     last = state.history[-1]
     if run.valid_set and last["valid_loss"] is None:
         last["valid_loss"], last["valid_mean_token_accuracy"] = validate(run)
-    evaluating = evaluate.eval_config(spec.extra) is not None
+    evaluating = evaluate.eval_config(spec) is not None
     if evaluating and run.last_checkpoint_step != state.step:
         save_checkpoint(run)  # a preemption during the eval then loses no training
     if not run.dist.main:  # rank 0 writes the artifacts, evaluates and reports

@@ -32,7 +32,7 @@ MULTITHREAD_MIN_PARAMS = 20_000_000
 
 
 def configure_threads(device: torch.device, num_params: int, requested: int | None = None) -> int:
-    """CPU intra-op threads: `requested` (spec.extra["cpu_threads"]) or a size-based choice.
+    """CPU intra-op threads: `requested` (spec.cpu_threads) or a size-based choice.
 
     A model large enough to profit gets one thread per core of the affinity set
     (the executor confines an attempt with CPU affinity, so that set, not the

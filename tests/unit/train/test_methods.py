@@ -236,10 +236,10 @@ def test_gradient_checkpointing_recomputes_without_changing_the_result(tmp_path:
     runs = {}
     for recompute in (False, True):
         spec, store = stage_job(tmp_path / str(recompute), tiny_model_dir, training=demo_examples(n_keys=8),
-                                hyperparameters={"n_epochs": 2, "batch_size": 4, "micro_batch_size": 2},
-                                extra={"gradient_checkpointing": True} if recompute else None)
+                                hyperparameters={"n_epochs": 2, "batch_size": 4, "micro_batch_size": 2})
         reporter = RecordingReporter()
-        assert run_attempt(replace(spec, training_type=training_type), store, reporter) == TrainerExit.SUCCESS
+        spec = replace(spec, training_type=training_type, gradient_checkpointing=recompute)
+        assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
         runs[recompute] = {e["data"]["step"]: e["data"]["train_loss"] for e in reporter.events("metrics")}
     assert runs[True].keys() == runs[False].keys()
     for step, loss in runs[False].items():
