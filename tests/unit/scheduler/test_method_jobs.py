@@ -43,7 +43,7 @@ def world(tmp_path, database_url, tiny_model_dir):
 
 
 @pytest.mark.parametrize("method,data,lr,beta", [("dpo", "pairs", 5e-5, 0.1), ("orpo", "pairs", 8e-5, 0.1),
-                                                 ("cpt", "text", 1e-4, None)])
+                                                 ("cpt", "text", 1e-4, None), ("simpo", "pairs", 5e-5, 2.0)])
 def test_each_method_is_validated_resolved_and_launched(world, method, data, lr, beta):
     http, auth, files, scheduler, executor = world
     body = {"model": "tiny-base", "training_file": files[data], "method": {"type": method}}

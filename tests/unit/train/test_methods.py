@@ -69,7 +69,7 @@ def _trained(tiny_model_dir: Path, store, spec, local: Path):
     return PeftModel.from_pretrained(base, str(local)).eval(), tokenizer
 
 
-@pytest.mark.parametrize("method", ["dpo", "orpo"])
+@pytest.mark.parametrize("method", ["dpo", "orpo", "simpo"])
 def test_preference_training_widens_the_held_out_margin(tmp_path: Path, tiny_model_dir: Path, method: str) -> None:
     train, held_out = preference_pairs(48, seed=1), preference_pairs(16, seed=2)
     spec, store = stage_job(tmp_path, tiny_model_dir, training=train, validation=held_out,

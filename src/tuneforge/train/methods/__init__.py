@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from tuneforge.train.objective import Objective
 
 # The registration lines: one module per method, in the order the docs list them.
-_MODULES = ("supervised", "dpo", "orpo", "cpt", "kto")
+_MODULES = ("supervised", "dpo", "orpo", "cpt", "kto", "simpo")
 
 # Fields every method shares (`domain.spec.Hyperparameters`); anything else a
 # method's model declares is one of its own options (`Hyperparameters.method_options`).
