@@ -104,6 +104,16 @@ def checkpoint_prefix(tenant_id: str, job_id: str, step: int) -> str:
     return f"{checkpoints_prefix(tenant_id, job_id)}/step-{int(step)}"
 
 
+def checkpoint_file_key(checkpoint: str, name: str) -> str:
+    """One file of the checkpoint at prefix `checkpoint` (weights, optimizer, RNG, trainer state)."""
+    return f"{checkpoint.rstrip('/')}/{_part(name)}"
+
+
+def checkpoint_manifest_key(checkpoint: str) -> str:
+    """The manifest of the checkpoint at prefix `checkpoint`, written last."""
+    return checkpoint_file_key(checkpoint, MANIFEST_NAME)
+
+
 def trainer_state_key(checkpoint: str) -> str:
     """The trainer state (step, data position, history) inside the checkpoint folder `checkpoint`."""
     return f"{checkpoint}/{TRAINER_STATE_NAME}"

@@ -55,31 +55,27 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _manifest_key(prefix: str) -> str:
-    return f"{prefix.rstrip('/')}/{layout.MANIFEST_NAME}"
-
-
 def write_checkpoint(store: ObjectStore, prefix: str, files: Mapping[str, bytes], *, step: int) -> dict[str, Any]:
     """Write `files` under `prefix`, then the manifest; returns the manifest."""
     if layout.MANIFEST_NAME in files:
         raise ValueError(f"{layout.MANIFEST_NAME} is reserved for the checkpoint manifest")
     # A leftover from an earlier attempt at this step must not vouch for new files.
-    store.delete(_manifest_key(prefix))
+    store.delete(layout.checkpoint_manifest_key(prefix))
     store.delete_prefix(prefix)
     entries = {}
     for name in sorted(files):
         data = files[name]
-        store.put_bytes(f"{prefix}/{name}", data)
+        store.put_bytes(layout.checkpoint_file_key(prefix, name), data)
         entries[name] = {"sha256": _sha256(data), "size_bytes": len(data)}
     manifest = {"format": MANIFEST_FORMAT, "step": int(step), "created_at": time.time(), "files": entries}
-    store.put_bytes(_manifest_key(prefix), json.dumps(manifest, indent=2, sort_keys=True).encode())
+    store.put_bytes(layout.checkpoint_manifest_key(prefix), json.dumps(manifest, indent=2, sort_keys=True).encode())
     return manifest
 
 
 def read_checkpoint(store: ObjectStore, prefix: str) -> Checkpoint | None:
     """The checkpoint at `prefix` if its manifest is present and every file matches it."""
     try:
-        manifest = json.loads(store.get_bytes(_manifest_key(prefix)))
+        manifest = json.loads(store.get_bytes(layout.checkpoint_manifest_key(prefix)))
         entries = manifest["files"]
         step = int(manifest["step"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
@@ -87,7 +83,7 @@ def read_checkpoint(store: ObjectStore, prefix: str) -> Checkpoint | None:
     files = {}
     for name, entry in entries.items():
         try:
-            data = store.get_bytes(f"{prefix}/{name}")
+            data = store.get_bytes(layout.checkpoint_file_key(prefix, name))
         except FileNotFoundError:
             log.warning("checkpoint %s: %s is missing", prefix, name)
             return None
@@ -122,14 +118,14 @@ def latest_valid_checkpoint(store: ObjectStore, checkpoints_prefix: str) -> Chec
 
 def delete_checkpoint(store: ObjectStore, prefix: str) -> None:
     # Manifest first: a half-deleted folder then reads as incomplete, never as valid.
-    store.delete(_manifest_key(prefix))
+    store.delete(layout.checkpoint_manifest_key(prefix))
     store.delete_prefix(prefix)
 
 
 def prune_checkpoints(store: ObjectStore, checkpoints_prefix: str, keep_last: int) -> list[str]:
     """Delete every step folder older than the `keep_last` newest complete ones."""
     dirs = checkpoint_dirs(store, checkpoints_prefix)
-    complete = [(step, prefix) for step, prefix in dirs if store.exists(_manifest_key(prefix))]
+    complete = [(step, prefix) for step, prefix in dirs if store.exists(layout.checkpoint_manifest_key(prefix))]
     if keep_last <= 0 or len(complete) <= keep_last:
         return []
     oldest_kept_step = complete[keep_last - 1][0]
