@@ -13,6 +13,7 @@ preference objectives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,6 +61,31 @@ class Objective(Protocol):
 
 
 # -- shared by the token-level objectives (supervised, continued pre-training) ---
+
+
+@dataclass(frozen=True)
+class TokenObjective:
+    """Next-token cross-entropy on the target tokens of tokenized examples; `loader` reads a
+    prepared file into them (supervised: chat template and loss masks; cpt: plain text)."""
+
+    name: str
+    loader: Callable[..., list[Any]]  # (store, ref, tokenizer, hp, *, label, base_model_sha256)
+
+    def load(self, store: "ObjectStore", ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+             base_model_sha256: str) -> list[Any]:
+        return self.loader(store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
+
+    def prepare(self, run: "Run") -> None:
+        return None
+
+    def units(self, examples: list[Any]) -> int:
+        return token_units(examples)
+
+    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
+        return token_chunks(examples, hp)
+
+    def forward(self, run: "Run", chunk: list[Any]) -> Scores:
+        return token_scores(run, chunk)
 
 
 def load_token_examples(store: "ObjectStore", ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,

@@ -204,3 +204,49 @@ def reference_logps(run: Run, examples: list[Any], *, source: tuple[str, str], w
 def log_odds(mean_logp: torch.Tensor) -> torch.Tensor:
     """log(p / (1 - p)) for p = exp(mean_logp) < 1, computed without cancelling."""
     return mean_logp - torch.log1p(-torch.exp(mean_logp.clamp(max=-1e-6)))
+
+
+class PairObjective:
+    """An objective on (chosen, rejected) pairs (`Objective` protocol): both answers of a
+    micro-batch's pairs go through the model in one forward pass, and `loss(logps, reference)`
+    turns their log-probabilities — and, with `reference=True`, the reference model's, one
+    (chosen, rejected) row per pair — into per-pair losses and whether each pair prefers its
+    chosen answer. The step's loss is the mean over its pairs."""
+
+    def __init__(self, name: str, loss: Callable[[AnswerLogps, torch.Tensor | None],
+                                                 tuple[torch.Tensor, torch.Tensor]], *, reference: bool) -> None:
+        self.name, self.loss, self.uses_reference = name, loss, reference
+        self.sources: dict[str, tuple[str, str]] = {}  # split -> (file key, base model sha)
+        self.reference: dict[str, np.ndarray] = {}  # split -> (pairs, 2) reference log-probs
+
+    def load(self, store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+             base_model_sha256: str) -> list[PairExample]:
+        self.sources[label] = (ref.key, base_model_sha256)
+        return load_pairs(store, ref, tokenizer, hp, label=label)
+
+    def prepare(self, run: Run) -> None:
+        if not self.uses_reference:
+            return
+        for examples in (run.train_set, run.valid_set):
+            if examples:
+                split = examples[0].split
+                self.reference[split] = reference_logps(
+                    run, examples, source=self.sources[split], what="pairs", width=2,
+                    scores=lambda model, chunk: pair_logps(model, chunk, run).sums)
+
+    def units(self, examples: list[Any]) -> int:
+        return len(examples)
+
+    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
+        return example_chunks(examples, hp)
+
+    def forward(self, run: Run, chunk: list[PairExample]) -> Any:
+        from tuneforge.train.objective import Scores
+
+        logps = pair_logps(run.model, chunk, run)
+        reference = None
+        if self.uses_reference:
+            rows = self.reference[chunk[0].split][[pair.index for pair in chunk]]
+            reference = torch.tensor(rows, dtype=logps.sums.dtype, device=logps.sums.device)
+        losses, preferred = self.loss(logps, reference)
+        return Scores(losses.sum(), int(preferred.sum()), len(chunk), logps.num_tokens, logps.num_slots)

@@ -20,7 +20,7 @@ from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import TokenizedExample
 from tuneforge.domain.job_config import SupervisedHyperparameters
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
-from tuneforge.train import objective as tokens
+from tuneforge.train.objective import TokenObjective
 from tuneforge.train.methods import TrainingMethod
 
 
@@ -36,7 +36,7 @@ def tokenize_text(text: Any, tokenizer: Any, *, max_seq_length: int) -> list[Tok
 
 
 def load_texts(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *,
-               label: str) -> list[TokenizedExample]:
+               label: str, base_model_sha256: str = "") -> list[TokenizedExample]:
     examples: list[TokenizedExample] = []
     line_number = 0
     try:
@@ -53,28 +53,8 @@ def load_texts(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters
     return examples
 
 
-class TextObjective:
-    name = "cpt"
-
-    def load(self, store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
-        return load_texts(store, ref, tokenizer, hp, label=label)
-
-    def prepare(self, run: Any) -> None:
-        return None
-
-    def units(self, examples: list[Any]) -> int:
-        return tokens.token_units(examples)
-
-    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
-        return tokens.token_chunks(examples, hp)
-
-    def forward(self, run: Any, chunk: list[Any]) -> tokens.Scores:
-        return tokens.token_scores(run, chunk)
-
-
-def _objective(options: Mapping[str, Any]) -> TextObjective:
-    return TextObjective()
+def _objective(options: Mapping[str, Any]) -> TokenObjective:
+    return TokenObjective("cpt", load_texts)
 
 
 METHOD = TrainingMethod(

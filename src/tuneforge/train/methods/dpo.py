@@ -21,9 +21,7 @@ from typing import Any, Union
 from pydantic import Field
 
 from tuneforge.domain.job_config import Auto, SupervisedHyperparameters
-from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.train.methods import EvalDefaults, TrainingMethod
-from tuneforge.train.objective import Scores
 
 
 class DpoHyperparameters(SupervisedHyperparameters):
@@ -31,56 +29,19 @@ class DpoHyperparameters(SupervisedHyperparameters):
                                                          "model: larger keeps the fine-tune closer to it.")
 
 
-class DpoObjective:
-    name = "dpo"
+def _objective(options: Mapping[str, Any]) -> Any:
+    from tuneforge.train.pairs import PairObjective
 
-    def __init__(self, beta: float) -> None:
-        self.beta = beta
-        self.sources: dict[str, tuple[str, str]] = {}  # split -> (file key, base model sha)
-        self.reference: dict[str, Any] = {}  # split -> (pairs, 2) reference log-probs
+    beta = float(options["beta"])
 
-    def load(self, store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
-        from tuneforge.train import pairs
-
-        self.sources[label] = (ref.key, base_model_sha256)
-        return pairs.load_pairs(store, ref, tokenizer, hp, label=label)
-
-    def prepare(self, run: Any) -> None:
-        from tuneforge.train import pairs
-
-        for examples in (run.train_set, run.valid_set):
-            if examples:
-                split = examples[0].split
-                self.reference[split] = pairs.reference_logps(
-                    run, examples, source=self.sources[split], what="pairs", width=2,
-                    scores=lambda model, chunk: pairs.pair_logps(model, chunk, run).sums)
-
-    def units(self, examples: list[Any]) -> int:
-        return len(examples)
-
-    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
-        from tuneforge.train import pairs
-
-        return pairs.example_chunks(examples, hp)
-
-    def forward(self, run: Any, chunk: list[Any]) -> Scores:
-        import torch
+    def loss(logps: Any, reference: Any) -> tuple[Any, Any]:
         import torch.nn.functional as F
 
-        from tuneforge.train import pairs
-
-        logps = pairs.pair_logps(run.model, chunk, run)
         chosen, rejected = logps.sums[0::2], logps.sums[1::2]
-        reference = self.reference[chunk[0].split][[pair.index for pair in chunk]]
-        ref = torch.tensor(reference, dtype=chosen.dtype, device=chosen.device)
-        margin = self.beta * ((chosen - ref[:, 0]) - (rejected - ref[:, 1]))
-        losses = -F.logsigmoid(margin)
-        return Scores(losses.sum(), int((margin > 0).sum()), len(chunk), logps.num_tokens, logps.num_slots)
+        margin = beta * ((chosen - reference[:, 0]) - (rejected - reference[:, 1]))
+        return -F.logsigmoid(margin), margin > 0
 
-
-def _objective(options: Mapping[str, Any]) -> DpoObjective:
-    return DpoObjective(float(options["beta"]))
+    return PairObjective("dpo", loss, reference=True)
 
 
 METHOD = TrainingMethod(

@@ -16,9 +16,7 @@ from typing import Any, Union
 from pydantic import Field
 
 from tuneforge.domain.job_config import Auto, SupervisedHyperparameters
-from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.train.methods import EvalDefaults, TrainingMethod
-from tuneforge.train.objective import Scores
 
 
 class OrpoHyperparameters(SupervisedHyperparameters):
@@ -26,44 +24,20 @@ class OrpoHyperparameters(SupervisedHyperparameters):
                                                          "supervised loss of the chosen answer.")
 
 
-class OrpoObjective:
-    name = "orpo"
+def _objective(options: Mapping[str, Any]) -> Any:
+    from tuneforge.train.pairs import PairObjective, log_odds
 
-    def __init__(self, beta: float) -> None:
-        self.beta = beta
+    beta = float(options["beta"])
 
-    def load(self, store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
-        from tuneforge.train import pairs
-
-        return pairs.load_pairs(store, ref, tokenizer, hp, label=label)
-
-    def prepare(self, run: Any) -> None:
-        return None
-
-    def units(self, examples: list[Any]) -> int:
-        return len(examples)
-
-    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
-        from tuneforge.train import pairs
-
-        return pairs.example_chunks(examples, hp)
-
-    def forward(self, run: Any, chunk: list[Any]) -> Scores:
+    def loss(logps: Any, reference: Any) -> tuple[Any, Any]:
         import torch.nn.functional as F
 
-        from tuneforge.train import pairs
-
-        logps = pairs.pair_logps(run.model, chunk, run)
         mean_chosen = logps.sums[0::2] / logps.counts[0::2]
         mean_rejected = logps.sums[1::2] / logps.counts[1::2]
-        odds = pairs.log_odds(mean_chosen) - pairs.log_odds(mean_rejected)
-        losses = -mean_chosen - self.beta * F.logsigmoid(odds)
-        return Scores(losses.sum(), int((odds > 0).sum()), len(chunk), logps.num_tokens, logps.num_slots)
+        odds = log_odds(mean_chosen) - log_odds(mean_rejected)
+        return -mean_chosen - beta * F.logsigmoid(odds), odds > 0
 
-
-def _objective(options: Mapping[str, Any]) -> OrpoObjective:
-    return OrpoObjective(float(options["beta"]))
+    return PairObjective("orpo", loss, reference=False)
 
 
 METHOD = TrainingMethod(

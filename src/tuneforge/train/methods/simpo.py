@@ -17,9 +17,7 @@ from typing import Any, Union
 from pydantic import Field
 
 from tuneforge.domain.job_config import Auto, SupervisedHyperparameters
-from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.train.methods import EvalDefaults, TrainingMethod
-from tuneforge.train.objective import Scores
 
 
 class SimpoHyperparameters(SupervisedHyperparameters):
@@ -27,43 +25,19 @@ class SimpoHyperparameters(SupervisedHyperparameters):
     gamma: Union[float, Auto] = Field("auto", description="Target reward margin between chosen and rejected.")
 
 
-class SimpoObjective:
-    name = "simpo"
+def _objective(options: Mapping[str, Any]) -> Any:
+    from tuneforge.train.pairs import PairObjective
 
-    def __init__(self, beta: float, gamma: float) -> None:
-        self.beta, self.gamma = beta, gamma
+    beta, gamma = float(options["beta"]), float(options["gamma"])
 
-    def load(self, store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
-        from tuneforge.train import pairs
-
-        return pairs.load_pairs(store, ref, tokenizer, hp, label=label)
-
-    def prepare(self, run: Any) -> None:
-        return None
-
-    def units(self, examples: list[Any]) -> int:
-        return len(examples)
-
-    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
-        from tuneforge.train import pairs
-
-        return pairs.example_chunks(examples, hp)
-
-    def forward(self, run: Any, chunk: list[Any]) -> Scores:
+    def loss(logps: Any, reference: Any) -> tuple[Any, Any]:
         import torch.nn.functional as F
 
-        from tuneforge.train import pairs
-
-        logps = pairs.pair_logps(run.model, chunk, run)
-        rewards = self.beta * logps.sums / logps.counts
+        rewards = beta * logps.sums / logps.counts
         margin = rewards[0::2] - rewards[1::2]
-        losses = -F.logsigmoid(margin - self.gamma)
-        return Scores(losses.sum(), int((margin > 0).sum()), len(chunk), logps.num_tokens, logps.num_slots)
+        return -F.logsigmoid(margin - gamma), margin > 0
 
-
-def _objective(options: Mapping[str, Any]) -> SimpoObjective:
-    return SimpoObjective(float(options["beta"]), float(options["gamma"]))
+    return PairObjective("simpo", loss, reference=False)
 
 
 METHOD = TrainingMethod(

@@ -14,35 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuneforge.domain.job_config import SupervisedHyperparameters
-from tuneforge.domain.spec import DataFileRef, Hyperparameters
-from tuneforge.train import objective as tokens
+from tuneforge.train.objective import TokenObjective, load_token_examples
 from tuneforge.train.methods import TrainingMethod
 
 
-class TokenObjective:
-    """Cross-entropy on the target tokens of tokenized examples (`data.tokenize`)."""
-
-    name = "supervised"
-
-    def load(self, store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
-        return tokens.load_token_examples(store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
-
-    def prepare(self, run: Any) -> None:
-        return None
-
-    def units(self, examples: list[Any]) -> int:
-        return tokens.token_units(examples)
-
-    def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
-        return tokens.token_chunks(examples, hp)
-
-    def forward(self, run: Any, chunk: list[Any]) -> tokens.Scores:
-        return tokens.token_scores(run, chunk)
-
-
 def _objective(options: Mapping[str, Any]) -> TokenObjective:
-    return TokenObjective()
+    return TokenObjective("supervised", load_token_examples)
 
 
 METHOD = TrainingMethod(
