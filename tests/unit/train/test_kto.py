@@ -14,11 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import safetensors.torch
 import torch
 
-from tests.helpers.tiny import next_attempt, stage_job
-from tests.unit.train.test_methods import WORDS, _trained, mean_margin, preference_pairs
+from tests.helpers.tiny import stage_job
+from tests.unit.train.test_methods import WORDS, _trained, assert_resumes_exactly, mean_margin, preference_pairs
 from tuneforge.data.example import DataIssue
 from tuneforge.data.shapes import check_method, normalize
 from tuneforge.domain.exit_codes import TrainerExit
@@ -70,24 +69,7 @@ def test_kto_resumes_exactly(tmp_path: Path, tiny_model_dir: Path) -> None:
                "hyperparameters": {"n_epochs": 2, "batch_size": 4, "micro_batch_size": 2, "beta": 0.3,
                                    "desirable_weight": 1.0, "undesirable_weight": 1.2},
                "lora": {"dropout": 0.1}, "checkpoint": {"every_steps": 2}}
-    whole, store = stage_job(tmp_path / "whole", tiny_model_dir, **options)
-    reference = RecordingReporter()
-    assert run_attempt(replace(whole, method="kto"), store, reference) == TrainerExit.SUCCESS
-    first, store2 = stage_job(tmp_path / "split", tiny_model_dir, extra={"stop_after_step": 5}, **options)
-    first = replace(first, method="kto")
-    reporter = RecordingReporter()
-    assert run_attempt(first, store2, reporter) == TrainerExit.PREEMPTED
-    second = RecordingReporter(attempt=2)
-    assert run_attempt(next_attempt(first), store2, second) == TrainerExit.SUCCESS
-
-    def losses(r):
-        return {e["data"]["step"]: e["data"]["train_loss"] for e in r.events("metrics")}
-
-    assert {**losses(reporter), **losses(second)} == losses(reference)
-    prefix = layout.artifact_prefix(whole.tenant_id, whole.job_id, "adapter")
-    a = safetensors.torch.load(store.get_bytes(f"{prefix}/adapter_model.safetensors"))
-    b = safetensors.torch.load(store2.get_bytes(f"{prefix}/adapter_model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_resumes_exactly(tmp_path, tiny_model_dir, "kto", options, stop_after_step=5)
 
 
 # --- data shape ---------------------------------------------------------------------------
