@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 from pathlib import Path
 
 import openai
@@ -52,6 +53,9 @@ def jobs_create(
     training_file: str = typer.Option(..., help="File id"),
     validation_file: str = typer.Option(None),
     suffix: str = typer.Option(None),
+    method: str = typer.Option("supervised", help="Training method (docs/methods.md), e.g. supervised, dpo, kto"),
+    hyperparameter: list[str] = typer.Option(
+        [], "--hyperparameter", "-H", help="A hyperparameter of the method as NAME=VALUE (JSON value), repeatable"),
     n_epochs: int = typer.Option(None),
     batch_size: int = typer.Option(None),
     learning_rate: float = typer.Option(None),
@@ -61,15 +65,30 @@ def jobs_create(
 ) -> None:
     hp = {k: v for k, v in {"n_epochs": n_epochs, "batch_size": batch_size,
                             "learning_rate": learning_rate}.items() if v is not None}
+    hp.update(_assignments(hyperparameter))
     extra_body = {"training_type": {"type": "lora", "rank": lora_rank}} if lora_rank else None
     job = client().fine_tuning.jobs.create(
         model=model, training_file=training_file, validation_file=validation_file or openai.NOT_GIVEN,
         suffix=suffix or openai.NOT_GIVEN, seed=seed if seed is not None else openai.NOT_GIVEN,
-        method={"type": "supervised", "supervised": {"hyperparameters": hp}},
+        method={"type": method, method: {"hyperparameters": hp}},
         extra_body=extra_body,
         extra_headers={"Idempotency-Key": idempotency_key} if idempotency_key else None,
     )
     _show(job)
+
+
+def _assignments(items: list[str]) -> dict[str, Any]:
+    """NAME=VALUE pairs; a VALUE that parses as JSON (0.2, true, "auto") is taken as such, else as text."""
+    values: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="--hyperparameter")
+        try:
+            values[name.strip()] = json.loads(raw)
+        except ValueError:
+            values[name.strip()] = raw
+    return values
 
 
 @jobs_app.command("get")
