@@ -288,7 +288,7 @@ def _gentler(kinds: set[str], hyperparameters: Mapping[str, Any]) -> list[str]:
         out.append(f"training_type.rank {rank} → {max(_MIN_RANK, rank // 2)}: a smaller adapter changes less "
                    "of the base model's behaviour")
     beta = _number(hyperparameters, "beta")
-    if hyperparameters.get("method") == "dpo" and beta:
+    if _pulls_to_reference(hyperparameters) and beta:
         out.append(f"beta {beta:g} → {beta * 2:g}: a larger beta keeps the policy closer to the reference model")
     mix = _mix_count(hyperparameters)
     share = f"about {MIX_SHARE:.0%} of the training data{mix}"
@@ -314,10 +314,18 @@ def _harder(hyperparameters: Mapping[str, Any]) -> list[str]:
     if rank and rank < _MAX_RANK:
         out.append(f"training_type.rank {rank} → {min(_MAX_RANK, rank * 2)}: a larger adapter can learn more")
     beta = _number(hyperparameters, "beta")
-    if hyperparameters.get("method") == "dpo" and beta:
+    if _pulls_to_reference(hyperparameters) and beta:
         out.append(f"beta {beta:g} → {beta / 2:g}: a smaller beta lets the policy move further from the "
                    "reference model")
     return out
+
+
+def _pulls_to_reference(hyperparameters: Mapping[str, Any]) -> bool:
+    """Whether the job's method has a beta that keeps the policy near the reference model (DPO, KTO)."""
+    from tuneforge.train import methods
+
+    name = hyperparameters.get("method")
+    return name in methods.names() and methods.get(str(name)).beta_pulls_to_reference
 
 
 def _lora_rank(hyperparameters: Mapping[str, Any]) -> int | None:

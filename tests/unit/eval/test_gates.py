@@ -191,6 +191,15 @@ def test_dpo_beta_moves_against_regressions_and_towards_the_task():
     assert not any(line.startswith("beta") for line in supervised)
 
 
+def test_the_beta_advice_follows_the_method_not_its_name():
+    # KTO's beta, like DPO's, keeps the policy near the reference; ORPO's and SimPO's do not
+    kto = _suggest("safety.refusal_rate", ">=", -0.1, True, RESULTS, method="kto")
+    assert any(line.startswith("beta 0.1 → 0.2") for line in kto)
+    for method in ("orpo", "simpo"):
+        other = _suggest("safety.refusal_rate", ">=", -0.1, True, RESULTS, method=method)
+        assert not any(line.startswith("beta") for line in other)
+
+
 def test_a_regression_with_an_unlearned_task_never_asks_for_harder_training():
     report = gates.check([Gate("task.exact_match", ">=", 0.8), Gate("golden.loss", "<=", 0.5, True)], RESULTS)
     advice = gates.suggestions(report, HP)

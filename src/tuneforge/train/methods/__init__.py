@@ -56,6 +56,7 @@ class TrainingMethod:
     option_defaults: Mapping[str, Any] = field(default_factory=dict)  # values of its own options when "auto"
     option_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # inclusive bounds
     sequences_per_example: int = 1  # sequences one example puts through the model (memory model)
+    beta_pulls_to_reference: bool = False  # its `beta` keeps the policy near the reference (gate advice)
     default_eval: EvalDefaults = EvalDefaults()
     shapes: tuple["Shape", ...] = ()  # data shapes this method brings (recognised in every upload)
 

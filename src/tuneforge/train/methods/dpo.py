@@ -54,5 +54,6 @@ METHOD = TrainingMethod(
     option_defaults={"beta": 0.1},
     option_ranges={"beta": (1e-4, 100.0)},
     sequences_per_example=2,
+    beta_pulls_to_reference=True,
     default_eval=EvalDefaults(perplexity=False),
 )

@@ -223,6 +223,7 @@ METHOD = TrainingMethod(
     option_defaults={"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0},
     option_ranges={"beta": (1e-4, 100.0), "desirable_weight": (0.0, 100.0), "undesirable_weight": (0.0, 100.0)},
     sequences_per_example=2,
+    beta_pulls_to_reference=True,
     default_eval=EvalDefaults(perplexity=False),
     shapes=(SHAPE,),
 )
