@@ -63,11 +63,6 @@ class Hyperparameters:
         shared = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "method_options"}
         return {**shared, **self.method_options}
 
-    @staticmethod
-    def flatten(raw: dict[str, Any]) -> dict[str, Any]:
-        """`flat()` of a stored dict, keeping only the values it holds."""
-        return {**{k: v for k, v in raw.items() if k != "method_options"}, **(raw.get("method_options") or {})}
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "Hyperparameters":
         """Also reads values written before methods had options of their own (a top-level `beta`)."""

@@ -19,13 +19,10 @@ from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import JobRequest, SupervisedHyperparameters, TrainingType
 from tuneforge.domain.spec import Hyperparameters, LoraConfig
 from tuneforge.train import methods
+from tuneforge.train.methods import param_prefix
 
 MAX_MICRO_BATCH = 8
 DEFAULT_MAX_SEQ_LENGTH = 2048
-
-
-def param_prefix(method: str) -> str:
-    return f"method.{method}.hyperparameters"
 
 
 def requested_hyperparameters(request: JobRequest) -> SupervisedHyperparameters:

@@ -103,7 +103,7 @@ def test_a_row_written_before_the_types_reads_back_with_the_same_values():
     # the same values; a method's own (beta) now sit in hyperparameters.method_options
     assert {key: written[key] for key in ROW_BEFORE_TYPES if key != "hyperparameters"} == \
         {key: value for key, value in ROW_BEFORE_TYPES.items() if key != "hyperparameters"}
-    assert Hyperparameters.flatten(written["hyperparameters"]) == ROW_BEFORE_TYPES["hyperparameters"]
+    assert Hyperparameters.from_dict(written["hyperparameters"]).flat() == ROW_BEFORE_TYPES["hyperparameters"]
     assert set(written) - set(ROW_BEFORE_TYPES) == {"method", "training_type", "extra"}
 
 
