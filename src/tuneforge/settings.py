@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +37,22 @@ class Settings(BaseSettings):
         default=None, description="S3 access key; default: the usual AWS credential chain."
     )
     s3_secret_access_key: str | None = Field(default=None, description="S3 secret key.")
+
+    s3_sse: str | None = Field(
+        default=None, description="Server-side encryption of every object written to S3: 'AES256' (S3-managed "
+                                  "keys) or 'aws:kms' (with TUNEFORGE_S3_SSE_KMS_KEY_ID, else the account's "
+                                  "default KMS key); unset: the bucket's default.")
+    s3_sse_kms_key_id: str | None = Field(default=None, description="KMS key id or ARN for s3_sse = 'aws:kms'.")
+    secrets_key: str | None = Field(
+        default=None, description="Fernet keys (comma-separated, newest first) sealing tenant secrets and webhook "
+                                  "signing secrets at rest; unset: a key generated once in HOME/secrets.key. "
+                                  "Control planes sharing a database must share it (docs/security.md).")
+    eval_endpoints: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='Judge and guard endpoints the operator offers, by name (JSON), e.g. {"judge": {"url": '
+                    '"https://llm.internal/v1", "model": "judge-70b", "api_key": "..."}}; a tenant\'s eval picks '
+                    'one as "endpoint_name" and never sees its URL or key. These are trusted: the egress '
+                    'policy does not apply to them.')
 
     host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     port: int = Field(default=8000, description="Port the API binds to.")
@@ -194,6 +210,13 @@ class Settings(BaseSettings):
     webhook_poll_s: float = Field(
         default=1.0, description="How often an idle control plane looks for due webhook deliveries.")
 
+    @field_validator("s3_sse")
+    @classmethod
+    def _known_sse(cls, value: str | None) -> str | None:
+        if value is not None and value not in ("AES256", "aws:kms"):
+            raise ValueError("TUNEFORGE_S3_SSE must be 'AES256' or 'aws:kms'")
+        return value
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
@@ -213,10 +236,16 @@ class Settings(BaseSettings):
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
 
+    def trainer_env(self) -> dict[str, str]:
+        """The platform's variables a trainer gets (security/env.py passes it nothing else of ours):
+        its object store's settings."""
+        return self.trainer_storage_env()
+
     def trainer_storage_env(self) -> dict[str, str]:
         """The TUNEFORGE_S3_* variables a trainer needs to open the same object store."""
         env = {}
-        for name in ("s3_endpoint_url", "s3_region", "s3_access_key_id", "s3_secret_access_key"):
+        for name in ("s3_endpoint_url", "s3_region", "s3_access_key_id", "s3_secret_access_key", "s3_sse",
+                     "s3_sse_kms_key_id"):
             value = getattr(self, name)
             if value:
                 env[f"TUNEFORGE_{name.upper()}"] = str(value)
@@ -238,6 +267,11 @@ class Settings(BaseSettings):
             options["key"] = self.s3_access_key_id
         if self.s3_secret_access_key:
             options["secret"] = self.s3_secret_access_key
+        if self.s3_sse:
+            sse = {"ServerSideEncryption": self.s3_sse}
+            if self.s3_sse_kms_key_id:
+                sse["SSEKMSKeyId"] = self.s3_sse_kms_key_id
+            options["s3_additional_kwargs"] = sse
         return options
 
 

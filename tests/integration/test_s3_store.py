@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from tests.helpers.s3 import S3Storage
@@ -71,3 +73,30 @@ def test_objects_written_by_another_process_are_seen(s3_storage: S3Storage, stor
 def test_buckets_are_fresh_per_test(s3_storage: S3Storage, store: FsspecStore) -> None:
     assert store.list("tenants") == []
     assert s3_storage.client().list_objects_v2(Bucket=s3_storage.bucket)["KeyCount"] == 0
+
+
+@pytest.mark.parametrize("sse", ["AES256", "aws:kms"])
+def test_objects_are_written_with_server_side_encryption_when_configured(
+    s3_storage: S3Storage, monkeypatch: pytest.MonkeyPatch, sse: str
+) -> None:
+    for name, value in s3_storage.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TUNEFORGE_S3_SSE", sse)
+    if sse == "aws:kms":
+        monkeypatch.setenv("TUNEFORGE_S3_SSE_KMS_KEY_ID", "alias/tuneforge")
+    settings = Settings()
+    store = open_store(settings.resolved_storage_url, settings.storage_options())
+    store.put_bytes("sealed/small", b"payload")
+    store.put_stream("sealed/stream", io.BytesIO(b"x" * 1024))
+    for key in ("sealed/small", "sealed/stream"):
+        head = s3_storage.client().head_object(Bucket=s3_storage.bucket, Key=f"{s3_storage.prefix}/{key}")
+        assert head["ServerSideEncryption"] == sse
+        if sse == "aws:kms":
+            assert head["SSEKMSKeyId"].endswith("alias/tuneforge")
+    # trainers get the same setting through their allow-listed environment
+    assert settings.trainer_env()["TUNEFORGE_S3_SSE"] == sse
+
+
+def test_an_unknown_server_side_encryption_is_refused() -> None:
+    with pytest.raises(ValueError, match="AES256"):
+        Settings(s3_sse="rot13")

@@ -6,7 +6,8 @@ from fastapi import FastAPI
 
 from tuneforge import __version__
 from tuneforge.api import errors
-from tuneforge.api.routes import admin, files, inference, internal, jobs, metrics, models, usage, webhooks
+from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
+                                  webhooks)
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
@@ -18,7 +19,7 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app.state.platform = platform
     errors.install(app)
     for router in (files.router, jobs.router, models.router, usage.router, metrics.router, admin.router,
-                   internal.router, inference.router, webhooks.router):
+                   internal.router, inference.router, webhooks.router, secrets.router):
         app.include_router(router)
 
     @app.get("/healthz", include_in_schema=False)

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import typer
 
-from tuneforge.cli import admin, client, queue_cmd
+from tuneforge.cli import admin, client, queue_cmd, secrets_cmd
+from tuneforge.security.env import restrict_umask
 
 app = typer.Typer(help="tuneforge: self-hosted, OpenAI-compatible fine-tuning.", no_args_is_help=True)
+
+
+@app.callback()
+def _process() -> None:
+    # whatever a command writes (database, logs, object store, caches) is this user's only
+    restrict_umask()
+
+
 app.add_typer(admin.tenants_app, name="tenants")
 app.add_typer(admin.base_models_app, name="base-models")
 app.add_typer(admin.eval_sets_app, name="eval-sets")
+app.add_typer(secrets_cmd.secrets_app, name="secrets")
 app.add_typer(client.files_app, name="files")
 app.add_typer(client.jobs_app, name="jobs")
 app.command("migrate")(admin.migrate)

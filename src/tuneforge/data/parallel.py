@@ -44,6 +44,7 @@ from tuneforge.data.formats import GZIP_MAGIC, GuardedGunzip, parse_jsonl_line, 
 from tuneforge.data.report import DatasetReport
 from tuneforge.data.shapes import check_method, normalize
 from tuneforge.data.structure import StructureReport, _normalized
+from tuneforge.security.env import child_env
 
 _IN_FLIGHT_PER_WORKER = 3
 _PEEK_BLOCKS = 16  # blocks read for the first valid example (it fixes the file's kind) before giving up
@@ -213,7 +214,7 @@ class _Workers:
         self._submitted = 0
         self._received = 0
         payload = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+        env = child_env({"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
         for _ in range(count):
             proc = subprocess.Popen([sys.executable, "-m", "tuneforge.data.parallel"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, env=env)

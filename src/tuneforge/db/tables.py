@@ -261,7 +261,8 @@ class WebhookEndpoint(Base):
     endpoint_id: Mapped[str] = mapped_column(String(64), unique=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
     url: Mapped[str] = mapped_column(String(2048))
-    secret: Mapped[str] = mapped_column(String(128))  # kept in clear: every delivery is signed with it
+    # sealed (security/crypto.py): every delivery is signed with it, so it must be readable back
+    secret: Mapped[str] = mapped_column(Text)
     event_types: Mapped[list[Any]] = mapped_column(JSON)
     created_at: Mapped[int] = mapped_column(BigInteger)
     disabled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -293,3 +294,19 @@ class WebhookDelivery(Base):
         Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
         Index("ix_webhook_deliveries_endpoint_pk", "endpoint_id", "pk"),
     )
+
+
+class TenantSecret(Base):
+    """A credential a tenant stores for the platform to use on its behalf (e.g. the API key of
+    its LLM judge), referenced by name from job configs. The value is sealed
+    (security/crypto.py) and never shown again (services/secrets.py)."""
+
+    __tablename__ = "tenant_secrets"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[str] = mapped_column(Text)  # sealed
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_tenant_secrets_tenant_name"),)

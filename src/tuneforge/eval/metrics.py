@@ -4,7 +4,8 @@ A job's create body names its metrics in `eval.metrics`, each a string or an
 object with options:
 
     ["exact_match", {"type": "regex", "pattern": "^\\d+$"},
-     {"type": "llm_judge", "endpoint": "http://judge:8000/v1", "model": "judge"}]
+     {"type": "llm_judge", "endpoint": "https://judge.example.com/v1", "model": "judge",
+      "api_key_secret": "JUDGE_KEY"}]
 
 `parse_metrics` turns that list into frozen specs (or raises the API error
 naming the bad field), `score` grades one answer, `aggregate` averages every
@@ -22,14 +23,14 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httpx
 
 from tuneforge.domain.errors import invalid
-from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError, complete
+from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError, complete, open_client, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -85,20 +86,15 @@ class LlmJudge:
     """A judge model compares the base and the fine-tuned answer (result key task.llm_judge_win_rate)."""
 
     name: ClassVar[str] = "llm_judge"
-    endpoint: str
-    """Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:9999/v1."""
-    model: str
-    """The judge model's name at that endpoint."""
-    api_key_env: str | None = None
-    """Name of the environment variable (on the trainer's host) holding the judge's API key."""
+    target: ChatEndpoint
+    """Where the judge is served: the tenant's URL (`endpoint`, `model`, `api_key_secret`) or an
+    endpoint the operator offers (`endpoint_name`); eval/openai_chat.py."""
     criteria: str | None = None
     """What makes an answer better; default: correct against the reference, then helpful and concise."""
-    timeout_s: float = 60.0
-    """Seconds one judge request may take."""
 
     @property
-    def target(self) -> ChatEndpoint:
-        return ChatEndpoint(self.endpoint, self.model, self.api_key_env, self.timeout_s)
+    def model(self) -> str | None:
+        return self.target.model
 
 
 MetricSpec = ExactMatch | Contains | Regex | JsonValid | RougeL | LlmJudge
@@ -123,8 +119,8 @@ _OPTIONS: dict[str, dict[str, _Option]] = {
     "regex": {"pattern": _Option(str, required=True)},
     "json_valid": {"require_object": _Option(bool)},
     "rouge_l": {},
-    "llm_judge": {"endpoint": _Option(str, required=True), "model": _Option(str, required=True),
-                  "api_key_env": _Option(str), "criteria": _Option(str), "timeout_s": _Option(float)},
+    "llm_judge": {"endpoint": _Option(str), "endpoint_name": _Option(str), "model": _Option(str),
+                  "api_key_secret": _Option(str), "criteria": _Option(str), "timeout_s": _Option(float)},
 }
 _KIND_WORDS = {bool: "true or false", str: "a non-empty string", float: "a positive number"}
 
@@ -140,6 +136,8 @@ def _is_kind(value: Any, kind: type) -> bool:
 def _options(index: int, name: str, given: dict[str, Any]) -> dict[str, Any]:
     """The options of metric `index`, type-checked; unknown and missing ones are errors naming the field."""
     known = _OPTIONS[name]
+    if name == "llm_judge" and "api_key_env" in given:
+        parse_endpoint(given, f"eval.metrics[{index}]", name)  # says what replaced it
     for key in given:
         if key not in known:
             allowed = ", ".join(known) or "none"
@@ -165,12 +163,11 @@ def _checked_spec(index: int, name: str, options: dict[str, Any]) -> MetricSpec:
             raise invalid(f"eval.metrics[{index}].pattern is not a valid regular expression: {exc}",
                           param=f"eval.metrics[{index}].pattern") from None
     if name == "llm_judge":
-        endpoint = options["endpoint"]
-        if not endpoint.startswith(("http://", "https://")):
-            raise invalid(f"eval.metrics[{index}].endpoint must be an http(s) URL such as http://judge:8000/v1, "
-                          f"got {endpoint!r}", param=f"eval.metrics[{index}].endpoint")
-        if "timeout_s" in options:
-            options = {**options, "timeout_s": float(options["timeout_s"])}
+        criteria = options.get("criteria")
+        if criteria is not None and len(criteria) > 4000:
+            raise invalid(f"eval.metrics[{index}].criteria is longer than 4000 characters",
+                          param=f"eval.metrics[{index}].criteria")
+        return LlmJudge(parse_endpoint(options, f"eval.metrics[{index}]", "llm_judge"), criteria)
     return _SPEC_TYPES[name](**options)
 
 
@@ -180,10 +177,22 @@ _SPEC_TYPES: dict[str, Callable[..., MetricSpec]] = {
 }
 
 
+def plain(value: Any) -> Any:
+    """A metric or detector object of a resolved config (mappings, tuples) as the parsers take it:
+    dicts and lists."""
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
 def parse_metrics(raw: list | None) -> list[MetricSpec]:
     """The specs of `eval.metrics` (default exact_match and rouge_l); a bad item raises the API error naming it."""
     if raw is None:
         raw = list(DEFAULT_METRICS)
+    if isinstance(raw, list) and len(raw) > 32:
+        raise invalid("eval.metrics may name at most 32 metrics", param="eval.metrics")
     if not isinstance(raw, list):
         raise invalid("eval.metrics must be a list of metric names or objects", param="eval.metrics")
     known = ", ".join(_OPTIONS)
@@ -367,7 +376,7 @@ def judge_both_orders(spec: LlmJudge, prompt: str, reference: str | None, answer
     """Ask the judge with the base answer first, then with the fine-tuned answer first."""
     with contextlib.ExitStack() as stack:
         # one connection for both questions unless the caller brings its own client
-        http = client if client is not None else stack.enter_context(httpx.Client())
+        http = client if client is not None else stack.enter_context(open_client(spec.target))
         replies = (_ask_judge(spec, _judge_messages(spec, prompt, reference, answer_base, answer_tuned), http),
                    _ask_judge(spec, _judge_messages(spec, prompt, reference, answer_tuned, answer_base), http))
     verdicts = [parse_verdict(reply) for reply in replies]

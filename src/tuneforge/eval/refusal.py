@@ -7,7 +7,7 @@ a guard model (any OpenAI-compatible chat endpoint) also understands refusals
 phrased in ways no keyword list foresees.
 
 A job picks its detector with `eval.safety_detector`: "keywords" (default) or
-{"type": "guard_model", "endpoint": ..., "model": ..., "api_key_env": ...}.
+{"type": "guard_model", "endpoint": ..., "model": ..., "api_key_secret": ...} (or "endpoint_name").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import httpx
 
 from tuneforge.domain.errors import invalid
-from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError, complete
+from tuneforge.eval.openai_chat import ENDPOINT_OPTIONS, ChatEndpoint, ChatEndpointError, complete, parse_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -120,29 +120,15 @@ class GuardModelDetector:
         return verdict
 
 
-_GUARD_OPTIONS = ("type", "endpoint", "model", "api_key_env", "timeout_s")
+_GUARD_OPTIONS = ("type", *ENDPOINT_OPTIONS)
 
 
 def _guard_from_config(raw: dict[str, Any]) -> GuardModelDetector:
     for key in raw:
-        if key not in _GUARD_OPTIONS:
+        if key not in _GUARD_OPTIONS and key != "api_key_env":  # parse_endpoint says what replaced api_key_env
             raise invalid(f"{PARAM}.{key}: guard_model has no option {key!r} (options: {', '.join(_GUARD_OPTIONS)})",
                           param=f"{PARAM}.{key}")
-    endpoint, model = raw.get("endpoint"), raw.get("model")
-    if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
-        raise invalid(f"{PARAM}.endpoint must be the http(s) base URL of an OpenAI-compatible API, "
-                      f"e.g. http://guard:8000/v1; got {endpoint!r}", param=f"{PARAM}.endpoint")
-    if not isinstance(model, str) or not model.strip():
-        raise invalid(f"{PARAM}.model must name the guard model, got {model!r}", param=f"{PARAM}.model")
-    api_key_env = raw.get("api_key_env")
-    if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env.strip()):
-        raise invalid(f"{PARAM}.api_key_env must name an environment variable, got {api_key_env!r}",
-                      param=f"{PARAM}.api_key_env")
-    timeout_s = raw.get("timeout_s", 60.0)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
-        raise invalid(f"{PARAM}.timeout_s must be a positive number of seconds, got {timeout_s!r}",
-                      param=f"{PARAM}.timeout_s")
-    return GuardModelDetector(ChatEndpoint(endpoint, model, api_key_env, float(timeout_s)))
+    return GuardModelDetector(parse_endpoint(raw, PARAM, "guard_model"))
 
 
 def detector_from_config(raw: dict | str | None) -> RefusalDetector:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from tuneforge.domain.spec import JobSpec
 from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
+from tuneforge.security.env import child_env
 from tuneforge.settings import Settings
 
 NODE_NAME = "local"
@@ -56,11 +57,9 @@ class LocalExecutor:
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(spec.to_json())
-        env = dict(os.environ)
-        env.update(self.settings.trainer_storage_env())
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in placement.gpu_ids)
-        env["TUNEFORGE_NODE"] = placement.node
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env = child_env({**self.settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false",
+                         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_ids),
+                         "TUNEFORGE_NODE": placement.node})
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tuneforge.train", str(spec_path)],

@@ -274,7 +274,10 @@ class RayExecutor:
         timeout_s = max(self.settings.start_timeout_s, CALL_TIMEOUT_S)  # actor start-up, runtime_env included
         where = ray.get([host.where.remote() for host in hosts], timeout=timeout_s)
         master = where[0]
-        env = self.settings.trainer_storage_env()  # in the call, not in a runtime_env the dashboard shows
+        # in the call, not in a runtime_env the dashboard shows; the operator's runtime_env variables
+        # are passed on by name, since a trainer gets no other variable of its host
+        operator_env = (self.settings.ray_runtime_env or {}).get("env_vars") or {}
+        env = {**operator_env, **self.settings.trainer_env()}
         world, first, calls = sum(ranks_per_node), 0, []
         for host, count in zip(hosts, ranks_per_node):
             calls.append(host.start.remote(spec.to_json(), env, list(range(first, first + count)), world,

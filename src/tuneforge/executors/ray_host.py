@@ -13,8 +13,8 @@ scheduler's. The actor is created with `max_restarts=0`; if its node dies it
 is gone, and the trainers die with it (they ask the kernel to be killed when
 the actor's process exits), so a lost node never leaves a trainer behind.
 
-This module is imported on every node; it needs only the standard library
-and Ray.
+This module is imported on every node; it needs only the standard library,
+Ray and `tuneforge.security.env` (the trainers' allow-listed environment).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from tuneforge.security.env import child_env
 
 SPEC_NAME = "spec.json"
 
@@ -93,17 +95,16 @@ class TrainerHost:
         hook = parent_death_hook()
         pids = []
         for local_rank, rank in enumerate(ranks):
-            child_env = {**os.environ, **env, "TUNEFORGE_NODE": self.node_id}
-            child_env.setdefault("TOKENIZERS_PARALLELISM", "false")
+            extra = {"TOKENIZERS_PARALLELISM": "false", **env, "TUNEFORGE_NODE": self.node_id}
             if world > 1:  # every rank is started here, so rank 0 starts no workers of its own
-                child_env.update({"TUNEFORGE_RANK": str(rank), "TUNEFORGE_WORLD_SIZE": str(world),
-                                  "TUNEFORGE_LOCAL_RANK": str(local_rank),
-                                  "TUNEFORGE_DIST_ADDR": master_address, "TUNEFORGE_DIST_PORT": str(master_port)})
+                extra.update({"TUNEFORGE_RANK": str(rank), "TUNEFORGE_WORLD_SIZE": str(world),
+                              "TUNEFORGE_LOCAL_RANK": str(local_rank),
+                              "TUNEFORGE_DIST_ADDR": master_address, "TUNEFORGE_DIST_PORT": str(master_port)})
             log_path = self.workdir / f"rank-{rank}.log"
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tuneforge.train", str(spec_path)],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env,
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(extra),
                     cwd=str(self.workdir), start_new_session=True,
                     preexec_fn=hook,  # noqa: PLW1509 - only calls prctl
                 )

@@ -8,6 +8,7 @@ from typing import Any
 from tuneforge.db.engine import Database
 from tuneforge.executors.local import local_inventory
 from tuneforge.executors.protocol import Capacity
+from tuneforge.security.crypto import Sealer, sealer_for
 from tuneforge.settings import Settings
 from tuneforge.storage.store import FsspecStore, open_store
 
@@ -20,6 +21,14 @@ class Platform:
     inventory: Capacity | None = None  # the executor's last reported capacity (set by the scheduler); read capacity()
     scheduler_role: str = "off"  # "leader" | "standby" | "off", set by the scheduler thread
     inference: Any = None  # serve.InferenceEngine, created on first use by serve.engine_for
+    _sealer: Sealer | None = None
+
+    @property
+    def sealer(self) -> Sealer:
+        """Seals and opens tenant secrets and webhook signing secrets (security/crypto.py)."""
+        if self._sealer is None:
+            self._sealer = sealer_for(self.settings.secrets_key, self.settings.home)
+        return self._sealer
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Platform":

@@ -14,20 +14,27 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.tables import Job
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import EvalConfig, JobRequest
 from tuneforge.domain.resolved import ResolvedEval, ResolvedGate
 from tuneforge.eval import gates as eval_gates
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal
+from tuneforge.eval.openai_chat import ChatEndpoint, Credentials
+from tuneforge.security.crypto import Sealer
+from tuneforge.security.egress import EgressPolicy
+from tuneforge.services import secrets as secret_service
 from tuneforge.settings import Settings
 from tuneforge.train import methods
 
 TASK_FILE_PURPOSES = ("fine-tune", "evals")
 
 
-def check_request(session: Session, tenant_id: str, request: JobRequest) -> None:
-    """At creation: the task file is the tenant's and usable; metrics, gates and detector parse."""
+def check_request(session: Session, settings: Settings, tenant_id: str, request: JobRequest) -> None:
+    """At creation: the task file is the tenant's and usable; metrics, gates and detector parse;
+    every endpoint they name passes the egress policy or is one the operator offers, and every
+    secret they name exists."""
     config = request.eval
     if config is None:
         return
@@ -45,9 +52,50 @@ def check_request(session: Session, tenant_id: str, request: JobRequest) -> None
                           param="eval.task_file", code="invalid_file")
     elif config.metrics:
         raise invalid("eval.metrics score answers to eval.task_file: give a task file", param="eval.task_file")
-    task_metrics.parse_metrics(config.metrics)
+    specs = task_metrics.parse_metrics(config.metrics)
     eval_gates.parse_gates([g.model_dump() for g in config.gates] if config.gates is not None else None)
-    refusal.detector_from_config(config.safety_detector)
+    detector = refusal.detector_from_config(config.safety_detector)
+    for param, target in _endpoints(specs, detector):
+        _check_endpoint(session, settings, tenant_id, param, target)
+
+
+def _endpoints(specs: list, detector: Any) -> list[tuple[str, ChatEndpoint]]:
+    """The chat endpoints an eval config names, each with the field that names it."""
+    found = [(f"eval.metrics[{index}]", spec.target) for index, spec in enumerate(specs)
+             if isinstance(spec, task_metrics.LlmJudge)]
+    if isinstance(detector, refusal.GuardModelDetector):
+        found.append((refusal.PARAM, detector.target))
+    return found
+
+
+def _check_endpoint(session: Session, settings: Settings, tenant_id: str, param: str, target: ChatEndpoint) -> None:
+    if target.endpoint_name is not None and target.endpoint_name not in settings.eval_endpoints:
+        offered = ", ".join(sorted(settings.eval_endpoints)) or "none"
+        raise invalid(f"{param}.endpoint_name: the platform offers no endpoint named {target.endpoint_name!r} "
+                      f"(offered: {offered})", param=f"{param}.endpoint_name", code="unknown_endpoint")
+    if target.endpoint is not None:
+        EgressPolicy.from_settings(settings).check_url(target.endpoint, param=f"{param}.endpoint")
+    if target.api_key_secret is not None:
+        secret_service.require(session, tenant_id, target.api_key_secret, f"{param}.api_key_secret")
+
+
+def credentials_for(session: Session, settings: Settings, sealer: Sealer, job: Job) -> Credentials:
+    """What the trainer of `job` needs for its eval endpoints: the tenant's secrets its config
+    names and the operator endpoints it picks — nothing else, and only the job's own tenant's."""
+    config = job.resolved.eval if job.resolved is not None else None
+    if config is None or not config.enabled:
+        return Credentials()
+    specs = task_metrics.parse_metrics(task_metrics.plain(config.metrics)) if config.task_file_key else []
+    targets = [target for _param, target in _endpoints(specs, refusal.detector_from_config(
+        task_metrics.plain(config.safety_detector)))]
+    secret_names = {t.api_key_secret for t in targets if t.api_key_secret}
+    endpoint_names = {t.endpoint_name for t in targets if t.endpoint_name}
+    return Credentials(
+        secrets=secret_service.values(session, sealer, job.tenant_id, secret_names),
+        endpoints={name: dict(settings.eval_endpoints[name]) for name in endpoint_names
+                   if name in settings.eval_endpoints},
+    )
+
 
 
 def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRequest) -> ResolvedEval:

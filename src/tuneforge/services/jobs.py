@@ -130,7 +130,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
     if request.validation_file:
         validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1,
                                  method)
-    evaluation.check_request(session, tenant.tenant_id, request)
+    evaluation.check_request(session, settings, tenant.tenant_id, request)
     return base, training, validation
 
 

@@ -60,6 +60,14 @@ def _require_current(job: Job, attempt: Attempt) -> None:
         raise _stale(f"{job.job_id} is {job.status}")
 
 
+def credentials(session: Session, platform: Any, job: Job, attempt: Attempt) -> dict:
+    """The credentials the current attempt's eval needs (its tenant's secrets and the operator's
+    endpoints its config names); a stale attempt gets 409 like its reports."""
+    _require_current(job, attempt)
+    found = evaluation.credentials_for(session, platform.settings, platform.sealer, job)
+    return {"secrets": dict(found.secrets), "endpoints": {k: dict(v) for k, v in found.endpoints.items()}}
+
+
 def _already_applied(attempt: Attempt, seq: int) -> bool:
     return seq <= attempt.last_seq
 

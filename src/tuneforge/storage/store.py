@@ -6,6 +6,7 @@ the same code. Keys are relative, '/'-separated and built by `layout`.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +46,7 @@ class FsspecStore:
         if protocol == "file":
             root = url.split("://", 1)[1] if "://" in url else url
             self._root = str(Path(root).resolve())
-            Path(self._root).mkdir(parents=True, exist_ok=True)
+            _private_dirs(Path(self._root))
             self.fs = fsspec.filesystem("file", auto_mkdir=True)
         else:
             self._root = url.split("://", 1)[1].rstrip("/")
@@ -62,8 +63,19 @@ class FsspecStore:
             raise ValueError(f"invalid object key {key!r}")
         return f"{self._root}/{key}"
 
+    def _open_write(self, key: str) -> IO[bytes]:
+        """A new object for writing. A local store keeps tenants' data private to the platform's
+        user: folders 0700, files 0600, whatever the process umask."""
+        path = self._path(key)
+        if self.protocol != "file":
+            return self.fs.open(path, "wb")
+        _private_dirs(Path(path).parent)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an object written before keeps its old mode otherwise
+        return os.fdopen(fd, "wb")
+
     def put_bytes(self, key: str, data: bytes) -> None:
-        with self.fs.open(self._path(key), "wb") as handle:
+        with self._open_write(key) as handle:
             handle.write(data)
 
     def put_file(self, key: str, local_path: Path) -> None:
@@ -72,7 +84,7 @@ class FsspecStore:
 
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
         written = 0
-        with self.fs.open(self._path(key), "wb") as handle:
+        with self._open_write(key) as handle:
             while chunk := stream.read(_COPY_CHUNK_BYTES):
                 handle.write(chunk)
                 written += len(chunk)
@@ -159,6 +171,21 @@ class FsspecStore:
             self.put_file(key, path)
             keys.append(key)
         return keys
+
+
+def _private_dirs(folder: Path) -> None:
+    """`folder` and the parents it lacks, each made 0700 (mkdir's `mode` skips parents and is
+    narrowed by the umask only)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another writer
+            continue
+        os.chmod(path, 0o700)
 
 
 def open_store(url: str, storage_options: dict | None = None) -> FsspecStore:

@@ -28,6 +28,9 @@ OTHER_FLUSH_TIMEOUT_S = 15.0
 
 
 def _configure_process() -> None:
+    from tuneforge.security.env import restrict_umask
+
+    restrict_umask()  # checkpoints, caches and logs of tenants' jobs are this user's only
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -69,6 +69,7 @@ def launch_workers(spec_path: str, world: int) -> list[subprocess.Popen]:
     os.environ.update({RANK_ENV: "0", WORLD_ENV: str(world), PORT_ENV: port})
     workers = []
     for rank in range(1, world):
+        # rank 0's own environment is already the allow-listed one its executor gave it
         env = {**os.environ, RANK_ENV: str(rank), WORLD_ENV: str(world), PORT_ENV: port}
         workers.append(subprocess.Popen([sys.executable, "-m", "tuneforge.train", spec_path], env=env,
                                         stdin=subprocess.DEVNULL))

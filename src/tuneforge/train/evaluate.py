@@ -15,10 +15,11 @@ gates that needed the missing metric fail with that reason.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,8 +30,9 @@ from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import ResolvedEval
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal, runner, shipped
+from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError
 from tuneforge.storage.model_cache import fetch_base_model
-from tuneforge.train import methods
+from tuneforge.train import credentials, methods
 from tuneforge.train.model import is_adapter, load_base_model
 from tuneforge.train.reporter import message_event
 
@@ -58,7 +60,8 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[s
     golden = shipped.golden_examples() if config.golden else []
     safety = shipped.safety_examples() if config.safety else []
     tasks, specs = _tasks(run, config, errors)
-    detector = refusal.detector_from_config(_plain(config.safety_detector))
+    detector = refusal.detector_from_config(task_metrics.plain(config.safety_detector))
+    specs, detector = _with_credentials(run, specs, detector, errors)
     limit = config.max_examples
     suites = dict(golden=golden, safety=safety, tasks=tasks, max_new_tokens=config.max_new_tokens,
                   max_seq_length=run.spec.hyperparameters.max_seq_length)
@@ -94,13 +97,34 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[s
     return {**results, "examples": counts, "samples": samples, "errors": errors, "duration_s": round(duration, 3)}
 
 
-def _plain(value: Any) -> Any:
-    """A detector or metric object of the resolved config as the parsers take it (dicts, lists)."""
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
+
+def _with_credentials(run: Any, specs: list, detector: Any, errors: list[dict[str, Any]]) -> tuple[list, Any]:
+    """The judge and guard endpoints bound to the URLs and keys they name (fetched from the
+    control plane only when a config names a secret or an operator endpoint). One that cannot be
+    bound stays unbound: asking it fails, and that is recorded with the results."""
+    guard = isinstance(detector, refusal.GuardModelDetector)
+    targets = [s.target for s in specs if isinstance(s, task_metrics.LlmJudge)] + ([detector.target] if guard else [])
+    if not any(target.needs_credentials for target in targets):
+        return specs, detector
+    try:
+        found = credentials.fetch(run.spec)
+    except ChatEndpointError as exc:
+        log.warning("eval endpoints stay unbound: %s", exc)
+        errors.append({"suite": "eval", "message": str(exc)})
+        return specs, detector
+
+    def bound(target: ChatEndpoint) -> ChatEndpoint:
+        try:
+            return target.bind(found)
+        except ChatEndpointError as exc:
+            errors.append({"suite": "eval", "message": str(exc)})
+            return target
+
+    specs = [dataclasses.replace(s, target=bound(s.target)) if isinstance(s, task_metrics.LlmJudge) else s
+             for s in specs]
+    if guard:
+        detector = dataclasses.replace(detector, target=bound(detector.target))
+    return specs, detector
 
 
 def _tasks(run: Any, config: ResolvedEval, errors: list[dict[str, Any]]) -> tuple[list[runner.TaskExample], list]:
@@ -108,7 +132,7 @@ def _tasks(run: Any, config: ResolvedEval, errors: list[dict[str, Any]]) -> tupl
     if not key:
         return [], []
     try:
-        specs = task_metrics.parse_metrics(_plain(config.metrics))
+        specs = task_metrics.parse_metrics(task_metrics.plain(config.metrics))
         rows = _read_jsonl(run.store.get_bytes(key))
         return runner.task_examples(rows, config.max_examples), specs
     except (BadDataError, ApiError, OSError) as exc:

@@ -12,8 +12,15 @@ import pytest
 
 from tuneforge.eval import metrics
 from tuneforge.eval.metrics import JudgeError, LlmJudge
+from tuneforge.eval.openai_chat import Credentials
 
 BASE, TUNED = "Rome is the capital.", "TUNED: Paris is the capital."
+
+
+@pytest.fixture(autouse=True)
+def _loopback_judges(monkeypatch):
+    """The judges here listen on 127.0.0.1, which the egress policy refuses unless allow-listed."""
+    monkeypatch.setenv("TUNEFORGE_EGRESS_ALLOW", "127.0.0.1")
 
 
 def _judge(url: str, **options: object) -> LlmJudge:
@@ -87,29 +94,49 @@ def test_an_unparseable_reply_counts_as_a_tie_and_is_recorded(chat_stub, caplog)
     assert "no A/B/TIE verdict" in caplog.text
 
 
-def test_criteria_and_api_key_are_sent(chat_stub, monkeypatch):
-    monkeypatch.setenv("TF_TEST_JUDGE_KEY", "sk-judge")
+def test_criteria_and_api_key_are_sent(chat_stub):
     chat_stub.respond = _prefers("TUNED")
-    spec = _judge(chat_stub.url + "/", api_key_env="TF_TEST_JUDGE_KEY", criteria="Prefer the correct city.")
+    spec = _judge(chat_stub.url + "/", api_key_secret="JUDGE_KEY", criteria="Prefer the correct city.")
+    spec = LlmJudge(spec.target.bind(Credentials(secrets={"JUDGE_KEY": "sk-judge"})), spec.criteria)
     assert metrics.judge_pairwise(spec, "q", "Paris", BASE, TUNED) == 1.0
     assert chat_stub.headers[0]["Authorization"] == "Bearer sk-judge"
     assert "Criteria:\nPrefer the correct city." in chat_stub.user_text(0)
     assert chat_stub.paths[0] == "/v1/chat/completions"
 
 
-def test_an_unset_api_key_variable_is_a_judge_error(chat_stub, monkeypatch):
-    monkeypatch.delenv("TF_TEST_JUDGE_KEY", raising=False)
-    with pytest.raises(JudgeError, match="TF_TEST_JUDGE_KEY"):
-        metrics.judge_pairwise(_judge(chat_stub.url, api_key_env="TF_TEST_JUDGE_KEY"), "q", "r", BASE, TUNED)
+def test_an_unbound_secret_is_a_judge_error_and_nothing_is_sent(chat_stub):
+    with pytest.raises(JudgeError, match="secret 'JUDGE_KEY'"):
+        metrics.judge_pairwise(_judge(chat_stub.url, api_key_secret="JUDGE_KEY"), "q", "r", BASE, TUNED)
     assert chat_stub.requests == []
 
 
-def test_http_500_is_a_judge_error_naming_endpoint_and_status(chat_stub):
+def test_an_operator_endpoint_is_bound_by_name(chat_stub):
+    chat_stub.respond = _prefers("TUNED")
+    spec = metrics.parse_metrics([{"type": "llm_judge", "endpoint_name": "house-judge"}])[0]
+    offered = {"house-judge": {"url": chat_stub.url, "model": "judge-70b", "api_key": "sk-operator"}}
+    spec = LlmJudge(spec.target.bind(Credentials(endpoints=offered)), spec.criteria)
+    assert metrics.judge_pairwise(spec, "q", "Paris", BASE, TUNED) == 1.0
+    assert chat_stub.headers[0]["Authorization"] == "Bearer sk-operator"
+    with pytest.raises(JudgeError, match="'house-judge'") as caught:  # errors name it, never its URL
+        chat_stub.respond = lambda body: (503, "busy")
+        metrics.judge_pairwise(spec, "q", "r", BASE, TUNED)
+    assert chat_stub.url not in str(caught.value)
+
+
+def test_a_loopback_judge_is_refused_without_the_allow_list(chat_stub, monkeypatch):
+    monkeypatch.setenv("TUNEFORGE_EGRESS_ALLOW", "")
+    with pytest.raises(JudgeError, match="not allowed"):
+        metrics.judge_pairwise(_judge(chat_stub.url), "q", "r", BASE, TUNED)
+    assert chat_stub.requests == []
+
+
+def test_http_500_is_a_judge_error_naming_endpoint_and_status_but_not_the_body(chat_stub):
     chat_stub.respond = lambda body: (500, "model crashed")
     with pytest.raises(JudgeError) as caught:
         metrics.judge_pairwise(_judge(chat_stub.url), "q", "r", BASE, TUNED)
     message = str(caught.value)
-    assert f"{chat_stub.url}/chat/completions" in message and "HTTP 500" in message and "model crashed" in message
+    assert f"{chat_stub.url}/chat/completions" in message and "HTTP 500" in message
+    assert "model crashed" not in message  # an endpoint's reply never comes back to the tenant
 
 
 def test_a_timeout_is_a_judge_error(chat_stub):

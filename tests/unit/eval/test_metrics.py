@@ -7,6 +7,7 @@ import pytest
 
 from tuneforge.domain.errors import ApiError
 from tuneforge.eval import metrics
+from tuneforge.eval.openai_chat import ChatEndpoint
 from tuneforge.eval.metrics import (
     Contains,
     ExactMatch,
@@ -96,12 +97,12 @@ def test_parse_metrics_reads_names_and_options():
     assert metrics.parse_metrics([]) == []
     specs = metrics.parse_metrics([
         "contains", {"type": "exact_match", "case_sensitive": True}, {"type": "json_valid", "require_object": True},
-        {"type": "llm_judge", "endpoint": "http://127.0.0.1:9999/v1", "model": "judge", "api_key_env": "JUDGE_KEY",
+        {"type": "llm_judge", "endpoint": "http://127.0.0.1:9999/v1", "model": "judge", "api_key_secret": "JUDGE_KEY",
          "criteria": "Be terse.", "timeout_s": 5},
     ])
     assert specs == [Contains(), ExactMatch(case_sensitive=True), JsonValid(require_object=True),
-                     LlmJudge("http://127.0.0.1:9999/v1", "judge", "JUDGE_KEY", "Be terse.", 5.0)]
-    assert specs[3].timeout_s == 5.0 and isinstance(specs[3].timeout_s, float)
+                     LlmJudge(ChatEndpoint("http://127.0.0.1:9999/v1", "judge", "JUDGE_KEY", 5.0), "Be terse.")]
+    assert specs[3].target.timeout_s == 5.0 and isinstance(specs[3].target.timeout_s, float)
     assert specs[3].target.url == "http://127.0.0.1:9999/v1/chat/completions"
     assert [s.name for s in specs] == ["contains", "exact_match", "json_valid", "llm_judge"]
 
@@ -118,9 +119,11 @@ def test_parse_metrics_reads_names_and_options():
     ([{"type": "exact_match", "case_sensitive": "yes"}], "eval.metrics[0].case_sensitive", "true or false"),
     ([{"type": "contains", "casesensitive": True}], "eval.metrics[0].casesensitive", "has no option"),
     ([{"type": "json_valid", "require_object": 1}], "eval.metrics[0].require_object", "true or false"),
-    ([{"type": "llm_judge", "endpoint": "http://j/v1"}], "eval.metrics[0].model", "llm_judge needs 'model'"),
-    ([{"type": "llm_judge", "model": "m"}], "eval.metrics[0].endpoint", "llm_judge needs 'endpoint'"),
-    ([{"type": "llm_judge", "endpoint": "judge:80", "model": "m"}], "eval.metrics[0].endpoint", "http(s) URL"),
+    ([{"type": "llm_judge", "endpoint": "http://j/v1"}], "eval.metrics[0].model", "llm_judge needs \"model\""),
+    ([{"type": "llm_judge", "model": "m"}], "eval.metrics[0].endpoint", "exactly one of"),
+    ([{"type": "llm_judge", "endpoint": "judge:80", "model": "m"}], "eval.metrics[0].endpoint", "http(s) base URL"),
+    ([{"type": "llm_judge", "endpoint": "http://j/v1", "model": "m", "api_key_env": "TUNEFORGE_ADMIN_API_KEY"}],
+     "eval.metrics[0].api_key_env", "api_key_secret"),
     ([{"type": "llm_judge", "endpoint": "http://j/v1", "model": "m", "timeout_s": -1}],
      "eval.metrics[0].timeout_s", "positive number"),
     ([{"type": "llm_judge", "endpoint": "http://j/v1", "model": "m", "timeout_s": True}],

@@ -61,24 +61,30 @@ def test_detector_from_config():
     assert refusal.detector_from_config("keywords") == KeywordRefusalDetector()
     assert refusal.detector_from_config({"type": "keywords"}) == KeywordRefusalDetector()
     guard = refusal.detector_from_config({"type": "guard_model", "endpoint": "http://guard:8000/v1",
-                                          "model": "guard-1b", "api_key_env": "GUARD_KEY"})
+                                          "model": "guard-1b", "api_key_secret": "GUARD_KEY"})
     assert isinstance(guard, GuardModelDetector)
     assert guard.target == ChatEndpoint("http://guard:8000/v1", "guard-1b", "GUARD_KEY", 60.0)
+    named = refusal.detector_from_config({"type": "guard_model", "endpoint_name": "house-guard"})
+    assert named.target == ChatEndpoint(None, None, None, 60.0, "house-guard")
 
 
 @pytest.mark.parametrize(("raw", "param", "words"), [
     ("regex", "eval.safety_detector", "must be \"keywords\""),
     ({"type": "classifier"}, "eval.safety_detector", "must be \"keywords\""),
     (["keywords"], "eval.safety_detector", "must be \"keywords\""),
-    ({"type": "guard_model", "model": "g"}, "eval.safety_detector.endpoint", "http(s) base URL"),
+    ({"type": "guard_model", "model": "g"}, "eval.safety_detector.endpoint", "exactly one of"),
+    ({"type": "guard_model", "endpoint": "http://g/v1", "endpoint_name": "h", "model": "g"},
+     "eval.safety_detector.endpoint", "exactly one of"),
     ({"type": "guard_model", "endpoint": "guard:8000", "model": "g"}, "eval.safety_detector.endpoint", "http(s)"),
-    ({"type": "guard_model", "endpoint": "http://g/v1"}, "eval.safety_detector.model", "must name the guard"),
+    ({"type": "guard_model", "endpoint": "http://g/v1"}, "eval.safety_detector.model", "needs \"model\""),
     ({"type": "guard_model", "endpoint": "http://g/v1", "model": "g", "key": "x"}, "eval.safety_detector.key",
      "no option 'key'"),
-    ({"type": "guard_model", "endpoint": "http://g/v1", "model": "g", "api_key_env": 3},
-     "eval.safety_detector.api_key_env", "environment variable"),
+    ({"type": "guard_model", "endpoint": "http://g/v1", "model": "g", "api_key_env": "ADMIN_KEY"},
+     "eval.safety_detector.api_key_env", "POST /v1/secrets"),
+    ({"type": "guard_model", "endpoint": "http://g/v1", "model": "g", "api_key_secret": 3},
+     "eval.safety_detector.api_key_secret", "one of your secrets"),
     ({"type": "guard_model", "endpoint": "http://g/v1", "model": "g", "timeout_s": 0},
-     "eval.safety_detector.timeout_s", "positive number"),
+     "eval.safety_detector.timeout_s", "(0, 600]"),
 ])
 def test_a_bad_detector_config_is_a_400_naming_the_field(raw, param, words):
     with pytest.raises(ApiError) as caught:

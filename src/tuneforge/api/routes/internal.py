@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Header
+from fastapi import APIRouter, Body, Depends, Header, Query
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -15,6 +15,19 @@ from tuneforge.services import reports
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/internal/v1/jobs/{job_id}", tags=["internal"], include_in_schema=False)
+
+
+@router.get("/credentials")
+def credentials(
+    job_id: str,
+    attempt: int = Query(ge=1, le=2**31),
+    authorization: str | None = Header(default=None),
+    session: Session = deps.SESSION,
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    """The secrets and operator endpoints the attempt's eval config names, for that attempt only."""
+    job, current = reports.authorize(session, job_id, attempt, authorization)
+    return reports.credentials(session, platform, job, current)
 
 
 @router.post("/{kind}")

@@ -100,3 +100,8 @@ def record_attempt(session: Session, delivery_id: str, attempt: int, values: dic
         .values(**values)
         .execution_options(synchronize_session=False))
     return result.rowcount == 1
+
+
+def all_endpoints(session: Session) -> list[WebhookEndpoint]:
+    """Every tenant's endpoints, deleted ones included (key rotation only)."""
+    return list(session.scalars(select(WebhookEndpoint).order_by(WebhookEndpoint.pk)))
