@@ -10,8 +10,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuneforge.domain.errors import ApiError, from_validation_errors
+from tuneforge.domain.ids import correlation_id
 
 log = logging.getLogger("tuneforge.api")
+REQUEST_ID_HEADER = "X-Request-Id"
 
 
 def _respond(error: ApiError) -> JSONResponse:
@@ -39,7 +41,13 @@ def install(app: FastAPI) -> None:
         return _respond(ApiError(exc.status_code, message, code=code))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return _respond(ApiError(500, "The server had an error while processing your request.",
-                                 type="server_error", code="internal_error"))
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # the tenant gets an id to quote, the operator's log the exception under that id
+        request_id = correlation_id("req")
+        log.error("unhandled error [%s] %s %s", request_id, request.method, request.url.path, exc_info=exc)
+        response = _respond(ApiError(
+            500, f"The server had an error while processing your request (request id {request_id}). "
+                 "Retry it, or give the request id to your platform operator if the error persists.",
+            type="server_error", code="internal_error"))
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response

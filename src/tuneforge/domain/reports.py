@@ -76,11 +76,25 @@ class Result(_Sequenced):
     artifact_kind: Literal["adapter", "model"] = "adapter"
 
 
+FailureClass = Literal["user", "platform", "out_of_memory"]
+
+
 class Failure(_Sequenced):
+    """How an attempt failed. `classification` decides what follows: `user` (the tenant's
+    configuration or data) fails the job at once, unbilled retries would fail again;
+    `platform` and `out_of_memory` are recorded, and the trainer's exit code then lets the
+    scheduler retry (`scheduler/loop.py`). The message is meant for the tenant: no paths,
+    no traceback (the trainer logs those under `correlation_id`), and the control plane
+    scrubs it again (`domain/tenant_text.py`)."""
+
     attempt: int
     code: str = Field("training_failed", max_length=100)
     message: str = ""
     param: str | None = None
+    # a trainer of an older release sends failures only for the tenant's mistakes
+    classification: FailureClass = "user"
+    correlation_id: str | None = Field(None, pattern=r"^err_[0-9a-f]{8,64}$",
+                                       description="Where the trainer's log has the details.")
 
 
 Report = Union[Heartbeat, Events, CheckpointWritten, Resumed, Evaluating, Result, Failure]

@@ -19,7 +19,9 @@ from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.exit_codes import TrainerExit, describe
+from tuneforge.domain.ids import correlation_id
 from tuneforge.domain.status import AttemptStatus, JobStatus
+from tuneforge.domain.tenant_text import scrub
 from tuneforge.executors.protocol import Executor, Placement, PollResult
 from tuneforge.registry import models as registry
 from tuneforge.scheduler.leader import LeaderLock
@@ -198,9 +200,10 @@ class Scheduler:
             _end_attempt(attempt, AttemptStatus.FAILED, code, "user")
             if job.status == JobStatus.FAILED.value:
                 return  # the trainer's failure report already failed the job with its code
-            tail = self.executor.log_tail(handle, 1500)
-            transition(session, job, JobStatus.FAILED, "Training failed on the data or diverged", level="error",
-                       error={"code": "training_failed", "message": tail.strip()[-1000:], "param": None})
+            error = self._error_of(job, attempt, handle, "training_failed",
+                                   "Training stopped on a problem with the data or the configuration")
+            transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",
+                       level="error", error=error, data={"correlation_id": error["correlation_id"]})
             return
         if code == TrainerExit.OUT_OF_MEMORY:
             _end_attempt(attempt, AttemptStatus.FAILED, code, "out_of_memory")
@@ -240,6 +243,7 @@ class Scheduler:
         settings = self.platform.settings
         failures = sum(1 for a in attempt_repo.for_job(session, job.tenant_id, job.job_id)
                        if a.failure_class == "platform")
+        reason = scrub(reason, 300)  # an executor's detail or a launch exception may name host paths
         if failures < settings.max_attempt_failures:
             delay = min(settings.retry_backoff_max_s, settings.retry_backoff_s * 2 ** (failures - 1))
             job.not_before = time.time() + delay
@@ -248,10 +252,27 @@ class Scheduler:
                        f"checkpoint in {delay:.0f} s", level="warn",
                        data={"code": "job_restarted", "attempt": attempt.number, "retry_in_s": delay})
             return
-        tail = self.executor.log_tail(handle or attempt.handle or {}, 1500).strip()
-        transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed after {failures} attempts: {reason}",
-                   level="error",
-                   error={"code": "platform_error", "message": f"{reason}. {tail[-800:]}".strip(), "param": None})
+        error = self._error_of(job, attempt, handle or attempt.handle or {}, "platform_error",
+                               f"The training process ended unexpectedly ({reason}); this is not a problem with "
+                               "your data or configuration")
+        transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed after {failures} attempts: "
+                                                   f"{error['message']}",
+                   level="error", error=error, data={"correlation_id": error["correlation_id"]})
+
+    def _error_of(self, job: Job, attempt: Attempt, handle: dict, code: str, message: str) -> dict:
+        """The job's `error` for an attempt that ended badly: what its trainer reported, when it
+        did (already scrubbed, `services/reports.tenant_error`); otherwise `code` and `message`
+        with a new correlation id, under which the attempt's log tail goes to the operator's
+        log — the tail itself (tracebacks, paths) is never shown to the tenant."""
+        reported = attempt.failure or {}
+        if reported.get("message"):
+            return {key: reported.get(key) for key in ("code", "message", "param", "correlation_id")}
+        error_id = correlation_id("err")
+        tail = self.executor.log_tail(handle, 4000).strip() if handle else ""
+        log.error("job %s attempt %d failed [%s]; its log ends with:\n%s", job.job_id, attempt.number,
+                  error_id, tail)
+        return {"code": code, "message": f"{message} (error id {error_id})", "param": None,
+                "correlation_id": error_id}
 
     def _admit_queued_jobs(self) -> None:
         """One decision of the policy (`policy.decide`): holders first, then the queue in
@@ -318,6 +339,7 @@ class Scheduler:
         try:
             handle = self.executor.launch(spec, placement)
         except Exception as exc:  # noqa: BLE001 - record it, requeue or fail
+            log.exception("launching attempt %d of %s failed", number, job_id)
             with self.platform.db.session() as session:
                 job = job_repo.get_for_update(session, job_id)
                 attempt = attempt_repo.current(session, tenant_id, job_id, number)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import threading
 import time
 from pathlib import Path
 
@@ -13,12 +15,14 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.tables import BaseModelRow
 from tuneforge.domain.errors import conflict, invalid
+from tuneforge.domain.job_config import TrainingType
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
 # Files that define a model's behaviour; everything else (READMEs, images) is
 # copied but does not change the pin.
 _PINNED_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".tiktoken", ".jinja")
+_log = logging.getLogger(__name__)
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -146,3 +150,62 @@ def refuse_deleting(session: Session, model_id: str) -> None:
     if base_model_repo.by_name(session, model_id) is not None:
         raise invalid(f"{model_id} is a base model; only fine-tuned models can be deleted", param="model",
                       code="model_not_deletable")
+
+
+# ---- the modules LoRA can adapt, per base model ----------------------------------------
+_MODULES: dict[str, list[str] | None] = {}  # base model sha256 -> qualified module names
+_MODULES_LOCK = threading.Lock()
+TARGET_MODULES_PARAM = "training_type.target_modules"
+
+
+def lora_module_paths(store: ObjectStore, base: BaseModelRow) -> list[str] | None:
+    """Qualified names of the modules of `base` LoRA can adapt, or None when its config cannot
+    be read or built. The model is built from its config.json on the `meta` device: module
+    names and types, no weights, no memory for them. Cached per SHA-256 (a base model's files
+    never change under the same SHA); torch loads on the first call only."""
+    with _MODULES_LOCK:  # one build per model, however many creates ask at once
+        if base.sha256 not in _MODULES:
+            _MODULES[base.sha256] = _build_module_paths(store, base)
+        return _MODULES[base.sha256]
+
+
+def _build_module_paths(store: ObjectStore, base: BaseModelRow) -> list[str] | None:
+    try:
+        config = json.loads(store.get_bytes(layout.base_model_config_key(base.prefix)))
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        from tuneforge.train.model import lora_module_paths as paths_of
+
+        model_config = CONFIG_MAPPING[config["model_type"]].from_dict(config)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config)
+        return paths_of(model)
+    except Exception:  # noqa: BLE001 - an unknown architecture, a broken config: the trainer still checks
+        _log.warning("cannot list the modules of base model %s (%s); target_modules are checked by the "
+                     "trainer only", base.name, base.sha256, exc_info=True)
+        return None
+
+
+def check_target_modules(store: ObjectStore, base: BaseModelRow, training_type: TrainingType | None) -> None:
+    """400 naming `training_type.target_modules` when a module it names is not one LoRA can
+    adapt in `base`, with some names that are."""
+    targets = training_type.target_modules if training_type is not None else "all-linear"
+    if targets == "all-linear" or training_type.type == "full":
+        return
+    from tuneforge.train.model import leaf_names, unmatched_target_modules
+
+    if not targets:
+        raise invalid(f"{TARGET_MODULES_PARAM} must name at least one module, or be \"all-linear\"",
+                      param=TARGET_MODULES_PARAM, code="invalid_target_modules")
+    paths = lora_module_paths(store, base)
+    if paths is None:
+        return
+    unknown = unmatched_target_modules(paths, list(targets))
+    if unknown:
+        raise invalid(
+            f"{TARGET_MODULES_PARAM}: {', '.join(repr(name) for name in unknown)} "
+            f"{'is not a module' if len(unknown) == 1 else 'are not modules'} LoRA can adapt in {base.name}; "
+            f"it has e.g. {', '.join(leaf_names(paths)[:8])} (or use \"all-linear\")",
+            param=TARGET_MODULES_PARAM, code="invalid_target_modules")

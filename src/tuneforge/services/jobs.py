@@ -31,7 +31,7 @@ from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import TERMINAL, JobStatus
 from tuneforge.scheduler.validation import validate_job
-from tuneforge.services import artifacts, estimates, evaluation, hyperparams
+from tuneforge.services import artifacts, base_models, estimates, evaluation, hyperparams
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
@@ -114,8 +114,9 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
                       f"({resources.nodes})", param="resources.nodes")
 
 
-def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
-                  request: JobRequest) -> tuple[BaseModelRow, FileRow, FileRow | None]:
+def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request: JobRequest,
+                  store: ObjectStore | None = None) -> tuple[BaseModelRow, FileRow, FileRow | None]:
+    """`store`: where the base model's config is, to check LoRA target modules against it."""
     _check_request(request, settings)
     base = base_model_repo.by_name(session, request.model)
     if base is None:
@@ -123,6 +124,8 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
             f"Model {request.model!r} is not available for fine-tuning or does not exist",
             param="model", code="model_not_available",
         )
+    if store is not None:
+        base_models.check_target_modules(store, base, request.training_type)
     method = request.method_type
     training = _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
                            settings.min_training_examples, method)
@@ -136,7 +139,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant,
 
 def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest) -> dict:
     """The figures a job with this body would get, without creating it."""
-    base, training, validation = _check_inputs(session, platform.settings, tenant, request)
+    base, training, validation = _check_inputs(session, platform.settings, tenant, request, platform.store)
     try:
         plan = plan_job(session, platform, tenant, request, seed=request.seed or 0, training=training,
                         validation=validation, base=base)
@@ -161,7 +164,7 @@ def submit_job(session: Session, platform: Platform, tenant: Tenant, request: Jo
     validated at once (see `_validate_small_job`)."""
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
-    job, created = create_job(session, platform.settings, tenant, request, idempotency_key)
+    job, created = create_job(session, platform.settings, tenant, request, idempotency_key, platform.store)
     if created:
         _validate_small_job(session, platform, job)
     return job
@@ -189,14 +192,16 @@ def create_job(
     tenant: Tenant,
     request: JobRequest,
     idempotency_key: str | None = None,
+    store: ObjectStore | None = None,
 ) -> tuple[Job, bool]:
-    """Returns (job, created). A repeated Idempotency-Key returns the first job."""
+    """Returns (job, created). A repeated Idempotency-Key returns the first job. With `store`,
+    LoRA target modules are checked against the base model (`base_models.check_target_modules`)."""
     body_hash = request_hash(request)
     if idempotency_key:
         existing = job_repo.by_idempotency_key(session, tenant.tenant_id, idempotency_key)
         if existing is not None:
             return _replay(existing, body_hash), False
-    base, _training, _validation = _check_inputs(session, settings, tenant, request)
+    base, _training, _validation = _check_inputs(session, settings, tenant, request, store)
     from tuneforge.services import quotas
 
     quotas.check_admission(session, tenant)  # 403 quota_exceeded / 429 too_many_queued_jobs: nothing is created

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -28,12 +29,15 @@ from tuneforge.domain.errors import ApiError, invalid, unauthorized
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.ids import new_id, short_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
+from tuneforge.domain.tenant_text import scrub, scrub_data
 from tuneforge.registry import models as registry
 from tuneforge.services import evaluation
 from tuneforge.services import files as file_service
 from tuneforge.services.transitions import transition
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
 
 
 def token_hash(token: str) -> str:
@@ -117,8 +121,8 @@ def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Event
         if _already_applied(attempt, item.seq):
             continue
         events.add(
-            session, job, item.message, level=item.level, event_type=item.type,
-            data=item.data, attempt=attempt.number, seq=item.seq, created_at=int(item.created_at or time.time()),
+            session, job, scrub(item.message), level=item.level, event_type=item.type,
+            data=scrub_data(item.data), attempt=attempt.number, seq=item.seq, created_at=int(item.created_at or time.time()),
         )
         attempt.last_seq = item.seq
         attempt.heartbeat_at = time.time()
@@ -168,7 +172,8 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
         state = json.loads(store.get_bytes(layout.trainer_state_key(prefix)))
         history = {int(row["step"]): row for row in state["history"] if int(row["step"]) <= step}
     except (OSError, KeyError, TypeError, ValueError) as exc:  # the trainer just read it; a race with a delete
-        events.add(session, job, f"could not read the history of the checkpoint at step {step}: {exc}",
+        log.warning("could not read the history of %s: %s", prefix, exc)
+        events.add(session, job, f"could not read the history of the checkpoint at step {step}",
                    level="warn", attempt=attempt.number)
         return 0
     total_steps = int(body.total_steps or attempt.total_steps or 0)
@@ -265,14 +270,33 @@ def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[d
 
 
 def fail(session: Session, job: Job, attempt: Attempt, body: reports.Failure) -> None:
-    """The trainer found a problem retrying cannot fix (bad data, divergence)."""
+    """The trainer's account of how its attempt failed. A tenant's mistake (bad data, a
+    configuration the trainer cannot use, divergence) fails the job: retrying would fail
+    again. A platform fault or out-of-memory is recorded on the attempt and told in the
+    events; the attempt's exit then lets the scheduler retry it (`scheduler/loop.py`)."""
     seq = body.seq
     if _already_applied(attempt, seq):
         return
     _require_current(job, attempt)
-    attempt.failure, attempt.last_seq = body.model_dump(mode="json", ), seq
+    error = tenant_error(body)
+    attempt.failure, attempt.last_seq = {**error, "classification": body.classification}, seq
+    if body.classification != "user":
+        events.add(session, job, f"Attempt {attempt.number} failed: {error['message']}", level="error",
+                   data={**error, "classification": body.classification}, attempt=attempt.number, seq=seq)
+        return
     attempt.status, attempt.ended_at = AttemptStatus.FAILED.value, time.time()
-    attempt.failure_class = "user"  # bad data or divergence: retrying the same job would fail again
-    error = {"code": body.code or "training_failed", "message": body.message, "param": body.param}
+    attempt.failure_class = "user"
     transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",
-               level="error", error=error)
+               level="error", error=error, data={"code": error["code"], "correlation_id": error["correlation_id"]})
+
+
+def tenant_error(body: reports.Failure) -> dict[str, Any]:
+    """The job's `error` for a failure report: OpenAI's `code`, `message` and `param`, plus the
+    `correlation_id` an operator finds the trainer's traceback under. The message is scrubbed
+    of paths and tracebacks whatever the trainer sent (`domain/tenant_text.py`)."""
+    message = scrub(body.message) or "Training failed"
+    if body.classification == "platform" and body.correlation_id:
+        message = f"{message} (error id {body.correlation_id})"
+    return {"code": body.code or "training_failed", "message": message,
+            "param": scrub(body.param or "", 200) or None,
+            "correlation_id": body.correlation_id}

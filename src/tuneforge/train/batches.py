@@ -82,6 +82,11 @@ def _tokenize_file(
             exc.code, f"{label} file: {exc.detail}",
             line_number=exc.line_number or line_number, param=exc.param,
         ) from None
+    except UnicodeError as exc:  # e.g. a compressed stream that does not decode
+        raise BadDataError(
+            "unreadable_file", f"the {label} file could not be read as UTF-8 JSON lines ({exc.reason})",
+            line_number=line_number + 1,
+        ) from None
     if not examples:
         raise BadDataError("empty_file", f"the {label} file has no examples")
     return examples

@@ -33,6 +33,7 @@ from tuneforge.eval import refusal, runner, shipped
 from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError
 from tuneforge.storage.model_cache import fetch_base_model
 from tuneforge.train import credentials, methods
+from tuneforge.train.errors import UserInputError
 from tuneforge.train.model import is_adapter, load_base_model
 from tuneforge.train.reporter import message_event
 
@@ -60,7 +61,10 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[s
     golden = shipped.golden_examples() if config.golden else []
     safety = shipped.safety_examples() if config.safety else []
     tasks, specs = _tasks(run, config, errors)
-    detector = refusal.detector_from_config(task_metrics.plain(config.safety_detector))
+    try:
+        detector = refusal.detector_from_config(task_metrics.plain(config.safety_detector))
+    except ApiError as exc:  # the job's eval names a detector this trainer cannot build
+        raise UserInputError("invalid_eval_config", exc.message, param=exc.param or "eval") from None
     specs, detector = _with_credentials(run, specs, detector, errors)
     limit = config.max_examples
     suites = dict(golden=golden, safety=safety, tasks=tasks, max_new_tokens=config.max_new_tokens,

@@ -11,7 +11,7 @@ import torch
 
 from tuneforge.domain.spec import LoraConfig
 from tuneforge.storage.model_cache import default_cache_dir, fetch_base_model  # noqa: F401 - re-exported
-from tuneforge.train.errors import UnsupportedJob
+from tuneforge.train.errors import UnsupportedJob, UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,33 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
+def lora_module_paths(model: torch.nn.Module) -> list[str]:
+    """Qualified names of the modules LoRA can adapt: linear layers (and GPT-2 style Conv1D)
+    first, then embeddings and convolutions. Reads only module types and names, so a model
+    built on the `meta` device will do."""
+    from transformers.pytorch_utils import Conv1D
+
+    linear, other = [], []
+    for qualified_name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, Conv1D)):
+            linear.append(qualified_name)
+        elif isinstance(module, (torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d)):
+            other.append(qualified_name)
+    return linear + other
+
+
+def leaf_names(paths: list[str]) -> list[str]:
+    """The distinct last parts of `paths`, in their first order: what a tenant usually names
+    in `training_type.target_modules` (q_proj, v_proj, ...)."""
+    return list(dict.fromkeys(path.rsplit(".", 1)[-1] for path in paths))
+
+
+def unmatched_target_modules(paths: list[str], names: list[str]) -> list[str]:
+    """The names of `names` that match none of `paths` the way PEFT matches a list of target
+    modules: the whole qualified name, or its end after a dot."""
+    return [name for name in names if not any(path == name or path.endswith("." + name) for path in paths)]
+
+
 def build_lora_model(model: Any, lora: LoraConfig, *, seed: int) -> Any:
     """Freeze the base and wrap it with LoRA; the adapter's initial weights follow `seed`."""
     from peft import LoraConfig as PeftLoraConfig
@@ -101,7 +128,17 @@ def build_lora_model(model: Any, lora: LoraConfig, *, seed: int) -> Any:
         task_type="CAUSAL_LM",
     )
     torch.manual_seed(seed)
-    return get_peft_model(model, config)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # peft: no module matches, or a match it cannot adapt
+        if lora.target_modules == "all-linear":
+            raise  # chosen by the platform, not the tenant
+        raise UserInputError(
+            "invalid_target_modules",
+            f"training_type.target_modules {targets if isinstance(targets, list) else [targets]} cannot be adapted in this base model; "
+            f"modules LoRA can adapt here include {', '.join(leaf_names(lora_module_paths(model))[:8])}",
+            param="training_type.target_modules",
+        ) from exc
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

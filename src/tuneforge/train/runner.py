@@ -1,35 +1,45 @@
 """One attempt from spec to exit code: looks the method up, runs the loop, turns failures into reports.
 
-The mapping to `TrainerExit` lives here and only here:
+Every failure is classified here and only here, and reported once as a
+`failure` report (`domain/reports.Failure`) with a stable code, a message for
+the tenant and a correlation id; the traceback goes to this process's log
+(the attempt log the operator reads) under the same id:
 
-    bad data (BadDataError)       → `failure` report with code and line → USER_ERROR
-    divergence                    → `failure` report `divergence`        → USER_ERROR
-    unsupported method            → `failure` report                      → USER_ERROR
-    fenced by the control plane   → nothing more is sent                  → FENCED
-    out of memory                 → error event                           → OUT_OF_MEMORY
-    anything else                 → error event                           → PLATFORM_ERROR
+    failure                                   classification  code                   exit
+    bad data (BadDataError)                   user            the data check's code  USER_ERROR
+    tenant input the trainer cannot use       user            UserInputError.code    USER_ERROR
+      (LoRA target modules, eval config, ...)
+    unsupported method or training type       user            unsupported_method     USER_ERROR
+    divergence                                user            training_diverged      USER_ERROR
+    out of memory                             out_of_memory   out_of_memory          OUT_OF_MEMORY
+    fenced by the control plane               (nothing sent)                         FENCED
+    anything else                             platform        platform_error         PLATFORM_ERROR
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import traceback
 
 import torch
 
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.domain.ids import correlation_id
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import methods
-from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob
+from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob, UserInputError
 from tuneforge.train.hooks import Hooks, faults_from_extra
-from tuneforge.train.reporter import Reporter, message_event
+from tuneforge.train.reporter import Reporter
 
 log = logging.getLogger(__name__)
 
 TRAINING_TYPES = ("lora", "qlora", "full")
+PLATFORM_MESSAGE = ("The trainer stopped on an internal error; this is not a problem with your data or "
+                    "configuration, and the attempt is retried from the last checkpoint")
+OOM_MESSAGE = ("The training step ran out of memory; the attempt is retried with a smaller micro-batch "
+               "(same batch size)")
 
 
 def run_attempt(
@@ -54,29 +64,28 @@ def run_attempt(
         log.error("%s", exc)
         return TrainerExit.FENCED
     except BadDataError as exc:
-        log.error("bad data: %s", exc)
-        _fail(reporter, exc.code, str(exc))
+        _fail(reporter, "user", exc.code, str(exc))
+        return TrainerExit.USER_ERROR
+    except UserInputError as exc:
+        _fail(reporter, "user", exc.code, str(exc), param=exc.param)
         return TrainerExit.USER_ERROR
     except (TrainingDiverged, UnsupportedJob) as exc:
-        log.error("%s", exc)
-        _fail(reporter, exc.code, str(exc))
+        _fail(reporter, "user", exc.code, str(exc))
         return TrainerExit.USER_ERROR
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        log.error("out of memory: %s", exc)
-        _error_event(reporter, f"out of memory: {exc}")
+    except (torch.OutOfMemoryError, MemoryError):
+        _fail(reporter, "out_of_memory", "out_of_memory", OOM_MESSAGE)
         return TrainerExit.OUT_OF_MEMORY
-    except Exception as exc:  # the attempt must always end with a code the scheduler understands
-        log.exception("platform error")
-        _error_event(reporter, f"trainer error: {type(exc).__name__}: {exc}", traceback.format_exc())
+    except Exception:  # the attempt must always end with a code the scheduler understands
+        _fail(reporter, "platform", "platform_error", PLATFORM_MESSAGE)
         return TrainerExit.PLATFORM_ERROR
 
 
-def _fail(reporter: Reporter, code: str, message: str) -> None:
-    if not reporter.fenced:
-        reporter.report("failure", {"code": code, "message": message})
-
-
-def _error_event(reporter: Reporter, message: str, details: str = "") -> None:
-    if not reporter.fenced:
-        data = {"traceback": details[-4000:]} if details else {}
-        reporter.report("events", message_event(message, level="error", data=data))
+def _fail(reporter: Reporter, classification: str, code: str, message: str, *, param: str | None = None) -> None:
+    """Log the exception being handled, with its traceback, under a new correlation id; report
+    what the tenant may see of it."""
+    error_id = correlation_id("err")
+    log.error("attempt failed [%s] class=%s code=%s: %s", error_id, classification, code, message, exc_info=True)
+    if reporter.fenced:
+        return
+    reporter.report("failure", {"classification": classification, "code": code, "message": message,
+                                "param": param, "correlation_id": error_id})

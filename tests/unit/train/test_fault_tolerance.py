@@ -114,7 +114,9 @@ def test_simulated_oom_exits_out_of_memory(tmp_path: Path, tiny_model_dir: Path)
                             extra={"simulate_oom_above_micro_batch": 2})
     reporter = RecordingReporter()
     assert run_attempt(spec, store, reporter) == TrainerExit.OUT_OF_MEMORY
-    assert "out of memory" in reporter.events("message")[-1]["message"]
+    [failure] = reporter.of_kind("failure")
+    assert failure["classification"] == "out_of_memory" and failure["code"] == "out_of_memory"
+    assert failure["correlation_id"].startswith("err_")
     fits = replace(spec, hyperparameters=replace(spec.hyperparameters, micro_batch_size=2))
     assert run_attempt(fits, store, RecordingReporter()) == TrainerExit.SUCCESS
 
