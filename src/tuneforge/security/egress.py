@@ -122,7 +122,7 @@ def _canonical(host: str) -> str:
     host = host.lower()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return host[:-1] if host.endswith(".") else host
+    return host.removesuffix(".")
 
 
 def _is_localhost(host: str) -> bool:

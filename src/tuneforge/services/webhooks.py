@@ -21,6 +21,7 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
+
 from sqlalchemy.orm import Session
 
 from tuneforge.db.pagination import Page
