@@ -209,6 +209,10 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = Field(default=3600.0, description="Longest wait between webhook attempts.")
     webhook_poll_s: float = Field(
         default=1.0, description="How often an idle control plane looks for due webhook deliveries.")
+    egress_allow: str = Field(
+        default="", description="Comma-separated IP addresses, CIDRs and host names the platform may connect to "
+                                "on a tenant's behalf (webhooks, eval endpoints) besides public addresses, e.g. "
+                                "'10.0.0.0/8,hooks.internal'; empty: public addresses only.")
 
     @field_validator("s3_sse")
     @classmethod

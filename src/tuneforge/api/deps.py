@@ -1,19 +1,28 @@
-"""Request dependencies: the platform, a database session, the calling tenant."""
+"""Request dependencies: the platform, a database session, the calling tenant, the egress policy."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
 from tuneforge.db.tables import Tenant
+from tuneforge.security.egress import EgressPolicy
 from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
 
 
 def platform(request: Request) -> Platform:
     return request.app.state.platform
+
+
+def egress(request: Request) -> EgressPolicy:
+    """The policy every tenant-supplied URL passes (TUNEFORGE_EGRESS_ALLOW widens it)."""
+    return EgressPolicy.from_settings(request.app.state.platform.settings)
+
+
+EGRESS = Depends(egress)
 
 
 def session(request: Request) -> Iterator[Session]:

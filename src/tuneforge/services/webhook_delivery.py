@@ -6,11 +6,20 @@ so no transaction is open while a receiver takes its time, and two control plane
 on one database never send the same attempt twice. Delivery is at least once: a
 dispatcher that dies after the POST but before recording it leaves the attempt to
 be repeated when its claim runs out, so receivers deduplicate on `webhook-id`.
+
+Requests go through the egress policy's client (security/egress.py): each connection
+is checked again against the address it actually reaches, and redirects are never
+followed. What a delivery records is ours alone: the status code and a short reason
+from REASONS, never the receiver's body or a network library's message, which could
+carry what an internal address answered.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +31,7 @@ import httpx
 
 from tuneforge import __version__
 from tuneforge.db.repos import webhooks as repo
+from tuneforge.security.egress import EgressDenied, EgressPolicy
 from tuneforge.services import webhooks
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
@@ -29,8 +39,24 @@ from tuneforge.settings import Settings
 log = logging.getLogger("tuneforge.webhooks")
 
 SENDERS = 4  # deliveries in flight per control plane: one dead receiver does not stall the others
-ERROR_SNIPPET_CHARS = 300
 USER_AGENT = f"tuneforge-webhooks/{__version__}"
+
+# every reason a failed attempt may record (besides "HTTP <status>" and "timed out after <n> s")
+ADDRESS_NOT_ALLOWED = "address not allowed"
+REDIRECT_NOT_FOLLOWED = "redirect not followed"
+CONNECTION_REFUSED = "connection refused"
+NOT_RESOLVED = "host name did not resolve"
+TLS_FAILED = "TLS handshake failed"
+CONNECT_FAILED = "connection failed"
+CONNECTION_LOST = "connection closed before an answer"
+BAD_RESPONSE = "invalid HTTP response"
+NOT_SENT = "could not be sent"
+NO_ANSWER_RECORDED = "no answer was recorded for the last attempt"
+REASONS = frozenset({ADDRESS_NOT_ALLOWED, REDIRECT_NOT_FOLLOWED, CONNECTION_REFUSED, NOT_RESOLVED, TLS_FAILED,
+                     CONNECT_FAILED, CONNECTION_LOST, BAD_RESPONSE, NOT_SENT, NO_ANSWER_RECORDED,
+                     webhooks.ENDPOINT_DELETED})
+_HTTP_STATUS = re.compile(r"HTTP [1-5][0-9][0-9]")
+_TIMED_OUT = re.compile(r"timed out after [0-9.]+ s")
 
 
 @dataclass(frozen=True)
@@ -63,13 +89,54 @@ def claim_lease_s(settings: Settings) -> float:
     return 4 * settings.webhook_timeout_s + 30.0
 
 
+def shown_reason(stored: str | None, status_code: int | None) -> str | None:
+    """The reason of a failed attempt as the API shows it: one of ours, as recorded. Rows
+    written before reasons were ours may hold a receiver's words ("HTTP 502: <body>") or a
+    library's message; only our part of those is shown."""
+    if stored is None or stored in REASONS or _HTTP_STATUS.fullmatch(stored) or _TIMED_OUT.fullmatch(stored):
+        return stored
+    for pattern in (_HTTP_STATUS, _TIMED_OUT):
+        found = pattern.match(stored)
+        if found:
+            return found.group(0)
+    return f"HTTP {status_code}" if status_code is not None else CONNECT_FAILED
+
+
+def _network_reason(exc: httpx.HTTPError) -> str:
+    """Our words for a request that got no HTTP answer (the exception's text is never kept)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    if any(isinstance(item, EgressDenied) for item in chain):
+        return ADDRESS_NOT_ALLOWED
+    if any(isinstance(item, ConnectionRefusedError) for item in chain):
+        return CONNECTION_REFUSED
+    if any(isinstance(item, socket.gaierror) for item in chain) or (
+            isinstance(exc, httpx.ConnectError) and str(exc).endswith("did not resolve")):
+        return NOT_RESOLVED
+    if any(isinstance(item, ssl.SSLError) for item in chain):
+        return TLS_FAILED
+    if isinstance(exc, httpx.ConnectError):
+        return CONNECT_FAILED
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.DecodingError)):
+        return BAD_RESPONSE
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError)):
+        return CONNECTION_LOST
+    return NOT_SENT
+
+
 class Dispatcher:
     def __init__(self, platform: Platform, *, clock: Callable[[], float] = time.time,
-                 client: httpx.Client | None = None) -> None:
+                 client: httpx.Client | None = None, egress: EgressPolicy | None = None) -> None:
+        """`egress`: the policy every send passes (default: the platform settings'); `client`:
+        a ready client instead, for tests that need one."""
         self.platform = platform
         self.clock = clock  # schedules attempts; tests pass a fake one to check the backoff
-        self._client = client or httpx.Client(timeout=httpx.Timeout(platform.settings.webhook_timeout_s),
-                                              headers={"user-agent": USER_AGENT}, follow_redirects=False)
+        policy = egress or EgressPolicy.from_settings(platform.settings)
+        self._client = client or policy.client(timeout=httpx.Timeout(platform.settings.webhook_timeout_s),
+                                               headers={"user-agent": USER_AGENT})
         self._pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="tuneforge-webhook-send")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,12 +161,13 @@ class Dispatcher:
     def _attempt(self, item: Claimed) -> None:
         if item.attempt > self.platform.settings.webhook_max_attempts:
             # claimed again after a dispatcher stopped during the last attempt: no attempts are left
-            self._record(item, Outcome(None, "no answer was recorded for the last attempt"))
+            self._record(item, Outcome(None, NO_ANSWER_RECORDED))
             return
         try:
             outcome = self.send(item)
-        except Exception as exc:  # noqa: BLE001 - a bad URL or secret must fail the delivery, not the thread
-            outcome = Outcome(None, f"{type(exc).__name__}: {exc}"[:ERROR_SNIPPET_CHARS])
+        except Exception:
+            log.warning("webhook %s could not be sent", item.delivery_id, exc_info=True)
+            outcome = Outcome(None, NOT_SENT)
         self._record(item, outcome)
 
     def send(self, item: Claimed) -> Outcome:
@@ -107,17 +175,18 @@ class Dispatcher:
         # the signed timestamp is wall-clock time whatever self.clock is: receivers check it against theirs
         headers = webhooks.signed_headers(item.secret, item.delivery_id, body, int(time.time()))
         try:
+            # the body of the answer is never read: nothing a receiver says is kept or shown
             with self._client.stream("POST", item.url, content=body, headers=headers) as response:
-                if 200 <= response.status_code < 300:
-                    return Outcome(response.status_code, None)
-                snippet = next(response.iter_bytes(ERROR_SNIPPET_CHARS), b"")
-        except httpx.TimeoutException as exc:
-            return Outcome(None, f"timed out after {self.platform.settings.webhook_timeout_s:g} s "
-                                 f"({type(exc).__name__})")
+                status = response.status_code
+        except httpx.TimeoutException:
+            return Outcome(None, f"timed out after {self.platform.settings.webhook_timeout_s:g} s")
         except httpx.HTTPError as exc:
-            return Outcome(None, f"{type(exc).__name__}: {exc}"[:ERROR_SNIPPET_CHARS])
-        text = snippet[:ERROR_SNIPPET_CHARS].decode("utf-8", errors="replace").strip()
-        return Outcome(response.status_code, f"HTTP {response.status_code}" + (f": {text}" if text else ""))
+            return Outcome(None, _network_reason(exc))
+        if 200 <= status < 300:
+            return Outcome(status, None)
+        if 300 <= status < 400:
+            return Outcome(status, REDIRECT_NOT_FOLLOWED)
+        return Outcome(status, f"HTTP {status}")
 
     def _record(self, item: Claimed, outcome: Outcome) -> None:
         settings = self.platform.settings

@@ -21,7 +21,6 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
 
@@ -30,6 +29,7 @@ from tuneforge.db.repos import webhooks as repo
 from tuneforge.db.tables import Job, WebhookDelivery, WebhookEndpoint
 from tuneforge.domain.errors import invalid, not_found
 from tuneforge.domain.status import JobStatus
+from tuneforge.security.egress import EgressPolicy
 
 EVENT_TYPES: dict[JobStatus, str] = {
     JobStatus.SUCCEEDED: "fine_tuning.job.succeeded",
@@ -39,7 +39,7 @@ EVENT_TYPES: dict[JobStatus, str] = {
 ALL_EVENTS: tuple[str, ...] = tuple(EVENT_TYPES.values())
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
-MAX_URL_CHARS = 2048
+ENDPOINT_DELETED = "the webhook endpoint was deleted"  # the reason its pending deliveries fail with
 MAX_ENDPOINTS_PER_TENANT = 20  # each one multiplies every job outcome into another delivery
 
 
@@ -54,9 +54,11 @@ class InvalidSignature(ValueError):
 
 # ---- endpoints -------------------------------------------------------------------
 
-def register(session: Session, tenant_id: str, url: Any, events: Iterable[Any] | None = None) -> WebhookEndpoint:
-    """A new endpoint with a fresh secret (the caller shows the secret this once)."""
-    checked_url = _check_url(url)
+def register(session: Session, tenant_id: str, url: Any, events: Iterable[Any] | None = None, *,
+             egress: EgressPolicy) -> WebhookEndpoint:
+    """A new endpoint with a fresh secret (the caller shows the secret this once); `url` must
+    pass the platform's egress policy."""
+    checked_url = egress.check_url(url, param="url")
     event_types = _check_events(events)
     if len(repo.live_endpoints(session, tenant_id)) >= MAX_ENDPOINTS_PER_TENANT:
         raise invalid(f"a tenant can register at most {MAX_ENDPOINTS_PER_TENANT} webhook endpoints; delete one "
@@ -78,23 +80,6 @@ def new_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
 
 
-def _check_url(url: Any) -> str:
-    if not isinstance(url, str) or not url.strip():
-        raise invalid("url must be an http:// or https:// URL", param="url", code="invalid_url")
-    url = url.strip()
-    if len(url) > MAX_URL_CHARS:
-        raise invalid(f"url is longer than {MAX_URL_CHARS} characters", param="url", code="invalid_url")
-    parts = urlsplit(url)
-    try:
-        parts.port  # noqa: B018 - parsing the port is the check: "host:99999" raises here
-    except ValueError:
-        raise invalid(f"url has an invalid port: {url!r}", param="url", code="invalid_url") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise invalid(f"url must be an http:// or https:// URL with a host; got {url!r}", param="url",
-                      code="invalid_url")
-    return url
-
-
 def _check_events(events: Iterable[Any] | None) -> list[str]:
     if events is None:
         return list(ALL_EVENTS)
@@ -107,6 +92,19 @@ def _check_events(events: Iterable[Any] | None) -> list[str]:
         raise invalid(f"unknown event type {unknown[0]!r}; events must be among " + ", ".join(ALL_EVENTS),
                       param="events", code="invalid_event_type")
     return [name for name in ALL_EVENTS if name in wanted]  # one canonical order, no duplicates
+
+
+def update(session: Session, tenant_id: str, endpoint_id: str, *, egress: EgressPolicy, url: Any = None,
+           events: Iterable[Any] | None = None) -> WebhookEndpoint:
+    """Change an endpoint's URL and/or event types (None: unchanged); its secret stays. A new
+    URL passes the egress policy like a registered one; pending deliveries go to it."""
+    row = get(session, tenant_id, endpoint_id)
+    if url is not None:
+        row.url = egress.check_url(url, param="url")
+    if events is not None:
+        row.event_types = _check_events(events)
+    session.flush()
+    return row
 
 
 def get(session: Session, tenant_id: str, endpoint_id: str) -> WebhookEndpoint:
@@ -124,7 +122,7 @@ def delete(session: Session, tenant_id: str, endpoint_id: str) -> WebhookEndpoin
     """Nothing more is sent to it; its row stays (disabled) so past deliveries keep their endpoint."""
     row = get(session, tenant_id, endpoint_id)
     row.disabled_at = int(time.time())
-    repo.abandon_pending(session, row.endpoint_id, "the webhook endpoint was deleted")
+    repo.abandon_pending(session, row.endpoint_id, ENDPOINT_DELETED)
     return row
 
 

@@ -7,15 +7,31 @@ import time
 
 import pytest
 
+from tuneforge.api import deps
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
+from tuneforge.security.egress import EgressPolicy
 from tuneforge.services.transitions import transition
 
 ALL_EVENTS = ["fine_tuning.job.succeeded", "fine_tuning.job.failed", "fine_tuning.job.cancelled"]
+
+
+def _resolve(host: str) -> list[str]:
+    """example.com names answer a public address; anything else does not resolve."""
+    if host == "example.com" or host.endswith(".example.com"):
+        return ["93.184.216.34"]
+    raise OSError(f"{host} does not resolve")
+
+
+@pytest.fixture(autouse=True)
+def _no_real_dns(world):
+    """The egress policy of the platform's settings, with the resolver above instead of DNS."""
+    world.http.app.dependency_overrides[deps.egress] = \
+        lambda: EgressPolicy.from_settings(world.platform.settings, resolver=_resolve)
 
 
 def _create(world, key: str, **body) -> dict:
@@ -44,7 +60,7 @@ def test_register_list_retrieve_delete(world):
     assert created["events"] == ALL_EVENTS
     assert created["secret"].startswith("whsec_")
     assert len(base64.b64decode(created["secret"][len("whsec_"):])) == 32
-    second = _create(world, world.key_a, url="http://10.0.0.5:8080/hook", events=["fine_tuning.job.failed"] * 2)
+    second = _create(world, world.key_a, url="http://93.184.216.34:8080/hook", events=["fine_tuning.job.failed"] * 2)
     assert second["events"] == ["fine_tuning.job.failed"] and second["secret"] != created["secret"]
 
     listed = world.http.get("/v1/webhooks", headers=world.headers(world.key_a)).json()
@@ -106,6 +122,7 @@ def test_at_most_20_endpoints_per_tenant(world):
 
 
 def test_deliveries_show_each_events_status_for_debugging(world):
+    world.platform.settings = world.platform.settings.model_copy(update={"egress_allow": "127.0.0.1"})
     failed_only = _create(world, world.key_a, url="http://127.0.0.1:9/hook", events=["fine_tuning.job.failed"])
     _finished_job(world, "alpha", JobStatus.SUCCEEDED)
     failed_job = _finished_job(world, "alpha", JobStatus.FAILED)

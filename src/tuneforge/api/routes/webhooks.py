@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session
 from tuneforge.api import deps
 from tuneforge.api.objects import list_object
 from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
+from tuneforge.security.egress import EgressPolicy
+from tuneforge.services import webhook_delivery
 from tuneforge.services import webhooks as webhook_service
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
@@ -26,6 +28,12 @@ class WebhookCreate(BaseModel):
     url: str = Field(description="http:// or https:// URL that receives the events (POST, JSON)")
     events: list[str] | None = Field(
         default=None, description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
+
+
+class WebhookUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str | None = Field(default=None, description="new receiving URL; omitted: unchanged")
+    events: list[str] | None = Field(default=None, description="new event types; omitted: unchanged")
 
 
 def endpoint_object(row: WebhookEndpoint, *, with_secret: bool = False) -> dict[str, Any]:
@@ -40,16 +48,17 @@ def delivery_object(row: WebhookDelivery) -> dict[str, Any]:
     pending = webhook_service.is_pending(row)
     return {"id": row.delivery_id, "object": "webhook_delivery", "endpoint_id": row.endpoint_id,
             "type": row.event_type, "status": row.status, "attempts": row.attempts,
-            "last_status_code": row.last_status_code, "last_error": row.last_error,
+            "last_status_code": row.last_status_code,
+            "last_error": webhook_delivery.shown_reason(row.last_error, row.last_status_code),
             "created_at": row.created_at, "delivered_at": row.delivered_at,
             "next_attempt_at": int(row.next_attempt_at) if pending else None,
             "event": row.payload}
 
 
 @router.post("")
-def create_webhook(body: WebhookCreate, tenant: Tenant = TENANT,
-                   session: Session = deps.SESSION) -> dict:
-    row = webhook_service.register(session, tenant.tenant_id, body.url, body.events)
+def create_webhook(body: WebhookCreate, tenant: Tenant = TENANT, session: Session = deps.SESSION,
+                   egress: EgressPolicy = deps.EGRESS) -> dict:
+    row = webhook_service.register(session, tenant.tenant_id, body.url, body.events, egress=egress)
     return endpoint_object(row, with_secret=True)
 
 
@@ -68,6 +77,14 @@ def list_webhooks(
 def retrieve_webhook(webhook_id: str, tenant: Tenant = TENANT,
                      session: Session = deps.SESSION) -> dict:
     return endpoint_object(webhook_service.get(session, tenant.tenant_id, webhook_id))
+
+
+@router.post("/{webhook_id}")
+def update_webhook(webhook_id: str, body: WebhookUpdate, tenant: Tenant = TENANT,
+                   session: Session = deps.SESSION, egress: EgressPolicy = deps.EGRESS) -> dict:
+    row = webhook_service.update(session, tenant.tenant_id, webhook_id, egress=egress, url=body.url,
+                                 events=body.events)
+    return endpoint_object(row)
 
 
 @router.delete("/{webhook_id}")
