@@ -214,6 +214,14 @@ class Settings(BaseSettings):
                                 "on a tenant's behalf (webhooks, eval endpoints) besides public addresses, e.g. "
                                 "'10.0.0.0/8,hooks.internal'; empty: public addresses only.")
 
+    @field_validator("egress_allow")
+    @classmethod
+    def _readable_allow_list(cls, value: str) -> str:
+        from tuneforge.security.egress import EgressPolicy
+
+        EgressPolicy.parse(value)  # a bad entry stops the process at start, naming the entry
+        return value
+
     @field_validator("s3_sse")
     @classmethod
     def _known_sse(cls, value: str | None) -> str | None:
@@ -242,8 +250,11 @@ class Settings(BaseSettings):
 
     def trainer_env(self) -> dict[str, str]:
         """The platform's variables a trainer gets (security/env.py passes it nothing else of ours):
-        its object store's settings."""
-        return self.trainer_storage_env()
+        its object store's settings and the egress allow-list its eval endpoints are checked against."""
+        env = self.trainer_storage_env()
+        if self.egress_allow:
+            env["TUNEFORGE_EGRESS_ALLOW"] = self.egress_allow
+        return env
 
     def trainer_storage_env(self) -> dict[str, str]:
         """The TUNEFORGE_S3_* variables a trainer needs to open the same object store."""

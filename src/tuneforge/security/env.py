@@ -32,8 +32,9 @@ _PASSED = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
     "PYTORCH_CUDA_ALLOC_CONF", "BNB_CUDA_VERSION",
-    # the platform's own, non-secret: the trainer's egress policy, peak FLOP/s for MFU, data workers
-    "TUNEFORGE_EGRESS_ALLOW", "TUNEFORGE_GPU_PEAK_TFLOPS", "TUNEFORGE_DATA_WORKERS",
+    # the platform's own, non-secret: peak FLOP/s for MFU, data workers (the egress allow-list is
+    # passed explicitly, from the settings: Settings.trainer_env)
+    "TUNEFORGE_GPU_PEAK_TFLOPS", "TUNEFORGE_DATA_WORKERS",
 })
 # prefixes passed through: collective communication and torch's own switches
 _PASSED_PREFIXES = ("NCCL_", "TORCH_", "LC_")

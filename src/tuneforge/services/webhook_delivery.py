@@ -156,7 +156,7 @@ class Dispatcher:
             rows = repo.claim_due(session, now, now + claim_lease_s(self.platform.settings), SENDERS)
             endpoints = repo.endpoints_by_id(session, {row.endpoint_id for row in rows})
             return [Claimed(row.delivery_id, row.attempts, dict(row.payload), endpoints[row.endpoint_id].url,
-                            endpoints[row.endpoint_id].secret) for row in rows]
+                            self.platform.sealer.open(endpoints[row.endpoint_id].secret)) for row in rows]
 
     def _attempt(self, item: Claimed) -> None:
         if item.attempt > self.platform.settings.webhook_max_attempts:

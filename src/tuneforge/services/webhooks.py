@@ -29,6 +29,7 @@ from tuneforge.db.repos import webhooks as repo
 from tuneforge.db.tables import Job, WebhookDelivery, WebhookEndpoint
 from tuneforge.domain.errors import invalid, not_found
 from tuneforge.domain.status import JobStatus
+from tuneforge.security.crypto import Sealer
 from tuneforge.security.egress import EgressPolicy
 
 EVENT_TYPES: dict[JobStatus, str] = {
@@ -55,9 +56,9 @@ class InvalidSignature(ValueError):
 # ---- endpoints -------------------------------------------------------------------
 
 def register(session: Session, tenant_id: str, url: Any, events: Iterable[Any] | None = None, *,
-             egress: EgressPolicy) -> WebhookEndpoint:
-    """A new endpoint with a fresh secret (the caller shows the secret this once); `url` must
-    pass the platform's egress policy."""
+             egress: EgressPolicy, sealer: Sealer) -> tuple[WebhookEndpoint, str]:
+    """A new endpoint with a fresh signing secret, stored sealed; returns the row and the secret
+    (the caller shows it this once). `url` must pass the platform's egress policy."""
     checked_url = egress.check_url(url, param="url")
     event_types = _check_events(events)
     if len(repo.live_endpoints(session, tenant_id)) >= MAX_ENDPOINTS_PER_TENANT:
@@ -67,13 +68,13 @@ def register(session: Session, tenant_id: str, url: Any, events: Iterable[Any] |
         endpoint_id="whep_" + secrets.token_hex(12),
         tenant_id=tenant_id,
         url=checked_url,
-        secret=new_secret(),
+        secret=sealer.seal(secret := new_secret()),
         event_types=event_types,
         created_at=int(time.time()),
     )
     session.add(row)
     session.flush()
-    return row
+    return row, secret
 
 
 def new_secret() -> str:

@@ -57,6 +57,13 @@ def _handler(stub: ChatStub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+@pytest.fixture(autouse=True)
+def _loopback_endpoints(monkeypatch):
+    """The judges and guards here listen on 127.0.0.1, which the egress policy refuses unless
+    the operator allow-lists it (as the trainer's environment would say)."""
+    monkeypatch.setenv("TUNEFORGE_EGRESS_ALLOW", "127.0.0.1")
+
+
 @pytest.fixture
 def chat_stub() -> Iterator[ChatStub]:
     stub = ChatStub()

@@ -17,12 +17,6 @@ from tuneforge.eval.openai_chat import Credentials
 BASE, TUNED = "Rome is the capital.", "TUNED: Paris is the capital."
 
 
-@pytest.fixture(autouse=True)
-def _loopback_judges(monkeypatch):
-    """The judges here listen on 127.0.0.1, which the egress policy refuses unless allow-listed."""
-    monkeypatch.setenv("TUNEFORGE_EGRESS_ALLOW", "127.0.0.1")
-
-
 def _judge(url: str, **options: object) -> LlmJudge:
     return metrics.parse_metrics([{"type": "llm_judge", "endpoint": url, "model": "judge", **options}])[0]
 

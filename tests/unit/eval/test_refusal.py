@@ -129,5 +129,6 @@ def test_parse_guard_verdict(answer, verdict):
 
 def test_a_failing_guard_endpoint_is_a_guard_model_error(chat_stub):
     chat_stub.respond = lambda body: (503, "overloaded")
-    with pytest.raises(GuardModelError, match=r"chat/completions answered HTTP 503: .*overloaded"):
+    with pytest.raises(GuardModelError, match=r"chat/completions answered HTTP 503") as caught:
         _guard(chat_stub.url).is_refusal("p", "Sure.")
+    assert "overloaded" not in str(caught.value)  # the endpoint's words never come back to the tenant

@@ -129,8 +129,10 @@ def tenant_id(platform: Platform, name: str) -> str:
 
 def register(platform: Platform, tenant: str, url: str, events: list[str] | None = None) -> tuple[str, str]:
     with platform.db.session() as session:
-        row = webhooks.register(session, tenant, url, events, egress=EgressPolicy.from_settings(platform.settings))
-        return row.endpoint_id, row.secret
+        row, secret = webhooks.register(session, tenant, url, events, sealer=platform.sealer,
+                                        egress=EgressPolicy.from_settings(platform.settings))
+        assert row.secret != secret and platform.sealer.open(row.secret) == secret  # stored sealed
+        return row.endpoint_id, secret
 
 
 def running_job(platform: Platform, tenant: str) -> str:

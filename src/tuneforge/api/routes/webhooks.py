@@ -18,6 +18,7 @@ from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
 from tuneforge.security.egress import EgressPolicy
 from tuneforge.services import webhook_delivery
 from tuneforge.services import webhooks as webhook_service
+from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 TENANT = Depends(deps.tenant)
@@ -36,11 +37,11 @@ class WebhookUpdate(BaseModel):
     events: list[str] | None = Field(default=None, description="new event types; omitted: unchanged")
 
 
-def endpoint_object(row: WebhookEndpoint, *, with_secret: bool = False) -> dict[str, Any]:
+def endpoint_object(row: WebhookEndpoint, *, secret: str | None = None) -> dict[str, Any]:
     present = {"id": row.endpoint_id, "object": "webhook_endpoint", "url": row.url,
                "events": list(row.event_types or []), "created_at": row.created_at}
-    if with_secret:  # shown when created, never again: the tenant stores it to verify signatures
-        present["secret"] = row.secret
+    if secret is not None:  # shown when created, never again: the tenant stores it to verify signatures
+        present["secret"] = secret
     return present
 
 
@@ -57,9 +58,10 @@ def delivery_object(row: WebhookDelivery) -> dict[str, Any]:
 
 @router.post("")
 def create_webhook(body: WebhookCreate, tenant: Tenant = TENANT, session: Session = deps.SESSION,
-                   egress: EgressPolicy = deps.EGRESS) -> dict:
-    row = webhook_service.register(session, tenant.tenant_id, body.url, body.events, egress=egress)
-    return endpoint_object(row, with_secret=True)
+                   egress: EgressPolicy = deps.EGRESS, platform: Platform = Depends(deps.platform)) -> dict:
+    row, secret = webhook_service.register(session, tenant.tenant_id, body.url, body.events, egress=egress,
+                                           sealer=platform.sealer)
+    return endpoint_object(row, secret=secret)
 
 
 @router.get("")
