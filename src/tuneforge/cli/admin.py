@@ -14,6 +14,7 @@ from tuneforge.db.migrate import upgrade
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError
+from tuneforge.security.redact import redact_url
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import quotas
 from tuneforge.services import tenants as tenant_service
@@ -47,7 +48,7 @@ def migrate() -> None:
     """Create or upgrade the metadata store's schema."""
     settings = get_settings()
     upgrade(settings.resolved_database_url)
-    console.print(f"database at head: {settings.resolved_database_url}")
+    console.print(f"database at head: {redact_url(settings.resolved_database_url)}")
 
 
 @tenants_app.command("create")
