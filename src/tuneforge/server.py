@@ -16,6 +16,7 @@ from tuneforge.api.app import create_app
 from tuneforge.db.migrate import upgrade
 from tuneforge.executors import make_executor
 from tuneforge.scheduler.loop import Scheduler
+from tuneforge.security.redact import redact_url
 from tuneforge.services.context import Platform
 from tuneforge.services.webhook_delivery import Dispatcher
 from tuneforge.settings import Settings
@@ -63,7 +64,7 @@ class ControlPlane:
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"the API did not start on {self.url}")
+                raise RuntimeError(f"the API did not start on {redact_url(self.url)}")
             time.sleep(0.05)
         return self
 

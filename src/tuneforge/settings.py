@@ -63,6 +63,10 @@ class Settings(BaseSettings):
 
     admin_api_key: str | None = Field(
         default=None, description="Bearer key of the admin API (/v1/admin/...); unset: the admin API is off.")
+    docs_access: str = Field(
+        default="admin", pattern="^(public|admin|off)$",
+        description="Who may read the API reference (/docs, /redoc, /openapi.json): 'public' (anyone), 'admin' "
+                    "(the admin API key; off while none is set) or 'off' (404).")
     executor: str = Field(default="local", description="Executor: 'local' (subprocesses on this host) or 'ray' "
                                                        "(attempts on a Ray cluster, one placement group each).")
     ray_address: str | None = Field(

@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from tuneforge import __version__
-from tuneforge.api import errors
+from tuneforge.api import docs, errors
+from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
                                   webhooks)
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
 
+class _App(FastAPI):
+    def build_middleware_stack(self) -> ASGIApp:
+        # outermost, so that even the answer to an unexpected error carries the security headers
+        return SecurityHeaders(super().build_middleware_stack())
+
+
 def create_app(settings: Settings | None = None, *, platform: Platform | None = None) -> FastAPI:
     if platform is None:
         platform = Platform.from_settings(settings or Settings())
-    app = FastAPI(title="tuneforge", version=__version__, summary="OpenAI-compatible fine-tuning platform")
+    # the reference is served by docs.install, as TUNEFORGE_DOCS_ACCESS says; app.openapi() works regardless
+    app = _App(title="tuneforge", version=__version__, summary="OpenAI-compatible fine-tuning platform",
+               openapi_url=None, docs_url=None, redoc_url=None)
     app.state.platform = platform
     errors.install(app)
+    docs.install(app, platform.settings.docs_access, bool(platform.settings.admin_api_key))
     for router in (files.router, jobs.router, models.router, usage.router, metrics.router, admin.router,
                    internal.router, inference.router, webhooks.router, secrets.router):
         app.include_router(router)

@@ -14,6 +14,7 @@ from tuneforge.db.migrate import upgrade
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError
+from tuneforge.security.redact import redact_url
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import quotas
 from tuneforge.services import tenants as tenant_service
@@ -25,6 +26,8 @@ from tuneforge.storage import layout
 # soft_wrap: a message is one line however narrow the terminal, so scripts can grep it
 console = Console(stderr=True, soft_wrap=True)
 tenants_app = typer.Typer(help="Create and manage tenants (admin).", no_args_is_help=True)
+keys_app = typer.Typer(help="Issue, list and revoke a tenant's API keys (admin).", no_args_is_help=True)
+tenants_app.add_typer(keys_app, name="keys")
 base_models_app = typer.Typer(help="Register base models (admin).", no_args_is_help=True)
 eval_sets_app = typer.Typer(help="Platform-wide eval sets that training data is checked against (admin).",
                             no_args_is_help=True)
@@ -45,7 +48,7 @@ def migrate() -> None:
     """Create or upgrade the metadata store's schema."""
     settings = get_settings()
     upgrade(settings.resolved_database_url)
-    console.print(f"database at head: {settings.resolved_database_url}")
+    console.print(f"database at head: {redact_url(settings.resolved_database_url)}")
 
 
 @tenants_app.command("create")
@@ -164,6 +167,60 @@ def tenants_set_pii_policy(name: str, policy: str = typer.Argument(..., help="wa
     except ApiError as exc:
         fail(exc)
     console.print(f"{name}: PII policy {policy}")
+
+
+def _when(stamp: int | None) -> str:
+    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(stamp))
+
+
+@keys_app.command("create")
+def keys_create(
+    name: str,
+    expires_in: int = typer.Option(None, "--expires-in", help="Seconds until the key stops working; "
+                                                              "default: it does not expire."),
+    label: str = typer.Option(None, "--label", help="A name to tell the key apart in lists."),
+) -> None:
+    """Issue another API key of tenant NAME; the key is printed alone on the last line, once."""
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            key, api_key = tenant_service.create_key(session, name, name=label, expires_in_s=expires_in)
+            key_id, expires_at = key.key_id, key.expires_at
+    except ApiError as exc:
+        fail(exc)
+    until = "does not expire" if expires_at is None else f"expires {_when(expires_at)}"
+    console.print(f"key {key_id} of tenant {name} ({until}); the API key is shown once:")
+    typer.echo(api_key)
+
+
+@keys_app.command("list")
+def keys_list(name: str) -> None:
+    """The tenant's keys (never a secret): id, prefix, label, created, last used, expiry, revoked."""
+    ctx = platform()
+    table = Table("key_id", "prefix", "label", "created", "last_used", "expires", "revoked", "active")
+    try:
+        with ctx.db.session() as session:
+            for key in tenant_service.list_keys(session, name):
+                view = tenant_service.key_view(key)
+                table.add_row(view["id"], view["prefix"], view["name"] or "-", _when(view["created_at"]),
+                              _when(view["last_used_at"]), _when(view["expires_at"]), _when(view["revoked_at"]),
+                              "yes" if view["active"] else "no")
+    except ApiError as exc:
+        fail(exc)
+    Console(width=200).print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(name: str, key_id: str) -> None:
+    """Revoke key KEY_ID of tenant NAME; requests with it are refused from now on."""
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            key = tenant_service.revoke_key(session, name, key_id)
+            revoked_at = key.revoked_at
+    except ApiError as exc:
+        fail(exc)
+    console.print(f"{name}: key {key_id} revoked at {_when(revoked_at)}")
 
 
 @base_models_app.command("add")

@@ -6,6 +6,7 @@ import typer
 
 from tuneforge.cli import admin, client, queue_cmd, secrets_cmd
 from tuneforge.security.env import restrict_umask
+from tuneforge.security.redact import redact_url
 
 app = typer.Typer(help="tuneforge: self-hosted, OpenAI-compatible fine-tuning.", no_args_is_help=True)
 
@@ -35,8 +36,9 @@ def _serve(host: str | None, port: int | None, scheduler: bool) -> None:
     settings = Settings(**overrides)
     configure_logging()
     plane = ControlPlane(settings, run_scheduler=scheduler)
-    typer.echo(f"tuneforge listening on {plane.url} (database {settings.resolved_database_url}, "
-               f"objects {settings.resolved_storage_url}, executor {settings.executor})", err=True)
+    typer.echo(f"tuneforge listening on {redact_url(plane.url)} "
+               f"(database {redact_url(settings.resolved_database_url)}, "
+               f"objects {redact_url(settings.resolved_storage_url)}, executor {settings.executor})", err=True)
     plane.serve_forever()
 
 

@@ -73,12 +73,19 @@ class Tenant(Base):
 
 
 class ApiKey(Base):
+    """A tenant's API key: only its SHA-256 is stored; `key_id` is the public handle that lists
+    and revocation name it by. A key authenticates while it is neither revoked nor expired."""
+
     __tablename__ = "api_keys"
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"), index=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     key_prefix: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_used_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 

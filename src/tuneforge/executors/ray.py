@@ -38,6 +38,7 @@ from typing import Any, Literal
 from tuneforge.domain.spec import JobSpec
 from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
 from tuneforge.executors.ray_host import TrainerHost, free_resources_per_node
+from tuneforge.security.redact import redact_url
 from tuneforge.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def check_storage(settings: Settings) -> None:
     if not settings.ray_shared_storage:
         raise StorageUnreachable(
             f"TUNEFORGE_EXECUTOR=ray runs trainers on other nodes, which cannot read the local object store "
-            f"{url}: set TUNEFORGE_STORAGE_URL=s3://bucket/prefix (and TUNEFORGE_S3_*), or "
+            f"{redact_url(url)}: set TUNEFORGE_STORAGE_URL=s3://bucket/prefix (and TUNEFORGE_S3_*), or "
             "TUNEFORGE_RAY_SHARED_STORAGE=true if every node mounts that folder at the same path")
 
 
@@ -338,9 +339,9 @@ def _connect(ray: Any, address: str, options: dict[str, Any], tries: int = 3, ba
             return
         except (ConnectionError, TimeoutError) as exc:
             if attempt == tries:
-                raise ConnectionError(f"cannot connect to the Ray cluster at {address} (TUNEFORGE_RAY_ADDRESS): "
+                raise ConnectionError(f"cannot connect to the Ray cluster at {redact_url(address)} (TUNEFORGE_RAY_ADDRESS): "
                                       f"{_first_line(exc)}") from exc
-            log.warning("connecting to Ray at %s failed (%s); trying again", address, _first_line(exc))
+            log.warning("connecting to Ray at %s failed (%s); trying again", redact_url(address), _first_line(exc))
             if ray.is_initialized():
                 ray.shutdown()
             time.sleep(backoff_s * attempt)

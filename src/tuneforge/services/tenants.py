@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import ApiKey, Tenant
-from tuneforge.domain.errors import ApiError, conflict, invalid, unauthorized
+from tuneforge.domain.errors import ApiError, conflict, invalid, not_found, unauthorized
 from tuneforge.domain.ids import new_id
 from tuneforge.services import quotas, usage
 
@@ -34,23 +34,95 @@ def create_tenant(session: Session, name: str, tier: str = "standard") -> tuple[
     tenant = Tenant(tenant_id=new_id("tenant", 16), name=name, tier=tier, created_at=int(time.time()))
     session.add(tenant)
     session.flush()
-    return tenant, issue_key(session, tenant)
+    _key, api_key = issue_key(session, tenant)
+    return tenant, api_key
 
 
-def issue_key(session: Session, tenant: Tenant) -> str:
+KEY_NAME_MAX = 128
+# An expiry further away than this is a typo, not a policy; a key that should never expire sets none.
+KEY_MAX_LIFETIME_S = 10 * 366 * 86400
+# last_used_at is written only when the stored value is at least this old: a busy key costs one
+# write a minute, not one per request
+LAST_USED_RESOLUTION_S = 60
+
+
+def issue_key(session: Session, tenant: Tenant, *, name: str | None = None, expires_at: int | None = None,
+              now: float | None = None) -> tuple[ApiKey, str]:
+    """A new key of `tenant`: its row (public fields only) and the secret, returned once and never stored."""
     api_key = KEY_PREFIX + secrets.token_urlsafe(32)
-    session.add(
-        ApiKey(
-            tenant_id=tenant.tenant_id,
-            key_hash=tenant_repo.hash_key(api_key),
-            key_prefix=api_key[:10],
-            created_at=int(time.time()),
-        )
+    row = ApiKey(
+        key_id=new_id("key"),
+        tenant_id=tenant.tenant_id,
+        key_hash=tenant_repo.hash_key(api_key),
+        key_prefix=api_key[:10],
+        name=name,
+        created_at=int(time.time() if now is None else now),
+        expires_at=expires_at,
     )
-    return api_key
+    session.add(row)
+    session.flush()
+    return row, api_key
 
 
-def authenticate(session: Session, authorization: str | None) -> Tenant:
+def _checked_name(name: str | None) -> str | None:
+    if name is None:
+        return None
+    name = name.strip()
+    if len(name) > KEY_NAME_MAX or any(not ch.isprintable() for ch in name):
+        raise invalid(f"a key's name must be at most {KEY_NAME_MAX} printable characters", param="name")
+    return name or None
+
+
+def _expiry(now: float, expires_in_s: int | None, expires_at: int | None) -> int | None:
+    if expires_in_s is not None and expires_at is not None:
+        raise invalid("give expires_in_s or expires_at, not both", param="expires_in_s")
+    if expires_in_s is not None:
+        if not 0 < expires_in_s <= KEY_MAX_LIFETIME_S:
+            raise invalid(f"expires_in_s must be between 1 and {KEY_MAX_LIFETIME_S}", param="expires_in_s")
+        return int(now) + expires_in_s
+    if expires_at is not None:
+        if not now < expires_at <= now + KEY_MAX_LIFETIME_S:
+            raise invalid("expires_at must be a future unix time at most ten years away", param="expires_at")
+        return expires_at
+    return None
+
+
+def create_key(session: Session, tenant_name: str, *, name: str | None = None, expires_in_s: int | None = None,
+               expires_at: int | None = None, now: float | None = None) -> tuple[ApiKey, str]:
+    """Another key of the tenant named `tenant_name`, optionally labelled and expiring."""
+    now = time.time() if now is None else now
+    label = _checked_name(name)
+    expiry = _expiry(now, expires_in_s, expires_at)
+    return issue_key(session, _named(session, tenant_name), name=label, expires_at=expiry, now=now)
+
+
+def list_keys(session: Session, tenant_name: str) -> list[ApiKey]:
+    """Every key of the tenant, revoked and expired ones too, oldest first."""
+    return tenant_repo.keys_of(session, _named(session, tenant_name).tenant_id)
+
+
+def revoke_key(session: Session, tenant_name: str, key_id: str, now: float | None = None) -> ApiKey:
+    """Revoke one of the tenant's keys; the next request with it is refused. Revoking a revoked key
+    changes nothing. Another tenant's key is not found."""
+    tenant = _named(session, tenant_name)
+    key = tenant_repo.key_of(session, tenant.tenant_id, key_id)
+    if key is None:
+        raise not_found(f"no API key {key_id!r} for tenant {tenant_name!r}", param="key_id")
+    if key.revoked_at is None:
+        key.revoked_at = int(time.time() if now is None else now)
+        session.flush()
+    return key
+
+
+def key_view(key: ApiKey, now: float | None = None) -> dict[str, Any]:
+    """What may be shown of a key: never the secret, never its hash."""
+    now = time.time() if now is None else now
+    return {"object": "api_key", "id": key.key_id, "prefix": key.key_prefix, "name": key.name,
+            "created_at": key.created_at, "last_used_at": key.last_used_at, "expires_at": key.expires_at,
+            "revoked_at": key.revoked_at, "active": tenant_repo.usable(key, now)}
+
+
+def authenticate(session: Session, authorization: str | None, now: float | None = None) -> Tenant:
     if not authorization:
         raise unauthorized(
             "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
@@ -59,9 +131,14 @@ def authenticate(session: Session, authorization: str | None) -> Tenant:
     scheme, _, api_key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not api_key.strip():
         raise unauthorized("Authorization header must be 'Bearer YOUR_KEY'.")
-    tenant = tenant_repo.by_api_key(session, api_key.strip())
-    if tenant is None:
+    now = time.time() if now is None else now
+    found = tenant_repo.key_and_tenant(session, api_key.strip())
+    # unknown, revoked and expired keys get the same answer: it says nothing of which it was
+    if found is None or not tenant_repo.usable(found[0], now):
         raise unauthorized("Incorrect API key provided.")
+    key, tenant = found
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION_S:
+        key.last_used_at = int(now)
     return tenant
 
 

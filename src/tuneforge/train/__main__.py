@@ -18,6 +18,7 @@ import time
 
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.spec import JobSpec
+from tuneforge.security.redact import redact_url
 
 log = logging.getLogger("tuneforge.train")
 
@@ -125,7 +126,7 @@ def _run_reporting(spec: JobSpec, stop: threading.Event) -> int:
         store = _open_store(spec)
         code = run_attempt(spec, store, reporter, stop)
     except Exception:  # the store itself could not be opened
-        log.exception("cannot open the object store %s", spec.storage_url)
+        log.exception("cannot open the object store %s", redact_url(spec.storage_url))
     finally:
         timeout_s = RESULT_FLUSH_TIMEOUT_S if code == TrainerExit.SUCCESS else OTHER_FLUSH_TIMEOUT_S
         delivered = reporter.flush(timeout_s)

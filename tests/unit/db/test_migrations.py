@@ -7,7 +7,8 @@ from sqlalchemy import create_engine, inspect
 from sqlalchemy.orm import Session
 
 from tuneforge.db.migrate import downgrade, upgrade
-from tuneforge.db.tables import Base, Job
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.db.tables import ApiKey, Base, Job
 
 TABLES = {"tenants", "api_keys", "base_models", "files", "jobs", "attempts", "job_events", "checkpoints",
           "fine_tuned_models", "model_stage_changes", "webhook_endpoints", "webhook_deliveries", "alembic_version"}
@@ -70,5 +71,35 @@ def test_rows_resolved_before_0007_get_the_method_and_training_type_of_their_req
         assert dpo.hyperparameters.method_options["beta"] == 0.2 and dpo.lora.rank == 4  # the rest of the row as it was
         assert jobs["ftjob-unvalidated"].resolved is None
         assert jobs["ftjob-dpo"].request.method_type == "dpo"
+    finally:
+        engine.dispose()
+
+
+def test_keys_issued_before_0008_get_unique_ids_and_keep_working(database_url):
+    upgrade(database_url, "0007")
+    engine = create_engine(database_url)
+    tenants = sa.table("tenants", *(sa.column(name, kind) for name, kind in (
+        ("tenant_id", sa.String), ("name", sa.String), ("tier", sa.String), ("created_at", sa.BigInteger))))
+    keys_0007 = sa.table("api_keys", *(sa.column(name, kind) for name, kind in (
+        ("tenant_id", sa.String), ("key_hash", sa.String), ("key_prefix", sa.String), ("created_at", sa.BigInteger),
+        ("revoked_at", sa.BigInteger))))
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.insert(tenants).values(tenant_id="tenant-1", name="alpha", tier="standard",
+                                                         created_at=0))
+            for n in range(3):
+                connection.execute(sa.insert(keys_0007).values(
+                    tenant_id="tenant-1", key_hash=tenant_repo.hash_key(f"tf-old-{n}"), key_prefix=f"tf-old-{n}",
+                    created_at=n, revoked_at=5 if n == 2 else None))
+        upgrade(database_url)
+        with Session(engine) as session:
+            keys = list(session.scalars(sa.select(ApiKey).order_by(ApiKey.pk)))
+            assert [k.key_prefix for k in keys] == ["tf-old-0", "tf-old-1", "tf-old-2"]
+            assert all(k.key_id.startswith("key-") for k in keys) and len({k.key_id for k in keys}) == 3
+            assert all(k.expires_at is None and k.last_used_at is None and k.name is None for k in keys)
+            assert tenant_repo.by_api_key(session, "tf-old-0").name == "alpha"
+            assert tenant_repo.by_api_key(session, "tf-old-2") is None  # still revoked
+        downgrade(database_url, "0007")
+        assert "key_id" not in {c["name"] for c in inspect(engine).get_columns("api_keys")}
     finally:
         engine.dispose()

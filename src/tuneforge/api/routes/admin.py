@@ -1,4 +1,4 @@
-"""/v1/admin — tenants, tiers, quotas, usage across tenants and the whole queue, for operators.
+"""/v1/admin — tenants, their API keys, tiers, quotas, usage across tenants and the whole queue, for operators.
 
 Authenticated by `TUNEFORGE_ADMIN_API_KEY` (Bearer); without one configured the
 admin API is off and answers 404, so a default install exposes nothing.
@@ -11,7 +11,7 @@ import hmac
 import time
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
@@ -75,6 +75,41 @@ def create_tenant(body: TenantCreate, session: Session = deps.SESSION) -> dict:
 @router.get("/tenants", dependencies=[Depends(admin)])
 def list_tenants(session: Session = deps.SESSION) -> dict:
     return {"object": "list", "has_more": False, "data": [_tenant_object(t) for t in tenant_service.list_tenants(session)]}
+
+
+class KeyCreate(_Strict):
+    name: str | None = Field(None, max_length=tenant_service.KEY_NAME_MAX, description="A label for the key.")
+    expires_in_s: int | None = Field(None, gt=0, le=tenant_service.KEY_MAX_LIFETIME_S,
+                                     description="Seconds until the key stops working; absent: it does not expire.")
+    expires_at: int | None = Field(None, gt=0, le=2**40,
+                                   description="Unix time the key stops working (instead of expires_in_s).")
+
+
+TenantName = Path(..., min_length=1, max_length=64)
+KeyId = Path(..., min_length=1, max_length=64)
+
+
+@router.post("/tenants/{name}/keys", dependencies=[Depends(admin)])
+def create_key(name: str = TenantName, body: KeyCreate | None = Body(default=None),
+               session: Session = deps.SESSION) -> dict:
+    """Another API key of the tenant; the secret is in `api_key`, shown this once."""
+    body = body or KeyCreate()
+    key, api_key = tenant_service.create_key(session, name, name=body.name, expires_in_s=body.expires_in_s,
+                                             expires_at=body.expires_at)
+    return {**tenant_service.key_view(key), "api_key": api_key}
+
+
+@router.get("/tenants/{name}/keys", dependencies=[Depends(admin)])
+def list_keys(name: str = TenantName, session: Session = deps.SESSION) -> dict:
+    """The tenant's keys, revoked and expired ones too; never a secret."""
+    keys = tenant_service.list_keys(session, name)
+    return {"object": "list", "has_more": False, "data": [tenant_service.key_view(key) for key in keys]}
+
+
+@router.delete("/tenants/{name}/keys/{key_id}", dependencies=[Depends(admin)])
+def revoke_key(name: str = TenantName, key_id: str = KeyId, session: Session = deps.SESSION) -> dict:
+    """Revoke the key: the next request with it answers 401."""
+    return tenant_service.key_view(tenant_service.revoke_key(session, name, key_id))
 
 
 @router.post("/tenants/{name}/tier", dependencies=[Depends(admin)])

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.tables import ApiKey, Tenant
+from tuneforge.db.tenancy import owned
 
 
 def hash_key(api_key: str) -> str:
@@ -22,12 +24,34 @@ def by_id(session: Session, tenant_id: str) -> Tenant | None:
     return session.scalar(select(Tenant).where(Tenant.tenant_id == tenant_id))
 
 
-def by_api_key(session: Session, api_key: str) -> Tenant | None:
-    return session.scalar(
-        select(Tenant)
-        .join(ApiKey, ApiKey.tenant_id == Tenant.tenant_id)
-        .where(ApiKey.key_hash == hash_key(api_key), ApiKey.revoked_at.is_(None))
-    )
+def by_api_key(session: Session, api_key: str, now: float | None = None) -> Tenant | None:
+    """The tenant whose key `api_key` is, if that key is neither revoked nor expired at `now`."""
+    found = key_and_tenant(session, api_key)
+    if found is None or not usable(found[0], time.time() if now is None else now):
+        return None
+    return found[1]
+
+
+def key_and_tenant(session: Session, api_key: str) -> tuple[ApiKey, Tenant] | None:
+    """The stored key whose hash matches, and its tenant, whatever the key's state."""
+    row = session.execute(
+        select(ApiKey, Tenant)
+        .join(Tenant, ApiKey.tenant_id == Tenant.tenant_id)
+        .where(ApiKey.key_hash == hash_key(api_key))
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
+def usable(key: ApiKey, now: float) -> bool:
+    return key.revoked_at is None and (key.expires_at is None or now < key.expires_at)
+
+
+def keys_of(session: Session, tenant_id: str) -> list[ApiKey]:
+    return list(session.scalars(owned(ApiKey, tenant_id).order_by(ApiKey.pk)))
+
+
+def key_of(session: Session, tenant_id: str, key_id: str) -> ApiKey | None:
+    return session.scalar(owned(ApiKey, tenant_id).where(ApiKey.key_id == key_id))
 
 
 def list_all(session: Session) -> list[Tenant]:

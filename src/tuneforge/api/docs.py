@@ -1,0 +1,77 @@
+"""The API reference: /openapi.json, /docs (Swagger UI) and /redoc, as TUNEFORGE_DOCS_ACCESS says.
+
+"off"     not served (404), though `app.openapi()` still works in-process;
+"admin"   served to the admin Bearer key only (and not at all when none is configured);
+"public"  served to anyone.
+
+The pages carry the schema inline, so a browser needs no second, authenticated request for
+it, and each page has a Content-Security-Policy that allows only what it loads: its own
+script (by nonce) and the viewer's files from the CDN.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from tuneforge.api.routes.admin import admin
+
+ACCESS = ("public", "admin", "off")
+
+_CDN = "https://cdn.jsdelivr.net"
+_SWAGGER = f"{_CDN}/npm/swagger-ui-dist@5"
+_REDOC = f"{_CDN}/npm/redoc@2/bundles/redoc.standalone.js"
+
+
+def _inline_json(value: Any) -> str:
+    """JSON that is safe inside a <script> element: no '<', '>' or '&' can end or open a tag."""
+    text = json.dumps(value, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _page(title: str, head: str, body: str, script: str, csp: str, nonce: str) -> HTMLResponse:
+    html = (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>{head}</head>"
+            f"<body>{body}<script nonce=\"{nonce}\">{script}</script></body></html>")
+    return HTMLResponse(html, headers={"Content-Security-Policy": csp})
+
+
+def _csp(nonce: str, *extra: str) -> str:
+    return "; ".join((
+        "default-src 'none'", f"script-src 'nonce-{nonce}' {_CDN}", f"style-src 'unsafe-inline' {_CDN}",
+        f"img-src 'self' data: {_CDN}", "connect-src 'self'", *extra,
+        "base-uri 'none'", "form-action 'none'", "frame-ancestors 'none'"))
+
+
+def install(app: FastAPI, access: str, admin_key_set: bool) -> None:
+    """Add the reference routes to `app` (build it with openapi_url, docs_url and redoc_url None)."""
+    if access not in ACCESS:
+        raise ValueError(f"docs access must be one of {', '.join(ACCESS)}, not {access!r}")
+    if access == "off" or (access == "admin" and not admin_key_set):
+        return
+    guard = [Depends(admin)] if access == "admin" else []
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guard)
+    def openapi_schema() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=guard)
+    def swagger_page() -> HTMLResponse:
+        nonce = secrets.token_urlsafe(16)
+        script = (f"SwaggerUIBundle({{spec: {_inline_json(app.openapi())}, dom_id: '#swagger-ui', "
+                  "validatorUrl: null, deepLinking: true});")
+        return _page(f"{app.title} - API reference",
+                     f"<link rel=\"stylesheet\" href=\"{_SWAGGER}/swagger-ui.css\">"
+                     f"<script src=\"{_SWAGGER}/swagger-ui-bundle.js\" nonce=\"{nonce}\"></script>",
+                     "<div id=\"swagger-ui\"></div>", script, _csp(nonce), nonce)
+
+    @app.get("/redoc", include_in_schema=False, dependencies=guard)
+    def redoc_page() -> HTMLResponse:
+        nonce = secrets.token_urlsafe(16)
+        script = f"Redoc.init({_inline_json(app.openapi())}, {{}}, document.getElementById('redoc'));"
+        return _page(f"{app.title} - API reference",
+                     f"<script src=\"{_REDOC}\" nonce=\"{nonce}\"></script>",
+                     "<div id=\"redoc\"></div>", script, _csp(nonce, "worker-src blob:"), nonce)

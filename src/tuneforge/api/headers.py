@@ -1,0 +1,45 @@
+"""Security headers on every response.
+
+A pure ASGI middleware: it rewrites only the `http.response.start` message and passes
+every body chunk on as it comes, so streamed responses (Server-Sent Events of job
+events and chat completions) are never buffered.
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# Nothing an API response carries is meant to run or be framed in a browser. A page that
+# needs more (the API reference) sets its own Content-Security-Policy, which is kept.
+API_CSP = "default-src 'none'; frame-ancestors 'none'"
+
+ALWAYS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class SecurityHeaders:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", ()))
+                headers = MutableHeaders(scope=message)
+                for name, value in ALWAYS.items():
+                    headers[name] = value
+                # answers carry tenants' data and keys: no cache (browser or proxy) keeps them
+                headers["Cache-Control"] = "no-store"
+                if "content-security-policy" not in headers:
+                    headers["Content-Security-Policy"] = API_CSP
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
