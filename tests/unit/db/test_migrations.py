@@ -11,7 +11,8 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import ApiKey, Base, Job
 
 TABLES = {"tenants", "api_keys", "base_models", "files", "jobs", "attempts", "job_events", "checkpoints",
-          "fine_tuned_models", "model_stage_changes", "webhook_endpoints", "webhook_deliveries", "alembic_version"}
+          "fine_tuned_models", "model_stage_changes", "webhook_endpoints", "webhook_deliveries", "tenant_secrets",
+          "alembic_version"}
 
 
 def test_upgrade_creates_every_table_and_downgrade_removes_them(database_url):
