@@ -14,7 +14,7 @@ from tuneforge.domain.errors import ApiError, from_validation_errors
 log = logging.getLogger("tuneforge.api")
 
 
-def _respond(error: ApiError) -> JSONResponse:
+def respond(error: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
     return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers)
 
@@ -26,20 +26,20 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _respond(exc)
+        return respond(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _respond(_validation_error(exc))
+        return respond(_validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = str(exc.detail) if exc.status_code != 404 else "Unknown request URL"
-        return _respond(ApiError(exc.status_code, message, code=code))
+        return respond(ApiError(exc.status_code, message, code=code))
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return _respond(ApiError(500, "The server had an error while processing your request.",
+        return respond(ApiError(500, "The server had an error while processing your request.",
                                  type="server_error", code="internal_error"))
