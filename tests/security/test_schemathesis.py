@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -127,7 +127,7 @@ def test_usage_of_extreme_months_is_answered(api, month):
 
 @pytest.mark.parametrize("month", ["0000-01", "2026-13", "2026-00", "99999-01", "2026-1", "x"])
 def test_usage_of_odd_months_is_400(api, month):
-    error_of(api.http.get(f"/v1/usage", params={"month": month}, headers=api.auth), 400, "month")
+    error_of(api.http.get("/v1/usage", params={"month": month}, headers=api.auth), 400, "month")
 
 
 def test_admin_usage_checks_its_month(tmp_path, database_url):

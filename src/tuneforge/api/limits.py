@@ -25,7 +25,6 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 MAX_ID_CHARS = 256  # file, job, webhook and model ids, cursors
 MAX_NAME_CHARS = 256  # tenant names, tiers, filenames
-MAX_URL_CHARS = 2048
 MAX_TEXT_CHARS = 4 * 1024 * 1024  # one chat message or prompt
 MAX_GENERATED_TOKENS = 1 << 20
 MAX_MESSAGES = 4096

@@ -60,7 +60,8 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
     # Checked by hand (`_message_text`): a union here would put pydantic's branch names in the error.
     content: Any = Field(description="The text, or a list of {type: 'text', text} parts.")
-    name: str | None = Field(None, max_length=MAX_NAME_CHARS, description="Accepted; the chat template decides whether it is shown.")
+    name: str | None = Field(None, max_length=MAX_NAME_CHARS,
+                             description="Accepted; the chat template decides whether it is shown.")
 
 
 class _Sampling(_Body):
@@ -81,8 +82,8 @@ class _Sampling(_Body):
 
 class ChatCompletionBody(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_GENERATED_TOKENS, description="Most tokens to generate (wins over "
-                                                                      "max_tokens).")
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_GENERATED_TOKENS,
+                                              description="Most tokens to generate (wins over max_tokens).")
     logprobs: bool | None = Field(None, description="Only false.")
     top_logprobs: Int64 | None = Field(None, description="Not supported.")
     response_format: dict[str, Any] | None = Field(None, description="Only {type: 'text'}.")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
-from tuneforge.api.limits import MAX_ID_CHARS, MAX_LIST_ITEMS, MAX_URL_CHARS
+from tuneforge.api.limits import MAX_ID_CHARS, MAX_LIST_ITEMS
 from tuneforge.api.objects import list_object
 from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
 from tuneforge.services import webhooks as webhook_service
@@ -24,7 +24,9 @@ TENANT = Depends(deps.tenant)
 
 class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(max_length=MAX_URL_CHARS, description="http:// or https:// URL that receives the events (POST, JSON)")
+    # the service checks the length (code invalid_url); the schema states it
+    url: str = Field(json_schema_extra={"maxLength": webhook_service.MAX_URL_CHARS},
+                     description="http:// or https:// URL that receives the events (POST, JSON)")
     events: list[Annotated[str, Field(max_length=MAX_ID_CHARS)]] | None = Field(
         default=None, max_length=MAX_LIST_ITEMS, description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
 
