@@ -6,7 +6,8 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from tuneforge import __version__
-from tuneforge.api import docs, errors
+from tuneforge.api import docs, errors, openapi
+from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
                                   webhooks)
@@ -29,9 +30,11 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app.state.platform = platform
     errors.install(app)
     docs.install(app, platform.settings.docs_access, bool(platform.settings.admin_api_key))
+    app.add_middleware(RequestGuard)
     for router in (files.router, jobs.router, models.router, usage.router, metrics.router, admin.router,
                    internal.router, inference.router, webhooks.router, secrets.router):
         app.include_router(router)
+    openapi.install(app)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict:

@@ -16,7 +16,7 @@ log = logging.getLogger("tuneforge.api")
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
-def _respond(error: ApiError) -> JSONResponse:
+def respond(error: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
     return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers)
 
@@ -28,24 +28,24 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _respond(exc)
+        return respond(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _respond(_validation_error(exc))
+        return respond(_validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = str(exc.detail) if exc.status_code != 404 else "Unknown request URL"
-        return _respond(ApiError(exc.status_code, message, code=code))
+        return respond(ApiError(exc.status_code, message, code=code))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # the tenant gets an id to quote, the operator's log the exception under that id
         request_id = correlation_id("req")
         log.error("unhandled error [%s] %s %s", request_id, request.method, request.url.path, exc_info=exc)
-        response = _respond(ApiError(
+        response = respond(ApiError(
             500, f"The server had an error while processing your request (request id {request_id}). "
                  "Retry it, or give the request id to your platform operator if the error persists.",
             type="server_error", code="internal_error"))

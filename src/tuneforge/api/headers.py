@@ -1,4 +1,5 @@
-"""Security headers on every response.
+"""Response headers: security headers on every response, and download names built from
+tenant-chosen text.
 
 A pure ASGI middleware: it rewrites only the `http.response.start` message and passes
 every body chunk on as it comes, so streamed responses (Server-Sent Events of job
@@ -6,6 +7,9 @@ events and chat completions) are never buffered.
 """
 
 from __future__ import annotations
+
+import re
+from urllib.parse import quote
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,3 +47,17 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+_NOT_PLAIN = re.compile(r'[^\x20-\x7e]|["\\]')
+
+
+def attachment(filename: str) -> str:
+    """`Content-Disposition` for a download named `filename`: an ASCII fallback (`filename=`, other
+    characters as `_`) for old clients and the exact name in RFC 5987's `filename*=UTF-8''...`.
+    Header values are Latin-1 on the wire: a non-ASCII name written as is cannot be sent."""
+    fallback = _NOT_PLAIN.sub("_", filename) or "download"
+    if fallback == filename:
+        return f'attachment; filename="{filename}"'
+    exact = quote(filename.encode("utf-8", "surrogatepass"), safe="")
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{exact}"

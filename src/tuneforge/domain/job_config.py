@@ -11,15 +11,22 @@ nowhere else (the method registry then types the values).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Auto = Literal["auto"]
 
 
+# Bounds on what a body may hold, so that the API refuses with 400 what no job needs.
+_ID_CHARS = 256
+_LIST_ITEMS = 64
+_NAME = Field(max_length=_ID_CHARS)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # 1e400 parses as infinity: every float is finite
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SupervisedHyperparameters(_Strict):
@@ -61,7 +68,7 @@ class Method(BaseModel):
     """`{"type": NAME, NAME: {"hyperparameters": {...}}}` as OpenAI's API has it; NAME is a
     registered training method (`tuneforge.train.methods`), whose own model checks the block."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     type: str = Field("supervised", max_length=64, description="The training method.")
 
     @model_validator(mode="after")
@@ -89,7 +96,7 @@ class TrainingType(_Strict):
 
 
 class Checkpointing(_Strict):
-    every_steps: int | None = Field(None, ge=1, description="Checkpoint every N optimizer steps.")
+    every_steps: int | None = Field(None, ge=1, le=2**31 - 1, description="Checkpoint every N optimizer steps.")
     keep_last: int | None = Field(None, ge=1, le=100, description="Checkpoints kept.")
     every_minutes: float | None = Field(None, gt=0, le=1440, description="Also checkpoint every M minutes.")
     keep_on_cancel: bool | None = Field(None, description="Keep the checkpoints when the job is cancelled.")
@@ -129,7 +136,7 @@ class DataOptions(_Strict):
 
 
 class EvalGate(_Strict):
-    metric: str = Field(description="A result key, e.g. golden.loss, safety.refusal_rate, task.exact_match.")
+    metric: str = Field(max_length=_ID_CHARS, description="A result key, e.g. golden.loss, safety.refusal_rate, task.exact_match.")
     op: Literal["<", "<=", ">", ">=", "=="] = Field(description="How the value compares with the threshold.")
     threshold: float = Field(description="The bound the value is compared with.")
     relative_to_base: bool = Field(
@@ -139,14 +146,14 @@ class EvalGate(_Strict):
 class EvalConfig(_Strict):
     enabled: bool = Field(True, description="Evaluate after training (status evaluating); false skips every eval.")
     task_file: str | None = Field(
-        None, description="Id of an uploaded file of chat (or prompt/completion) examples: the model's answer to "
+        None, max_length=_ID_CHARS, description="Id of an uploaded file of chat (or prompt/completion) examples: the model's answer to "
                           "each prompt is scored against the last assistant turn by `metrics`.")
     metrics: list[Union[str, dict]] | None = Field(
-        None, description='Task metrics: names or objects, e.g. ["exact_match", {"type": "regex", "pattern": '
+        None, max_length=_LIST_ITEMS, description='Task metrics: names or objects, e.g. ["exact_match", {"type": "regex", "pattern": '
                           '"^\\d+$"}, {"type": "llm_judge", "endpoint": "http://judge/v1", "model": "m"}]; '
                           'default ["exact_match", "rouge_l"].')
     gates: list[EvalGate] | None = Field(
-        None, description="Conditions the fine-tuned model must meet to be promotable; default: the platform's "
+        None, max_length=_LIST_ITEMS, description="Conditions the fine-tuned model must meet to be promotable; default: the platform's "
                           "golden-set and safety gates.")
     golden: bool = Field(True, description="Run the platform's general-ability (golden) set.")
     safety: bool = Field(True, description="Run the platform's harmful-prompt set and measure refusals.")
@@ -157,7 +164,7 @@ class EvalConfig(_Strict):
 
 
 class Integration(_Strict):
-    type: str
+    type: str = _NAME
     wandb: dict | None = None
 
 
@@ -165,17 +172,19 @@ class Integration(_Strict):
 
 
 class JobRequest(_Strict):
-    model: str = Field(description="Base model name (see GET /v1/models).")
-    training_file: str = Field(description="Id of an uploaded file with purpose fine-tune.")
-    validation_file: str | None = None
+    model: str = Field(max_length=_ID_CHARS, description="Base model name (see GET /v1/models).")
+    training_file: str = Field(max_length=_ID_CHARS, description="Id of an uploaded file with purpose fine-tune.")
+    validation_file: str | None = Field(None, max_length=_ID_CHARS)
     suffix: str | None = Field(None, max_length=64)
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
-    metadata: dict[str, str] | None = None
+    # at most 16 keys (checked by the service, as OpenAI words it); keys 64 and values 512 characters
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=_LIST_ITEMS)
     hyperparameters: SupervisedHyperparameters | None = Field(
         None, description="Deprecated by OpenAI in favour of method; still accepted."
     )
     method: Method | None = None
-    integrations: list[Integration] | None = None
+    integrations: list[Integration] | None = Field(None, max_length=_LIST_ITEMS)
     training_type: TrainingType | None = None
     checkpointing: Checkpointing | None = None
     divergence: Divergence | None = None

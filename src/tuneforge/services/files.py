@@ -19,6 +19,7 @@ from tuneforge.storage.store import ObjectStore
 
 PURPOSES = ("fine-tune", "fine-tune-results", "batch", "assistants", "user_data", "evals")
 UPLOADABLE = ("fine-tune", "batch", "assistants", "user_data", "evals")
+MAX_FILENAME_CHARS = 256  # the column holds 512; a name is shown back in listings and headers
 
 
 class _HashingReader:
@@ -55,8 +56,12 @@ def upload(
         raise invalid(f"purpose must be one of {', '.join(UPLOADABLE)}; got {purpose!r}", param="purpose")
     if not filename:
         raise invalid("the upload has no filename", param="file")
+    _check_filename(filename)
     file_id = new_id("file")
-    key = layout.file_key(tenant_id, file_id, filename)
+    try:
+        key = layout.file_key(tenant_id, file_id, filename)
+    except ValueError:  # ".", "..": names that are no file's
+        raise invalid(f"{filename!r} cannot be a file's name", param="file", code="invalid_filename") from None
     reader = _HashingReader(stream, max_bytes)
     try:
         store.put_stream(key, reader)
@@ -81,6 +86,14 @@ def upload(
     session.add(row)
     session.flush()
     return row
+
+
+def _check_filename(filename: str) -> None:
+    if len(filename) > MAX_FILENAME_CHARS:
+        raise invalid(f"the filename is longer than {MAX_FILENAME_CHARS} characters", param="file")
+    if any(ord(ch) < 0x20 or 0xD800 <= ord(ch) <= 0xDFFF for ch in filename):
+        raise invalid("the filename must not hold control characters or lone surrogates", param="file",
+                      code="invalid_filename")
 
 
 def _validate(store: ObjectStore, row: FileRow, tier: str, contamination) -> None:  # noqa: ANN001

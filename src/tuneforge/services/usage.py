@@ -59,8 +59,9 @@ def month_bounds(month: str) -> tuple[float, float]:
     """[start, end) of a calendar month in UTC, as unix seconds."""
     year, number = int(month[:4]), int(month[5:7])
     start = calendar.timegm((year, number, 1, 0, 0, 0))
-    year, number = (year + 1, 1) if number == 12 else (year, number + 1)
-    return float(start), float(calendar.timegm((year, number, 1, 0, 0, 0)))
+    # by the month's length rather than the next month's first day: December 9999 has no next month
+    days = calendar.monthrange(year, number)[1]
+    return float(start), float(start + days * 86400)
 
 
 # ---- one attempt ---------------------------------------------------------------

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import hmac
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.limits import MAX_NAME_CHARS, MONTH_PATTERN
 from tuneforge.api.objects import fine_tuned_model_object
+from tuneforge.api.openapi import error_responses
 from tuneforge.domain.errors import ApiError, unauthorized
 from tuneforge.registry import models as registry
 from tuneforge.services import queue as queue_service
@@ -26,7 +28,7 @@ from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
-Limit = float | Literal["unlimited", "default"] | None
+Limit = Annotated[float, Field(ge=0, le=1e12)] | Literal["unlimited", "default"] | None
 
 
 def admin(authorization: str | None = Header(default=None), platform: Platform = Depends(deps.platform)) -> None:
@@ -39,16 +41,16 @@ def admin(authorization: str | None = Header(default=None), platform: Platform =
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TenantCreate(_Strict):
-    name: str
-    tier: str = "standard"
+    name: str = Field(max_length=MAX_NAME_CHARS)
+    tier: str = Field("standard", max_length=MAX_NAME_CHARS)
 
 
 class TierChange(_Strict):
-    tier: str
+    tier: str = Field(max_length=MAX_NAME_CHARS)
 
 
 class QuotaChange(_Strict):
@@ -65,7 +67,7 @@ def _tenant_object(tenant: Any) -> dict[str, Any]:
             "quotas": {name: getattr(limits, name) for name in quotas.QUOTA_FIELDS}}
 
 
-@router.post("/tenants", dependencies=[Depends(admin)])
+@router.post("/tenants", dependencies=[Depends(admin)], responses=error_responses(409))
 def create_tenant(body: TenantCreate, session: Session = deps.SESSION) -> dict:
     """The tenant and its first API key (shown once)."""
     tenant, api_key = tenant_service.create_tenant(session, body.name, body.tier)
@@ -127,9 +129,11 @@ def set_quota(name: str, body: QuotaChange, session: Session = deps.SESSION) -> 
 
 
 @router.get("/usage", dependencies=[Depends(admin)])
-def usage_all(month: str | None = Query(default=None), session: Session = deps.SESSION) -> dict:
+def usage_all(month: str | None = Query(default=None, pattern=MONTH_PATTERN, description="YYYY-MM (UTC); default "
+                                                                                      "this month."),
+              session: Session = deps.SESSION) -> dict:
     now = time.time()
-    chosen = month or usage.current_month(now)
+    chosen = usage.parse_month(month) if month is not None else usage.current_month(now)
     return {"object": "list", "month": chosen, "data": tenant_service.usage_report(session, chosen, now)}
 
 
@@ -148,7 +152,7 @@ class AdminPromote(_Strict):
     override: bool = Field(False, description="Promote a model whose eval gates failed (recorded with the reason).")
 
 
-@router.post("/models/{model_id:path}/promote", dependencies=[Depends(admin)])
+@router.post("/models/{model_id:path}/promote", dependencies=[Depends(admin)], responses=error_responses(409))
 def promote_model(model_id: str, body: AdminPromote, session: Session = deps.SESSION) -> dict:
     """Any tenant's model; with `override` past failed gates — audited in the model's stage history."""
     row = registry.get_any(session, model_id)

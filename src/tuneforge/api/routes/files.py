@@ -7,7 +7,10 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.headers import attachment
+from tuneforge.api.limits import MAX_ID_CHARS
 from tuneforge.api.objects import file_object, list_object
+from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid
 from tuneforge.services import datasets
@@ -18,10 +21,10 @@ from tuneforge.services.context import Platform
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
-@router.post("")
+@router.post("", responses=error_responses(413))
 def create_file(
     file: UploadFile | None = None,
-    purpose: str | None = Form(default=None),
+    purpose: str | None = Form(default=None, max_length=MAX_ID_CHARS),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
@@ -41,10 +44,10 @@ def create_file(
 
 @router.get("")
 def list_files(
-    purpose: str | None = None,
-    after: str | None = None,
+    purpose: str | None = Query(default=None, max_length=MAX_ID_CHARS),
+    after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=100, ge=1, le=10000),
-    order: str = "desc",
+    order: str = Query(default="desc", max_length=MAX_ID_CHARS),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
 ) -> dict:
@@ -98,5 +101,5 @@ def file_content(
 
     return StreamingResponse(
         chunks(), media_type="application/octet-stream",
-        headers={"Content-Disposition": f'attachment; filename="{row.filename}"', "Content-Length": str(row.size_bytes)},
+        headers={"Content-Disposition": attachment(row.filename), "Content-Length": str(row.size_bytes)},
     )

@@ -23,6 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.limits import (
+    MAX_GENERATED_TOKENS,
+    MAX_ID_CHARS,
+    MAX_LIST_ITEMS,
+    MAX_MESSAGES,
+    MAX_NAME_CHARS,
+    Int64,
+)
+from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.domain.ids import new_id
@@ -40,7 +49,7 @@ PLATFORM = Depends(deps.platform)
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -51,50 +60,51 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
     # Checked by hand (`_message_text`): a union here would put pydantic's branch names in the error.
     content: Any = Field(description="The text, or a list of {type: 'text', text} parts.")
-    name: str | None = Field(None, description="Accepted; the chat template decides whether it is shown.")
+    name: str | None = Field(None, max_length=MAX_NAME_CHARS,
+                             description="Accepted; the chat template decides whether it is shown.")
 
 
 class _Sampling(_Body):
-    model: str
-    max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate.")
+    model: str = Field(max_length=MAX_ID_CHARS)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_GENERATED_TOKENS, description="Most tokens to generate.")
     temperature: float | None = Field(None, ge=0, le=2, description="0: greedy; default 1.")
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling mass; default 1.")
-    n: int | None = Field(None, description="Choices per request: only 1.")
+    n: Int64 | None = Field(None, description="Choices per request: only 1.")
     stop: Any = Field(None, description="Up to 4 strings; the output ends before the first one.")
-    seed: int | None = Field(None, description="Makes sampling repeatable.")
+    seed: Int64 | None = Field(None, description="Makes sampling repeatable.")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = Field(None, description="Only 0.")
     presence_penalty: float | None = Field(None, description="Only 0.")
     logit_bias: dict[str, float] | None = Field(None, description="Only empty.")
-    user: str | None = None
+    user: str | None = Field(None, max_length=MAX_NAME_CHARS)
 
 
 class ChatCompletionBody(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (wins over "
-                                                                      "max_tokens).")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_GENERATED_TOKENS,
+                                              description="Most tokens to generate (wins over max_tokens).")
     logprobs: bool | None = Field(None, description="Only false.")
-    top_logprobs: int | None = Field(None, description="Not supported.")
+    top_logprobs: Int64 | None = Field(None, description="Not supported.")
     response_format: dict[str, Any] | None = Field(None, description="Only {type: 'text'}.")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_LIST_ITEMS, description="Not supported.")
     tool_choice: Any = Field(None, description="Only 'none'.")
     parallel_tool_calls: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=MAX_LIST_ITEMS)
     store: bool | None = None
-    service_tier: str | None = None
+    service_tier: str | None = Field(None, max_length=MAX_NAME_CHARS)
 
 
 class CompletionBody(_Sampling):
     # Checked by hand (`_completion_prompt`), for the same reason as message content.
     prompt: Any = Field(description="A string (or a list holding one), or token ids (or a list holding one list).")
     echo: bool | None = Field(False, description="Return the prompt before the completion.")
-    best_of: int | None = Field(None, description="Only 1.")
-    logprobs: int | None = Field(None, description="Not supported.")
+    best_of: Int64 | None = Field(None, description="Only 1.")
+    logprobs: Int64 | None = Field(None, description="Not supported.")
     suffix: str | None = Field(None, description="Not supported.")
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=error_responses(404, 503))
 def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                      platform: Platform = PLATFORM) -> Any:
     _check_chat_extras(body)
@@ -117,7 +127,7 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
     }
 
 
-@router.post("/completions")
+@router.post("/completions", responses=error_responses(404, 503))
 def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                 platform: Platform = PLATFORM) -> Any:
     _check_completion_extras(body)

@@ -11,7 +11,10 @@ from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.headers import attachment
+from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
+from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import JobEvent, Tenant
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
@@ -24,10 +27,10 @@ router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 
 
-@router.post("")
+@router.post("", responses=error_responses(403, 409, 429))
 def create_job(
     body: JobRequest,
-    idempotency_key: str | None = Header(default=None, alias="Idempotency-Key"),
+    idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=MAX_NAME_CHARS),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
@@ -49,7 +52,7 @@ def estimate_job(
 @router.get("")
 def list_jobs(
     request: Request,
-    after: str | None = None,
+    after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
@@ -95,7 +98,7 @@ def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sess
 @router.get("/{job_id}/events", response_model=None)
 def list_events(
     job_id: str,
-    after: str | None = None,
+    after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
     stream: bool = False,
     tenant: Tenant = Depends(deps.tenant),
@@ -134,7 +137,7 @@ def job_validation(
 @router.get("/{job_id}/checkpoints")
 def list_checkpoints(
     job_id: str,
-    after: str | None = None,
+    after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=10, ge=1, le=100),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
@@ -144,12 +147,14 @@ def list_checkpoints(
     return list_object(page.rows, lambda row: checkpoint_object(row, job), page.has_more)
 
 
-@router.get("/{job_id}/download")
+@router.get("/{job_id}/download", responses=error_responses(409))
 def download(
     job_id: str,
-    artifact: str | None = None,
-    step: int | None = Query(default=None, ge=0),
-    dtype: str | None = Query(default=None, description="artifact=merged: bf16 (default), fp16 or fp32"),
+    artifact: str | None = Query(default=None, max_length=MAX_NAME_CHARS),
+    # checkpoints.step is a 32-bit column
+    step: int | None = Query(default=None, ge=0, le=2**31 - 1),
+    dtype: str | None = Query(default=None, max_length=MAX_NAME_CHARS,
+                              description="artifact=merged: bf16 (default), fp16 or fp32"),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
@@ -158,7 +163,7 @@ def download(
     name, archive = artifacts.adapter_archive(session, platform, job, artifact=artifact, step=step, dtype=dtype)
     return StreamingResponse(
         artifacts.iter_file(archive), media_type="application/gzip",
-        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        headers={"Content-Disposition": attachment(name)},
     )
 
 

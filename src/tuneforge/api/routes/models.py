@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import base_model_object, fine_tuned_model_object
+from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import Tenant
 from tuneforge.registry import models as registry
 from tuneforge.services import base_models as base_model_service
@@ -37,8 +39,8 @@ def _actor(tenant: Tenant) -> str:
 @router.get("")
 def list_models(
     type: Literal["base", "fine-tuned"] | None = Query(None, description="Only base or only fine-tuned models."),
-    base_model: str | None = Query(None, description="Fine-tuned models of this base model."),
-    stage: str | None = Query(None, description="Fine-tuned models in this stage."),
+    base_model: str | None = Query(None, max_length=MAX_ID_CHARS, description="Fine-tuned models of this base model."),
+    stage: str | None = Query(None, max_length=MAX_NAME_CHARS, description="Fine-tuned models in this stage."),
     include_deprecated: bool = Query(False, description="Also deleted models still in their grace period."),
     tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
 ) -> dict:
@@ -52,14 +54,14 @@ def list_models(
     return {"object": "list", "data": data}
 
 
-@router.post("/{model_id:path}/promote")
+@router.post("/{model_id:path}/promote", responses=error_responses(409))
 def promote_model(model_id: str, body: PromoteBody, tenant: Tenant = Depends(deps.tenant),
                   session: Session = deps.SESSION) -> dict:
     row = registry.get(session, tenant.tenant_id, model_id)
     return fine_tuned_model_object(registry.promote(session, row, body.stage, actor=_actor(tenant)))
 
 
-@router.post("/{model_id:path}/restore")
+@router.post("/{model_id:path}/restore", responses=error_responses(409))
 def restore_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     row = registry.get(session, tenant.tenant_id, model_id)
     return fine_tuned_model_object(registry.restore(session, row, actor=_actor(tenant)))
@@ -86,7 +88,7 @@ def retrieve_model(model_id: str, tenant: Tenant = Depends(deps.tenant),
     return fine_tuned_model_object(registry.get(session, tenant.tenant_id, model_id))
 
 
-@router.delete("/{model_id:path}")
+@router.delete("/{model_id:path}", responses=error_responses(409))
 def delete_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                  platform: Platform = Depends(deps.platform)) -> dict:
     base_model_service.refuse_deleting(session, model_id)

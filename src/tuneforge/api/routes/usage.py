@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.limits import MONTH_PATTERN
 from tuneforge.db.tables import Tenant
 from tuneforge.services import quotas, usage
 
@@ -28,7 +29,9 @@ def usage_job_object(row: usage.JobUsage) -> dict:
 
 
 @router.get("")
-def get_usage(month: str | None = None, tenant: Tenant = Depends(deps.tenant),
+def get_usage(month: str | None = Query(None, pattern=MONTH_PATTERN, description="YYYY-MM (UTC), 1970-01 on; "
+                                                                                 "default this month."),
+              tenant: Tenant = Depends(deps.tenant),
               session: Session = deps.SESSION) -> dict:
     """GPU-seconds per job in `month` (YYYY-MM, UTC; default this month): attempts from launch to end,
     queue time free, platform failures refunded; totals in GPU-hours against the tenant's allowance."""

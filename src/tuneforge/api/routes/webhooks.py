@@ -6,13 +6,14 @@ and their signatures are OpenAI's, so receivers written for it work unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.limits import MAX_ID_CHARS, MAX_LIST_ITEMS
 from tuneforge.api.objects import list_object
 from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
 from tuneforge.security.egress import EgressPolicy
@@ -26,9 +27,11 @@ TENANT = Depends(deps.tenant)
 
 class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(description="http:// or https:// URL that receives the events (POST, JSON)")
-    events: list[str] | None = Field(
-        default=None, description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
+    # the service checks the length (code invalid_url); the schema states it
+    url: str = Field(json_schema_extra={"maxLength": webhook_service.MAX_URL_CHARS},
+                     description="http:// or https:// URL that receives the events (POST, JSON)")
+    events: list[Annotated[str, Field(max_length=MAX_ID_CHARS)]] | None = Field(
+        default=None, max_length=MAX_LIST_ITEMS, description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
 
 
 class WebhookUpdate(BaseModel):
@@ -66,7 +69,7 @@ def create_webhook(body: WebhookCreate, tenant: Tenant = TENANT, session: Sessio
 
 @router.get("")
 def list_webhooks(
-    after: str | None = None,
+    after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
     tenant: Tenant = TENANT,
     session: Session = deps.SESSION,
@@ -99,7 +102,7 @@ def delete_webhook(webhook_id: str, tenant: Tenant = TENANT,
 @router.get("/{webhook_id}/deliveries")
 def list_deliveries(
     webhook_id: str,
-    after: str | None = None,
+    after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
     tenant: Tenant = TENANT,
     session: Session = deps.SESSION,

@@ -1,0 +1,94 @@
+"""The OpenAPI document says what the API answers: errors in OpenAI's envelope, 400 (never 422).
+
+FastAPI documents a 422 with its own error shape for every operation that
+validates input; this API answers such requests 400 in OpenAI's envelope
+(`api/errors.py`). `install` post-processes the generated document once:
+
+- every operation: 400 with the envelope instead of 422;
+- operations that take a tenant's or the admin's key: 401;
+- operations with path parameters or on the admin API (off by default): 404;
+- operations with a body: 413 (`api/guard.py` limits the size);
+- the codes a route declares itself with `error_responses(...)` (409, 429...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
+ENVELOPE_REF = "#/components/schemas/ErrorEnvelope"
+
+DESCRIPTIONS = {
+    400: "Invalid request: the message names the parameter (`param`).",
+    401: "Missing or invalid API key.",
+    403: "The tenant's quota refuses the request.",
+    404: "No such resource (or another tenant's).",
+    409: "The resource is not in a state that allows this.",
+    413: "The request body is larger than the limit.",
+    429: "Too many requests or jobs right now; retry later.",
+    503: "The model cannot be served right now.",
+}
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="What was wrong, naming the field.")
+    type: str = Field(description="invalid_request_error, rate_limit_error, insufficient_quota, server_error.")
+    param: str | None = Field(description="The parameter at fault, dotted (e.g. messages.0.content).")
+    code: str | None = Field(description="A machine-readable code, e.g. invalid_value.")
+
+
+class ErrorEnvelope(BaseModel):
+    """OpenAI's error body."""
+
+    error: ErrorDetail
+
+
+def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route that can answer these codes besides the ones every route documents."""
+    return {code: {"model": ErrorEnvelope, "description": DESCRIPTIONS[code]} for code in status_codes}
+
+
+def _error(code: int) -> dict[str, Any]:
+    return {"description": DESCRIPTIONS[code], "content": {"application/json": {"schema": {"$ref": ENVELOPE_REF}}}}
+
+
+def _takes_a_key(operation: dict[str, Any]) -> bool:
+    """Whether the operation reads the Authorization header (a tenant's or the admin's key)."""
+    return any(p.get("in") == "header" and p.get("name", "").lower() == "authorization"
+               for p in operation.get("parameters", ()))
+
+
+def with_error_responses(document: dict[str, Any]) -> dict[str, Any]:
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            codes = {400}
+            if _takes_a_key(operation):
+                codes.add(401)
+            if "{" in path or path.startswith("/v1/admin"):
+                codes.add(404)
+            if "requestBody" in operation:
+                codes.add(413)
+            for code in codes:
+                responses.setdefault(str(code), _error(code))
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    envelope = ErrorEnvelope.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(envelope.pop("$defs", {}))
+    schemas["ErrorEnvelope"] = envelope
+    return document
+
+
+def install(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = with_error_responses(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
