@@ -16,6 +16,7 @@ from tuneforge.api import deps
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_LIST_ITEMS
 from tuneforge.api.objects import list_object
 from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
+from tuneforge.security import egress
 from tuneforge.security.egress import EgressPolicy
 from tuneforge.services import webhook_delivery
 from tuneforge.services import webhooks as webhook_service
@@ -28,7 +29,7 @@ TENANT = Depends(deps.tenant)
 class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # the service checks the length (code invalid_url); the schema states it
-    url: str = Field(json_schema_extra={"maxLength": webhook_service.MAX_URL_CHARS},
+    url: str = Field(json_schema_extra={"maxLength": egress.MAX_URL_CHARS},
                      description="http:// or https:// URL that receives the events (POST, JSON)")
     events: list[Annotated[str, Field(max_length=MAX_ID_CHARS)]] | None = Field(
         default=None, max_length=MAX_LIST_ITEMS, description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
