@@ -38,7 +38,9 @@ LORA = {"type": "lora", "rank": 16, "alpha": 32, "dropout": 0.0, "target_modules
 
 @pytest.fixture
 def plane(tmp_path, database_url, aligned_model_dir):
-    world = start_plane(tmp_path, database_url, aligned_model_dir, eval_by_default=True, admin_api_key="adm")
+    # the judge stub listens on 127.0.0.1, which the operator allow-lists here as it would an internal judge
+    world = start_plane(tmp_path, database_url, aligned_model_dir, eval_by_default=True, admin_api_key="adm",
+                        egress_allow="127.0.0.1")
     yield world
     world.close()
 
