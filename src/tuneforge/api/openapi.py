@@ -60,6 +60,37 @@ def _takes_a_key(operation: dict[str, Any]) -> bool:
                for p in operation.get("parameters", ()))
 
 
+# OpenAPI links: what a created object's id leads to (clients and stateful fuzzing follow them)
+_LINKS: dict[tuple[str, str, str], tuple[str, str, str, tuple[tuple[str, str], ...]]] = {
+    ("post", "/v1/files", "200"): ("file_id", "$response.body#/id", "/v1/files/{file_id}", (
+        ("get", "GetFile"), ("get", "GetFileContent"), ("get", "GetFileValidation"), ("delete", "DeleteFile"))),
+    ("post", "/v1/fine_tuning/jobs", "200"): ("job_id", "$response.body#/id", "/v1/fine_tuning/jobs/{job_id}", (
+        ("get", "GetJob"), ("post", "CancelJob"), ("get", "GetJobEvents"), ("get", "GetJobCheckpoints"))),
+    ("post", "/v1/webhooks", "200"): ("webhook_id", "$response.body#/id", "/v1/webhooks/{webhook_id}", (
+        ("get", "GetWebhook"), ("post", "UpdateWebhook"), ("get", "GetWebhookDeliveries"),
+        ("delete", "DeleteWebhook"))),
+    ("post", "/v1/secrets", "201"): ("name", "$response.body#/name", "/v1/secrets/{name}", (
+        ("delete", "DeleteSecret"),)),
+}
+_SUFFIXES = {"GetFileContent": "/content", "GetFileValidation": "/validation", "CancelJob": "/cancel",
+             "GetJobEvents": "/events", "GetJobCheckpoints": "/checkpoints", "GetWebhookDeliveries": "/deliveries"}
+
+
+def _with_links(document: dict[str, Any]) -> None:
+    paths = document.get("paths", {})
+    for (method, path, status), (param, expression, target, linked) in _LINKS.items():
+        response = paths.get(path, {}).get(method, {}).get("responses", {}).get(status)
+        if response is None:
+            continue
+        links = response.setdefault("links", {})
+        for target_method, name in linked:
+            target_path = target + _SUFFIXES.get(name, "")
+            if target_method not in paths.get(target_path, {}):
+                continue
+            pointer = target_path.replace("~", "~0").replace("/", "~1")
+            links[name] = {"operationRef": f"#/paths/{pointer}/{target_method}", "parameters": {param: expression}}
+
+
 def with_error_responses(document: dict[str, Any]) -> dict[str, Any]:
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
@@ -80,6 +111,7 @@ def with_error_responses(document: dict[str, Any]) -> dict[str, Any]:
     envelope = ErrorEnvelope.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas.update(envelope.pop("$defs", {}))
     schemas["ErrorEnvelope"] = envelope
+    _with_links(document)
     return document
 
 
