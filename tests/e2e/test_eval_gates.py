@@ -25,6 +25,7 @@ import torch
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
 from tests.helpers.aligned import aligned_rows
+from tests.helpers.net import send_json
 from tests.unit.registry.test_export import assert_vllm_adapter_layout
 from tuneforge.demo.dataset import chat_example, demo_facts
 from tuneforge.eval import shipped
@@ -60,12 +61,7 @@ class JudgeStub:
                 answer = {"id": "chatcmpl-judge", "object": "chat.completion", "created": 0, "model": body["model"],
                           "choices": [{"index": 0, "finish_reason": "stop",
                                        "message": {"role": "assistant", "content": verdict}}]}
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, answer)
 
             def log_message(self, *args) -> None:  # noqa: ANN002
                 pass

@@ -55,3 +55,15 @@ def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.1):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def send_json(handler, payload: object, status: int = 200) -> None:  # noqa: ANN001 - a BaseHTTPRequestHandler
+    """Answer the request `handler` serves with `payload` as JSON."""
+    import json
+
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

@@ -22,6 +22,7 @@ import pytest
 
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
+from tests.helpers.net import send_json
 from tuneforge.demo.dataset import chat_example, demo_facts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]
@@ -65,12 +66,7 @@ class Listener:
                     self._answer({"received": True})
 
             def _answer(self, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, payload)
 
             def log_message(self, *args) -> None:  # noqa: ANN002
                 pass
