@@ -16,6 +16,7 @@ from tuneforge.api.app import create_app
 from tuneforge.db.migrate import upgrade
 from tuneforge.executors import make_executor
 from tuneforge.scheduler.loop import Scheduler
+from tuneforge.security.env import private_dirs
 from tuneforge.security.redact import redact_url
 from tuneforge.services.context import Platform
 from tuneforge.services.webhook_delivery import Dispatcher
@@ -26,7 +27,7 @@ class ControlPlane:
     def __init__(self, settings: Settings, *, run_scheduler: bool = True, migrate: bool = True) -> None:
         self.settings = settings
         if migrate:
-            settings.home.mkdir(parents=True, exist_ok=True)
+            private_dirs(settings.home)
             upgrade(settings.resolved_database_url)
         self.platform = Platform.from_settings(settings)
         self.app = create_app(settings, platform=self.platform)

@@ -47,3 +47,23 @@ def test_the_cli_runs_with_a_private_umask(tmp_path):
                    capture_output=True, timeout=120)
     database = tmp_path / "home" / "tuneforge.db"
     assert _mode(database) == 0o600
+
+
+def test_attempt_specs_logs_and_folders_of_the_local_executor_are_private(tmp_path, monkeypatch):
+    from tests.security.test_subprocess_env import _spec
+    from tuneforge.executors.local import LocalExecutor
+    from tuneforge.executors.protocol import Placement
+    from tuneforge.settings import Settings
+
+    class FakePopen:
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            self.pid = 999_998
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    old = os.umask(0o022)
+    try:
+        handle = LocalExecutor(Settings(home=tmp_path / "home")).launch(_spec(), Placement(node="node-0", gpu_ids=[0]))
+    finally:
+        os.umask(old)
+    assert _mode(handle["spec_path"]) == 0o600 and _mode(handle["log_path"]) == 0o600
+    assert _mode(tmp_path / "home" / "attempts") == 0o700 and _mode(tmp_path / "home") == 0o700

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from tuneforge.domain.spec import JobSpec
 from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
-from tuneforge.security.env import child_env
+from tuneforge.security.env import child_env, open_private, private_dirs
 from tuneforge.settings import Settings
 
 NODE_NAME = "local"
@@ -39,7 +39,7 @@ class LocalExecutor:
         self.settings = settings
         self.total_gpus = max(0, int(settings.local_gpus))
         self.workdir = (settings.home / "attempts").resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.workdir)
         self._children: dict[int, subprocess.Popen] = {}
 
     def capacity(self) -> Capacity:
@@ -60,7 +60,7 @@ class LocalExecutor:
         env = child_env({**self.settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false",
                          "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_ids),
                          "TUNEFORGE_NODE": placement.node})
-        with open(log_path, "ab") as log:
+        with open_private(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tuneforge.train", str(spec_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

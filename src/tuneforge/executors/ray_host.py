@@ -14,7 +14,7 @@ is gone, and the trainers die with it (they ask the kernel to be killed when
 the actor's process exits), so a lost node never leaves a trainer behind.
 
 This module is imported on every node; it needs only the standard library,
-Ray and `tuneforge.security.env` (the trainers' allow-listed environment).
+Ray and `tuneforge.security.env` (the trainers' allow-listed environment, private files).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tuneforge.security.env import child_env
+from tuneforge.security.env import child_env, open_private, private_dirs
 
 SPEC_NAME = "spec.json"
 
@@ -86,7 +86,7 @@ class TrainerHost:
         """Start one trainer process per rank in `ranks`; returns their pids."""
         spec = json.loads(spec_json)
         spec["cache_dir"] = self.cache_dir  # base models come from this node's cache, keyed by SHA
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.workdir)
         spec_path = self.workdir / SPEC_NAME
         # the spec holds the job token: readable by this user only
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -101,7 +101,7 @@ class TrainerHost:
                               "TUNEFORGE_LOCAL_RANK": str(local_rank),
                               "TUNEFORGE_DIST_ADDR": master_address, "TUNEFORGE_DIST_PORT": str(master_port)})
             log_path = self.workdir / f"rank-{rank}.log"
-            with open(log_path, "ab") as log:
+            with open_private(log_path, "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tuneforge.train", str(spec_path)],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(extra),

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from tuneforge.security.env import private_dirs
+
 log = logging.getLogger(__name__)
 
 SEALED_PREFIX = "enc:v1:"
@@ -103,7 +105,7 @@ def _home_key(home: Path) -> bytes:
         return path.read_bytes().strip()
     except FileNotFoundError:
         pass
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dirs(home)
     key = Fernet.generate_key()
     try:  # O_EXCL: two processes starting at once keep the first one's key
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

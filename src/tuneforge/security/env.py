@@ -1,4 +1,5 @@
-"""The environment of every subprocess the platform starts, built from an allow-list.
+"""The environment of every subprocess the platform starts, built from an allow-list, and the
+modes of the files the platform writes (its user's only).
 
 A trainer runs tenant-chosen code paths (data, eval endpoints, chat templates);
 it must not inherit the control plane's environment, which holds the admin
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
 
 # exact names passed through when set
 _PASSED = frozenset({
@@ -59,3 +62,24 @@ def restrict_umask() -> None:
     """Files and folders this process creates are its user's only (0600 / 0700): databases,
     logs, attempt specs (with job tokens), caches of tenants' models and data."""
     os.umask(0o077)
+
+
+def private_dirs(folder: Path) -> None:
+    """`folder` and the parents it lacks, each made 0700 (mkdir's `mode` skips parents and is
+    narrowed by the umask only)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another writer
+            continue
+        os.chmod(path, 0o700)
+
+
+def open_private(path: Path, mode: str = "wb") -> IO:
+    """`path` opened for writing ("wb", "w") or appending ("ab"), created 0600 if it is new."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    return os.fdopen(os.open(path, flags, 0o600), mode)

@@ -9,6 +9,7 @@ from tuneforge.db.engine import Database
 from tuneforge.executors.local import local_inventory
 from tuneforge.executors.protocol import Capacity
 from tuneforge.security.crypto import Sealer, sealer_for
+from tuneforge.security.env import private_dirs
 from tuneforge.settings import Settings
 from tuneforge.storage.store import FsspecStore, open_store
 
@@ -32,7 +33,7 @@ class Platform:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Platform":
-        settings.home.mkdir(parents=True, exist_ok=True)
+        private_dirs(settings.home)
         return cls(
             settings=settings,
             db=Database(settings.resolved_database_url),

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from tuneforge.domain.spec import BaseModelRef
+from tuneforge.security.env import private_dirs
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
@@ -34,7 +35,7 @@ def fetch_base_model(store: ObjectStore, ref: BaseModelRef, cache_dir: Path | No
     target = layout.cached_base_model_dir(cache_dir, ref.sha256)
     if (target / _COMPLETE_MARKER).exists():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    private_dirs(cache_dir)
     staging = cache_dir / f".{ref.sha256}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     written = store.download_prefix(ref.prefix, staging)

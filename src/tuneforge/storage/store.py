@@ -14,6 +14,8 @@ from typing import IO, Protocol
 
 import fsspec
 
+from tuneforge.security.env import private_dirs
+
 
 class ObjectStore(Protocol):
     url: str
@@ -46,7 +48,7 @@ class FsspecStore:
         if protocol == "file":
             root = url.split("://", 1)[1] if "://" in url else url
             self._root = str(Path(root).resolve())
-            _private_dirs(Path(self._root))
+            private_dirs(Path(self._root))
             self.fs = fsspec.filesystem("file", auto_mkdir=True)
         else:
             self._root = url.split("://", 1)[1].rstrip("/")
@@ -69,7 +71,7 @@ class FsspecStore:
         path = self._path(key)
         if self.protocol != "file":
             return self.fs.open(path, "wb")
-        _private_dirs(Path(path).parent)
+        private_dirs(Path(path).parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # an object written before keeps its old mode otherwise
         return os.fdopen(fd, "wb")
@@ -171,21 +173,6 @@ class FsspecStore:
             self.put_file(key, path)
             keys.append(key)
         return keys
-
-
-def _private_dirs(folder: Path) -> None:
-    """`folder` and the parents it lacks, each made 0700 (mkdir's `mode` skips parents and is
-    narrowed by the umask only)."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:  # made meanwhile by another writer
-            continue
-        os.chmod(path, 0o700)
 
 
 def open_store(url: str, storage_options: dict | None = None) -> FsspecStore:
