@@ -23,30 +23,37 @@ def planted(monkeypatch):
     monkeypatch.setenv("TUNEFORGE_DATABASE_URL", f"postgresql://u:{PLANTED}@db/x")
 
 
-@pytest.mark.parametrize("value", HOSTILE)
+# one platform per test, every hostile value in a loop: a platform per value costs a database each
+
+
 @pytest.mark.parametrize("field", ["model", "training_file", "validation_file", "suffix"])
-def test_job_fields_are_names_not_paths_or_variables(world, field, value):  # noqa: F811
-    body = {"model": world.base_model, "training_file": "file-none", field: value}
-    answer = world.http.post("/v1/fine_tuning/jobs", json=body, headers=world.headers(world.key_a))
-    assert 400 <= answer.status_code < 500, answer.text
-    assert answer.json()["error"]["param"] in (field, "training_file"), answer.text
-    assert PLANTED not in answer.text and "root:" not in answer.text
+def test_job_fields_are_names_not_paths_or_variables(world, field):  # noqa: F811
+    for value in HOSTILE:
+        body = {"model": world.base_model, "training_file": "file-none", field: value}
+        answer = world.http.post("/v1/fine_tuning/jobs", json=body, headers=world.headers(world.key_a))
+        assert 400 <= answer.status_code < 500, (value, answer.text)
+        assert answer.json()["error"]["param"] in (field, "training_file"), (value, answer.text)
+        assert PLANTED not in answer.text and "root:" not in answer.text, value
 
 
-@pytest.mark.parametrize("value", HOSTILE)
-def test_eval_task_file_and_metadata_are_plain_values(world, value):  # noqa: F811
-    body = {"model": world.base_model, "training_file": "file-none", "metadata": {"k": value},
-            "eval": {"task_file": value}}
-    answer = world.http.post("/v1/fine_tuning/jobs", json=body, headers=world.headers(world.key_a))
-    assert answer.status_code == 400 and PLANTED not in answer.text
+def test_eval_task_file_and_metadata_are_plain_values(world):  # noqa: F811
+    for value in HOSTILE:
+        body = {"model": world.base_model, "training_file": "file-none", "metadata": {"k": value},
+                "eval": {"task_file": value}}
+        answer = world.http.post("/v1/fine_tuning/jobs", json=body, headers=world.headers(world.key_a))
+        assert answer.status_code == 400 and PLANTED not in answer.text, (value, answer.text)
 
 
-@pytest.mark.parametrize("value", HOSTILE)
-def test_an_uploaded_filename_is_only_a_name(world, value):  # noqa: F811
+def test_an_uploaded_filename_is_only_a_name(world):  # noqa: F811
+    for value in HOSTILE:
+        _upload_named(world, value)
+
+
+def _upload_named(world, value: str) -> None:  # noqa: F811
     data = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n'
     answer = world.http.post("/v1/files", files={"file": (value, io.BytesIO(data))}, data={"purpose": "fine-tune"},
                              headers=world.headers(world.key_a))
-    assert answer.status_code in (200, 400), answer.text
+    assert answer.status_code in (200, 400), (value, answer.text)
     assert PLANTED not in answer.text
     if answer.status_code == 200:
         file_id = answer.json()["id"]
@@ -58,10 +65,11 @@ def test_an_uploaded_filename_is_only_a_name(world, value):  # noqa: F811
         assert row.key.startswith("tenants/") and ".." not in row.key.split("/"), row.key
 
 
-@pytest.mark.parametrize("path", [f"/v1/files/{v}" for v in ("..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd")]
-                         + [f"/v1/models/{v}" for v in ("..%2F..%2Fetc%2Fpasswd", "%24TUNEFORGE_ADMIN_API_KEY")]
-                         + ["/v1/fine_tuning/jobs/..%2F..%2Fetc%2Fpasswd/download"])
-def test_path_parameters_are_ids_not_paths(world, path):  # noqa: F811
-    answer = world.http.get(path, headers=world.headers(world.key_a))
-    assert answer.status_code in (400, 404), answer.text
-    assert PLANTED not in answer.text and "root:" not in answer.text
+def test_path_parameters_are_ids_not_paths(world):  # noqa: F811
+    paths = ([f"/v1/files/{v}" for v in ("..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd")]
+             + [f"/v1/models/{v}" for v in ("..%2F..%2Fetc%2Fpasswd", "%24TUNEFORGE_ADMIN_API_KEY")]
+             + ["/v1/fine_tuning/jobs/..%2F..%2Fetc%2Fpasswd/download"])
+    for path in paths:
+        answer = world.http.get(path, headers=world.headers(world.key_a))
+        assert answer.status_code in (400, 404), (path, answer.text)
+        assert PLANTED not in answer.text and "root:" not in answer.text, path
