@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.helpers.net import send_json
+
 Answer = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
 
 
@@ -55,12 +57,7 @@ class FakeControlPlane:
                     plane.received.append(
                         Received(kind, body, self.headers.get("Authorization", ""), status)
                     )
-                payload = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                send_json(self, reply, status)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # keep test output clean
