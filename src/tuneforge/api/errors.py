@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,8 +18,11 @@ REQUEST_ID_HEADER = "X-Request-Id"
 
 
 def respond(error: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
-    return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else {}
+    if error.retry_after is not None:
+        # whole seconds, at least 1 (RFC 9110); the openai SDK waits this long before its retry
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+    return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers or None)
 
 
 def _validation_error(exc: RequestValidationError) -> ApiError:

@@ -17,6 +17,8 @@ class ApiError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    # seconds after which the same request may succeed; sent as the Retry-After header (429, 503)
+    retry_after: float | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -48,9 +50,10 @@ def unauthorized(message: str, code: str = "invalid_api_key") -> ApiError:
     return ApiError(401, message, "invalid_request_error", None, code)
 
 
-def rate_limited(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+def rate_limited(message: str, param: str | None = None, code: str | None = None,
+                 retry_after: float | None = None) -> ApiError:
     """429: the same request may succeed later (e.g. once a queued job has started)."""
-    return ApiError(429, message, "rate_limit_error", param, code)
+    return ApiError(429, message, "rate_limit_error", param, code, retry_after)
 
 
 def quota_exceeded(message: str, code: str = "quota_exceeded") -> ApiError:
