@@ -34,6 +34,19 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=True)
 
 
+def write_lock(session: Session) -> None:
+    """On SQLite, take the database's write lock now (BEGIN IMMEDIATE, waiting out the busy
+    timeout) unless this transaction already began: what the transaction reads from here on cannot
+    change under it before it commits, so a check and the write it allows are one step. Python's
+    sqlite3 driver would begin only at the first write, leaving every read before it outside
+    the transaction. PostgreSQL locks the rows it must (`with_for_update`); nothing to do here."""
+    if session.get_bind().dialect.name != "sqlite":
+        return
+    dbapi_connection = session.connection().connection.dbapi_connection
+    if not dbapi_connection.in_transaction:
+        session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+
+
 @contextmanager
 def savepoint(session: Session) -> Iterator[None]:
     """`session.begin_nested()` that stays nested on SQLite too.
@@ -43,10 +56,7 @@ def savepoint(session: Session) -> Iterator[None]:
     releasing it commits everything: the enclosing unit of work would be
     committed half-way. Opening the transaction first (IMMEDIATE: a write is
     coming) keeps the savepoint inside it."""
-    if session.get_bind().dialect.name == "sqlite":
-        dbapi_connection = session.connection().connection.dbapi_connection
-        if not dbapi_connection.in_transaction:
-            session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+    write_lock(session)
     with session.begin_nested():
         yield
 
@@ -62,6 +72,10 @@ class Database:
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
+
+    def new_session(self) -> Session:
+        """A session that has not touched the database yet (no connection is taken until it is used)."""
+        return self._sessions()
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -66,9 +66,13 @@ def list_jobs(
     return list_object(page.rows, job_object, page.has_more)
 
 
-@router.get("/{job_id}")
-def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
-                 platform: Platform = Depends(deps.platform)) -> dict:
+@router.get("/{job_id}", response_model=dict)
+async def retrieve_job(job_id: str, request: Request, tenant: Tenant = deps.TENANT) -> Response:
+    return deps.json_response(await deps.in_unit_of_work(request, _job_body, request.app.state.platform,
+                                                         tenant, job_id))
+
+
+def _job_body(session: Session, platform: Platform, tenant: Tenant, job_id: str) -> dict:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
     body = job_object(job)
     if job.status == JobStatus.QUEUED.value:
