@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+import anyio
 import orjson
 
 from fastapi import Depends, Header, Request, Response
@@ -49,23 +50,26 @@ def _finish(db_session: Session, ok: bool) -> None:
         db_session.close()
 
 
+# Ending a unit of work must never wait for a thread behind requests that wait for the locks it
+# holds: with one pool, 40 creates waiting for SQLite's write lock would leave no thread to
+# commit (or roll back) the transaction holding it. So endings have threads of their own.
+_ENDINGS = anyio.CapacityLimiter(64)
+
+
 async def session(request: Request) -> AsyncIterator[Session]:
     db_session = request.app.state.platform.db.new_session()
     # A read's commit ends a read-only transaction: quick enough to do here. A write's commit may
     # wait (fsync, a PostgreSQL round trip): it runs in a thread so the event loop never waits on it.
     inline = request.method in _READS
+    ok = False
     try:
         yield db_session
-    except BaseException:
+        ok = True
+    finally:
         if inline:
-            _finish(db_session, False)
+            _finish(db_session, ok)
         else:
-            await run_in_threadpool(_finish, db_session, False)
-        raise
-    if inline:
-        _finish(db_session, True)
-    else:
-        await run_in_threadpool(_finish, db_session, True)
+            await anyio.to_thread.run_sync(_finish, db_session, ok, limiter=_ENDINGS)
 
 
 # The session's unit of work ends (commit) before the response goes out: a

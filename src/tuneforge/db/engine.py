@@ -21,17 +21,21 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pool_size: int = 10, max_overflow: int = 30) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # A connection per thread that may want one (the API's thread pool has 40), and SQLite
+        # connections are cheap: waiting happens on SQLite's write lock, never for a connection.
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=8
+            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=48, max_overflow=16
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=True)
+    # Per process: up to pool_size + max_overflow server connections. Mind PostgreSQL's
+    # max_connections (default 100) when several API workers and replicas share one server.
+    return create_engine(url, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True)
 
 
 def write_lock(session: Session) -> None:
