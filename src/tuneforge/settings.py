@@ -6,6 +6,7 @@ Nothing is built at import: call `get_settings()` (cached) or build a
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,6 +57,11 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     port: int = Field(default=8000, description="Port the API binds to.")
+    api_workers: int | None = Field(
+        default=None, ge=1, le=256,
+        description="API worker processes of `tuneforge up`/`serve` (default: the CPU count). The scheduler, "
+                    "executor and webhook dispatcher run once, in the parent process. Embedded control planes "
+                    "(the demo, tests) always serve from one process.")
     public_url: str | None = Field(
         default=None,
         description="URL trainers use to reach the control plane; default http://HOST:PORT.",
@@ -244,6 +250,10 @@ class Settings(BaseSettings):
         if self.storage_url:
             return self.storage_url
         return str((self.home / "objects").resolve())
+
+    @property
+    def resolved_api_workers(self) -> int:
+        return self.api_workers or max(1, os.cpu_count() or 1)
 
     @property
     def resolved_public_url(self) -> str:

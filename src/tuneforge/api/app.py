@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from tuneforge import __version__
-from tuneforge.api import docs, errors, openapi
+from tuneforge.api import docs, errors, health, openapi
 from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
@@ -35,10 +35,5 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
                    internal.router, inference.router, webhooks.router, secrets.router):
         app.include_router(router)
     openapi.install(app)
-
-    @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict:
-        # scheduler: "leader" (this process schedules), "standby" (another one does), "off" (API only)
-        return {"status": "ok", "version": __version__, "scheduler": platform.scheduler_role}
-
+    health.install(app, platform)
     return app
