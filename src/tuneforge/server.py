@@ -12,8 +12,10 @@ core, scheduling stays in one place. Each worker builds its own app from the sam
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -31,11 +33,28 @@ from tuneforge.services.webhook_delivery import Dispatcher
 from tuneforge.settings import Settings
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def worker_app():  # noqa: ANN201 - a FastAPI app; uvicorn calls this in each API worker process
     """The API of one worker process of a multi-worker control plane (API only: the parent
     process runs the scheduler). Settings come from the environment the parent passed on."""
+    _exit_with_parent()
     configure_logging()
     return create_app(Settings())
+
+
+def _exit_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies, even by SIGKILL, so an API worker
+    never outlives the process that runs the scheduler (and never keeps the port)."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still applies
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class ControlPlane:

@@ -7,8 +7,9 @@ from collections import Counter
 
 import httpx
 
-from tests.helpers.net import free_port
-from tests.helpers.platform import add_base_model, add_tenant, chat_lines, fake_model_dir
+from tests.e2e.test_restart import ServeProcess, serve_env
+from tests.helpers.net import free_port, wait_until
+from tests.helpers.platform import add_base_model, add_tenant, chat_lines, fake_model_dir, make_platform
 from tuneforge.db.migrate import upgrade
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.domain.status import JobStatus
@@ -58,3 +59,59 @@ def test_a_hundred_concurrent_creates_leave_exactly_the_queue_cap(tmp_path, data
                          headers={"Authorization": f"Bearer {other}"}).json()["data"] == []
     finally:
         plane.close()
+
+
+def test_two_api_worker_processes_share_the_cap_and_one_scheduler(tmp_path, database_url):
+    """`tuneforge serve` with two API workers: the burst lands on both processes, the cap still
+    holds, the parent process is the only scheduler and the workers leave with it."""
+    home = tmp_path / "home"
+    port = free_port()
+    env = serve_env(home, database_url, port, api_workers=2, local_gpus=0)
+    upgrade(database_url)
+    platform = make_platform(tmp_path, database_url)
+    try:
+        add_base_model(platform, "tiny-base", fake_model_dir(tmp_path / "model"))
+        key = add_tenant(platform, "burst")
+        with platform.db.session() as session:
+            tenant_service.set_quota(session, "burst", {"max_queued_jobs": CAP})
+    finally:
+        platform.db.dispose()
+    plane = ServeProcess(env, port, tmp_path / "serve.log")
+    plane.start()
+    try:
+        workers = _children(plane.proc.pid)
+        assert len(workers) == 2, plane.log_tail()
+        wait_until(lambda: httpx.get(f"{plane.url}/readyz", trust_env=False).status_code == 200, 60,
+                   "the workers to see the scheduler's leader")
+        uploaded = httpx.post(f"{plane.url}/v1/files", headers={"Authorization": f"Bearer {key}"},
+                              files={"file": ("train.jsonl", chat_lines(12))}, data={"purpose": "fine-tune"})
+        body = {"model": "tiny-base", "training_file": uploaded.json()["id"]}
+
+        answers = asyncio.run(_burst(plane.url, key, body, BURST))
+
+        statuses = Counter(answer.status_code for answer in answers)
+        assert statuses == {200: CAP, 429: BURST - CAP}, (statuses, plane.log_tail())
+        assert plane.log_tail(20000).count("now runs the scheduler") == 1
+    finally:
+        plane.kill()  # SIGKILL to the parent alone: its workers must not outlive it
+    wait_until(lambda: not any(_alive(pid) for pid in workers), 30, "the API workers to exit with their parent")
+
+
+def _children(pid: int) -> list[int]:
+    """The API worker processes of `pid` (multiprocessing's resource tracker is a child too)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as handle:
+        children = [int(child) for child in handle.read().split()]
+    workers = []
+    for child in children:
+        with open(f"/proc/{child}/cmdline", "rb") as handle:
+            if b"spawn_main" in handle.read():
+                workers.append(child)
+    return workers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
