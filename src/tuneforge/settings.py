@@ -26,6 +26,14 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL of the metadata store; default SQLite at HOME/tuneforge.db. "
         "PostgreSQL: postgresql+psycopg://user:pass@host:5432/db",
     )
+    database_pool_size: int = Field(
+        default=10, ge=1, le=1000,
+        description="PostgreSQL: connections each process keeps open (API workers, the scheduler's process).")
+    database_max_overflow: int = Field(
+        default=30, ge=0, le=1000,
+        description="PostgreSQL: connections a process may open beyond the pool under load, closed when "
+                    "returned. Per process at most pool + overflow: keep the sum over all processes and "
+                    "replicas under the server's max_connections.")
     storage_url: str | None = Field(
         default=None,
         description="Object store root: a local folder (default HOME/objects) or s3://bucket/prefix.",

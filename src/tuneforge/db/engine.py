@@ -68,9 +68,9 @@ def savepoint(session: Session) -> Iterator[None]:
 class Database:
     """The engine plus a session factory; one per process."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int = 30) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, pool_size, max_overflow)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @property

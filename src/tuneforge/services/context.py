@@ -44,7 +44,8 @@ class Platform:
         private_dirs(settings.home)
         return cls(
             settings=settings,
-            db=Database(settings.resolved_database_url),
+            db=Database(settings.resolved_database_url, pool_size=settings.database_pool_size,
+                        max_overflow=settings.database_max_overflow),
             store=open_store(settings.resolved_storage_url, settings.storage_options()),
         )
 

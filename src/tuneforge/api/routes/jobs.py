@@ -27,15 +27,16 @@ router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 
 
-@router.post("", responses=error_responses(403, 409, 429))
-def create_job(
+@router.post("", response_model=dict, responses=error_responses(403, 409, 429))
+async def create_job(
     body: JobRequest,
+    request: Request,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=MAX_NAME_CHARS),
-    tenant: Tenant = Depends(deps.tenant),
-    session: Session = deps.SESSION,
-    platform: Platform = Depends(deps.platform),
-) -> dict:
-    return job_object(job_service.submit_job(session, platform, tenant, body, idempotency_key))
+    tenant: Tenant = deps.TENANT,
+) -> Response:
+    platform = request.app.state.platform
+    return deps.json_response(await deps.in_unit_of_work(
+        request, lambda session: job_object(job_service.submit_job(session, platform, tenant, body, idempotency_key))))
 
 
 @router.post("/estimate")
@@ -49,19 +50,22 @@ def estimate_job(
     return job_service.estimate_job(session, platform, tenant, body)
 
 
-@router.get("")
-def list_jobs(
+@router.get("", response_model=dict)
+async def list_jobs(
     request: Request,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
-    tenant: Tenant = Depends(deps.tenant),
-    session: Session = deps.SESSION,
-) -> dict:
+    tenant: Tenant = deps.TENANT,
+) -> Response:
     metadata = {}
     for key, value in request.query_params.multi_items():
         match = _METADATA_PARAM.match(key)
         if match:
             metadata[match.group(1)] = value
+    return deps.json_response(await deps.in_unit_of_work(request, _job_page, tenant, metadata, after, limit))
+
+
+def _job_page(session: Session, tenant: Tenant, metadata: dict[str, str], after: str | None, limit: int) -> dict:
     page = job_service.list_jobs(session, tenant.tenant_id, metadata=metadata, after=after, limit=limit)
     return list_object(page.rows, job_object, page.has_more)
 
