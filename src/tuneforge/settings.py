@@ -70,6 +70,10 @@ class Settings(BaseSettings):
         description="API worker processes of `tuneforge up`/`serve` (default: the CPU count). The scheduler, "
                     "executor and webhook dispatcher run once, in the parent process. Embedded control planes "
                     "(the demo, tests) always serve from one process.")
+    opentelemetry: bool = Field(
+        default=False,
+        description="FastAPI's OpenTelemetry spans, metrics and logs per request, exported through the "
+                    "OpenTelemetry SDK you configure. Off by default: it costs CPU on every request.")
     public_url: str | None = Field(
         default=None,
         description="URL trainers use to reach the control plane; default http://HOST:PORT.",

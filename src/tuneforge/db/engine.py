@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+
+import orjson
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
@@ -21,6 +24,15 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
     cursor.close()
 
 
+def json_loads(text: str | bytes) -> Any:
+    """JSON columns as Python values: orjson (several times faster than json on the job rows every
+    job read decodes), falling back to json for what only json reads (NaN written by json.dumps)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def make_engine(url: str, pool_size: int = 10, max_overflow: int = 30) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -29,13 +41,16 @@ def make_engine(url: str, pool_size: int = 10, max_overflow: int = 30) -> Engine
         # A connection per thread that may want one (the API's thread pool has 40), and SQLite
         # connections are cheap: waiting happens on SQLite's write lock, never for a connection.
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=48, max_overflow=16
+            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=48, max_overflow=16,
+            json_deserializer=json_loads,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # Per process: up to pool_size + max_overflow server connections. Mind PostgreSQL's
     # max_connections (default 100) when several API workers and replicas share one server.
-    return create_engine(url, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True)
+    # psycopg decodes json columns itself, with json.loads unless told otherwise
+    return create_engine(url, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True,
+                         json_deserializer=json_loads)
 
 
 def write_lock(session: Session) -> None:
