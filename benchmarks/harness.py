@@ -53,6 +53,44 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: state, ppid, pgrp, session, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_tree(root: int) -> list[int]:
+    """ROOT and every live descendant of it (parent links read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int(_stat_fields(int(entry.name))[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of a process tree: user + system of every live process in it,
+    plus what each has collected from children it already reaped (cutime, cstime),
+    so that a worker that exits between two readings is still counted once."""
+    total = 0.0
+    for pid in process_tree(root):
+        try:
+            fields = _stat_fields(pid)
+        except OSError:
+            continue
+        total += sum(int(v) for v in fields[11:15]) / _CLK_TCK  # utime, stime, cutime, cstime
+    return total
+
+
 def read_machine_cpu_s() -> tuple[float, float]:
     """(busy, stolen) CPU seconds of all cores since boot, from /proc/stat. Stolen
     time is when the hypervisor ran something else on our virtual cores."""
@@ -167,8 +205,18 @@ class ServerProcess:
         raise RuntimeError(f"the server did not answer /healthz within {HEALTH_TIMEOUT_S:.0f}s:\n{self.log_tail()}")
 
     def cpu_s(self) -> float:
+        """CPU seconds of the process started (not of its children)."""
         assert self.proc is not None
         return process_cpu_s(self.proc.pid)
+
+    def tree_cpu_s(self) -> float:
+        """CPU seconds of the server and every process under it (API workers)."""
+        assert self.proc is not None
+        return tree_cpu_s(self.proc.pid)
+
+    def process_count(self) -> int:
+        assert self.proc is not None
+        return len(process_tree(self.proc.pid))
 
     def log_tail(self, max_bytes: int = 3000) -> str:
         try:
@@ -180,12 +228,20 @@ class ServerProcess:
         """SIGINT (uvicorn's graceful stop), then SIGKILL of its group if it lingers."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        started_here = process_tree(self.proc.pid)[1:]  # API workers, if the server runs several
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(STOP_TIMEOUT_S)
+        # none of its workers may outlive it: those still in its process group are killed by pid
+        for pid in started_here:
+            try:
+                if int(_stat_fields(pid)[2]) == self.proc.pid:
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, IndexError, ValueError):
+                pass
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
@@ -228,12 +284,13 @@ class PySpy:
     that it is attached before the work to sample begins."""
 
     def __init__(self, pid: int, out_path: Path, max_duration_s: float, *, rate_hz: int = 200,
-                 gil: bool = True, settle_s: float = 0.5) -> None:
+                 gil: bool = True, settle_s: float = 0.5, subprocesses: bool = False) -> None:
         self.out_path = out_path
         self.settle_s = settle_s
         self.command = ["py-spy", "record", "--pid", str(pid), "--rate", str(rate_hz), "--format", "raw",
                         "--nonblocking", "--duration", str(max(1, int(max_duration_s))), "--output", str(out_path)]
         self.command += ["--gil"] if gil else []
+        self.command += ["--subprocesses"] if subprocesses else []
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "PySpy":

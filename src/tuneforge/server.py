@@ -2,15 +2,25 @@
 
 `ControlPlane` runs in the foreground (`tuneforge up` / `serve`) or in a
 background thread (the demo and end-to-end tests).
+
+With `api_workers` > 1 (`serve_forever` only) the API runs in that many worker processes that
+share one listening socket (uvicorn's supervisor, which also restarts a worker that dies),
+while this process keeps the one scheduler, executor and webhook dispatcher: requests use every
+core, scheduling stays in one place. Each worker builds its own app from the same settings
+(`worker_app`, imported by name in the worker).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
 import threading
 import time
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from tuneforge.api.app import create_app
 from tuneforge.db.migrate import upgrade
@@ -21,6 +31,30 @@ from tuneforge.security.redact import redact_url
 from tuneforge.services.context import Platform
 from tuneforge.services.webhook_delivery import Dispatcher
 from tuneforge.settings import Settings
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def worker_app():  # noqa: ANN201 - a FastAPI app; uvicorn calls this in each API worker process
+    """The API of one worker process of a multi-worker control plane (API only: the parent
+    process runs the scheduler). Settings come from the environment the parent passed on."""
+    _exit_with_parent()
+    configure_logging()
+    return create_app(Settings())
+
+
+def _exit_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies, even by SIGKILL, so an API worker
+    never outlives the process that runs the scheduler (and never keeps the port)."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still applies
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class ControlPlane:
@@ -52,9 +86,24 @@ class ControlPlane:
             self.scheduler.start()
         self.webhooks.start()
         try:
-            self.server.run()
+            if self.settings.resolved_api_workers > 1:
+                self._run_workers()
+            else:
+                self.server.run()
         finally:
             self.close()
+
+    def _run_workers(self) -> None:
+        """The API in `api_workers` processes on one socket until SIGINT/SIGTERM (blocks)."""
+        # The workers read their settings from the environment: what this process was given
+        # otherwise (the CLI's --host/--port) is passed the same way.
+        for name, value in (("TUNEFORGE_HOST", self.settings.host), ("TUNEFORGE_PORT", self.settings.port),
+                            ("TUNEFORGE_API_WORKERS", self.settings.resolved_api_workers)):
+            os.environ[name] = str(value)
+        config = uvicorn.Config("tuneforge.server:worker_app", factory=True, host=self.settings.host,
+                                port=self.settings.port, workers=self.settings.resolved_api_workers,
+                                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
 
     def start_in_background(self, timeout_s: float = 30.0) -> "ControlPlane":
         if self.scheduler:

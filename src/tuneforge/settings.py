@@ -6,6 +6,7 @@ Nothing is built at import: call `get_settings()` (cached) or build a
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,6 +26,14 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL of the metadata store; default SQLite at HOME/tuneforge.db. "
         "PostgreSQL: postgresql+psycopg://user:pass@host:5432/db",
     )
+    database_pool_size: int = Field(
+        default=10, ge=1, le=1000,
+        description="PostgreSQL: connections each process keeps open (API workers, the scheduler's process).")
+    database_max_overflow: int = Field(
+        default=30, ge=0, le=1000,
+        description="PostgreSQL: connections a process may open beyond the pool under load, closed when "
+                    "returned. Per process at most pool + overflow: keep the sum over all processes and "
+                    "replicas under the server's max_connections.")
     storage_url: str | None = Field(
         default=None,
         description="Object store root: a local folder (default HOME/objects) or s3://bucket/prefix.",
@@ -56,6 +65,15 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     port: int = Field(default=8000, description="Port the API binds to.")
+    api_workers: int | None = Field(
+        default=None, ge=1, le=256,
+        description="API worker processes of `tuneforge up`/`serve` (default: the CPU count). The scheduler, "
+                    "executor and webhook dispatcher run once, in the parent process. Embedded control planes "
+                    "(the demo, tests) always serve from one process.")
+    opentelemetry: bool = Field(
+        default=False,
+        description="FastAPI's OpenTelemetry spans, metrics and logs per request, exported through the "
+                    "OpenTelemetry SDK you configure. Off by default: it costs CPU on every request.")
     public_url: str | None = Field(
         default=None,
         description="URL trainers use to reach the control plane; default http://HOST:PORT.",
@@ -260,6 +278,10 @@ class Settings(BaseSettings):
         if self.storage_url:
             return self.storage_url
         return str((self.home / "objects").resolve())
+
+    @property
+    def resolved_api_workers(self) -> int:
+        return self.api_workers or max(1, os.cpu_count() or 1)
 
     @property
     def resolved_public_url(self) -> str:

@@ -98,6 +98,7 @@ def serve_env(home: Path, database_url: str, port: int, **settings) -> dict[str,
     settings = {"home": home, "database_url": database_url, "host": "127.0.0.1", "port": port,
                 "scheduler_tick_s": 0.2, "heartbeat_interval_s": 1,
                 "lease_timeout_s": 60,  # far longer than the outage: the lease must not lapse
+                "api_workers": 1,  # the process killed here is the whole control plane
                 **settings}
     env.update({f"TUNEFORGE_{name.upper()}": str(value) for name, value in settings.items()})
     return env

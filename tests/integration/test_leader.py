@@ -46,6 +46,7 @@ def test_one_leader_schedules_and_the_standby_takes_over(tmp_path, database_url,
         "TUNEFORGE_SCHEDULER_TICK_S": "0.2", "TUNEFORGE_HEARTBEAT_INTERVAL_S": "0.5",
         "TUNEFORGE_LEASE_TIMEOUT_S": str(LEASE_S), "TUNEFORGE_RETRY_BACKOFF_S": "0",
         "TUNEFORGE_LOCAL_GPUS": "2", "TOKENIZERS_PARALLELISM": "false",
+        "TUNEFORGE_API_WORKERS": "1",  # /healthz answers from the process that schedules
     })
     planes = []
     for name in ("first", "second"):

@@ -1,16 +1,31 @@
-"""Request dependencies: the platform, a database session, the calling tenant, the egress policy."""
+"""Request dependencies: the platform, a database session, the calling tenant, the egress policy.
+
+They are async on purpose: every sync dependency costs a hop through the thread pool, and under
+load those hops, not the queries, were most of a request's CPU. A request's database work runs
+in the endpoint's thread (sync endpoints) or in a thread it asks for; the dependencies here
+only open and close sessions and read the API key cache."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
-from fastapi import Depends, Header, Request
+import anyio
+import orjson
+
+from fastapi import Depends, Header, Request, Response
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from tuneforge.db.tables import Tenant
 from tuneforge.security.egress import EgressPolicy
-from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_READS = frozenset({"GET", "HEAD"})
 
 
 def platform(request: Request) -> Platform:
@@ -25,9 +40,36 @@ def egress(request: Request) -> EgressPolicy:
 EGRESS = Depends(egress)
 
 
-def session(request: Request) -> Iterator[Session]:
-    with request.app.state.platform.db.session() as db_session:
+def _finish(db_session: Session, ok: bool) -> None:
+    try:
+        if ok:
+            db_session.commit()
+        else:
+            db_session.rollback()
+    finally:
+        db_session.close()
+
+
+# Ending a unit of work must never wait for a thread behind requests that wait for the locks it
+# holds: with one pool, 40 creates waiting for SQLite's write lock would leave no thread to
+# commit (or roll back) the transaction holding it. So endings have threads of their own.
+_ENDINGS = anyio.CapacityLimiter(64)
+
+
+async def session(request: Request) -> AsyncIterator[Session]:
+    db_session = request.app.state.platform.db.new_session()
+    # A read's commit ends a read-only transaction: quick enough to do here. A write's commit may
+    # wait (fsync, a PostgreSQL round trip): it runs in a thread so the event loop never waits on it.
+    inline = request.method in _READS
+    ok = False
+    try:
         yield db_session
+        ok = True
+    finally:
+        if inline:
+            _finish(db_session, ok)
+        else:
+            await anyio.to_thread.run_sync(_finish, db_session, ok, limiter=_ENDINGS)
 
 
 # The session's unit of work ends (commit) before the response goes out: a
@@ -37,8 +79,46 @@ def session(request: Request) -> Iterator[Session]:
 SESSION = Depends(session, scope="function")
 
 
-def tenant(
-    authorization: str | None = Header(default=None),
-    db_session: Session = SESSION,
-) -> Tenant:
-    return tenant_service.authenticate(db_session, authorization)
+def verify_key(platform: Platform, authorization: str | None) -> Tenant:
+    """The key looked up in the database (and remembered): the cache's miss path. Marking the key
+    used is best effort: a busy database never turns a valid key into an error."""
+    db_session = platform.db.new_session()
+    try:
+        found = platform.keys.verify(db_session, authorization)
+        try:
+            db_session.commit()
+        except OperationalError as exc:
+            log.warning("could not record an API key's last use: %s", exc)
+            db_session.rollback()
+        return found
+    finally:
+        db_session.close()
+
+
+async def tenant(request: Request, authorization: str | None = Header(default=None)) -> Tenant:
+    current: Platform = request.app.state.platform
+    cached = current.keys.tenant(authorization)
+    if cached is not None:
+        return cached
+    return await run_in_threadpool(verify_key, current, authorization)
+
+
+TENANT = Depends(tenant)
+
+
+async def in_unit_of_work(request: Request, work: Callable[..., T], *args: Any) -> T:
+    """`work(session, *args)` in one unit of work, in one trip through the thread pool: the lean
+    path of the busiest routes (a sync endpoint with the SESSION dependency costs three trips and
+    an exit stack). Commits when `work` returns, rolls back when it raises."""
+    db = request.app.state.platform.db
+
+    def run() -> T:
+        with db.session() as db_session:
+            return work(db_session, *args)
+
+    return await run_in_threadpool(run)
+
+
+def json_response(body: Any, status_code: int = 200) -> Response:
+    """The answer as JSON, encoded once by orjson (no response-model pass)."""
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")

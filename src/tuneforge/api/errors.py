@@ -8,6 +8,7 @@ import math
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sqlalchemy_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuneforge.domain.errors import ApiError, from_validation_errors
@@ -23,6 +24,17 @@ def respond(error: ApiError) -> JSONResponse:
         # whole seconds, at least 1 (RFC 9110); the openai SDK waits this long before its retry
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
     return JSONResponse(error.envelope(), status_code=error.status_code, headers=headers or None)
+
+
+BUSY_RETRY_AFTER_S = 1.0
+
+
+def is_busy(exc: BaseException) -> bool:
+    """The database was too busy to answer in time: SQLite's lock outlived the busy timeout, or no
+    pooled connection freed up in time. Nothing about the request was wrong."""
+    if isinstance(exc, sqlalchemy_exc.TimeoutError):
+        return True
+    return isinstance(exc, sqlalchemy_exc.OperationalError) and "database is locked" in str(exc.orig)
 
 
 def _validation_error(exc: RequestValidationError) -> ApiError:
@@ -43,6 +55,22 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = str(exc.detail) if exc.status_code != 404 else "Unknown request URL"
         return respond(ApiError(exc.status_code, message, code=code))
+
+    @app.exception_handler(sqlalchemy_exc.OperationalError)
+    @app.exception_handler(sqlalchemy_exc.TimeoutError)
+    async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
+        if not is_busy(exc):
+            return await _unexpected(request, exc)
+        # Every wait is bounded (SQLite's busy timeout, the pool's checkout timeout); past it the
+        # request is refused as a whole (its transaction rolled back) with a time to come back,
+        # which the openai SDK and most HTTP clients honour by retrying.
+        request_id = correlation_id("req")
+        log.warning("database busy [%s] %s %s: %s", request_id, request.method, request.url.path, exc)
+        response = respond(ApiError(
+            503, f"The service is busy; nothing was changed. Retry in a moment (request id {request_id}).",
+            type="server_error", code="server_busy", retry_after=BUSY_RETRY_AFTER_S))
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -188,6 +188,7 @@ def _too_deep(param: str | None) -> ApiError:
 
 async def _upload_limit(scope: Scope) -> int:
     """The calling tenant's tier limit; without a valid key the largest one (the route answers 401)."""
+    from tuneforge.api import deps
     from tuneforge.services import tenants as tenant_service
 
     platform = scope["app"].state.platform
@@ -195,12 +196,11 @@ async def _upload_limit(scope: Scope) -> int:
     authorization = _header(scope, b"authorization")
 
     def lookup() -> int:
-        with platform.db.session() as session:
-            try:
-                tier = tenant_service.authenticate(session, authorization).tier
-            except ApiError:
-                return max(settings.max_upload_bytes_by_tier(t) for t in tenant_service.TIERS)
-            return settings.max_upload_bytes_by_tier(tier)
+        try:
+            caller = platform.keys.tenant(authorization) or deps.verify_key(platform, authorization)
+        except ApiError:
+            return max(settings.max_upload_bytes_by_tier(t) for t in tenant_service.TIERS)
+        return settings.max_upload_bytes_by_tier(caller.tier)
 
     return await anyio.to_thread.run_sync(lookup)
 

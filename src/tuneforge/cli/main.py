@@ -28,24 +28,28 @@ app.command("queue")(queue_cmd.show_queue)
 app.command("usage")(admin.usage)
 
 
-def _serve(host: str | None, port: int | None, scheduler: bool) -> None:
+WORKERS_HELP = "API worker processes (default TUNEFORGE_API_WORKERS, else the CPU count)."
+
+
+def _serve(host: str | None, port: int | None, scheduler: bool, workers: int | None) -> None:
     from tuneforge.server import ControlPlane, configure_logging
     from tuneforge.settings import Settings
 
-    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    overrides = {k: v for k, v in {"host": host, "port": port, "api_workers": workers}.items() if v is not None}
     settings = Settings(**overrides)
     configure_logging()
     plane = ControlPlane(settings, run_scheduler=scheduler)
-    typer.echo(f"tuneforge listening on {redact_url(plane.url)} "
-               f"(database {redact_url(settings.resolved_database_url)}, "
+    typer.echo(f"tuneforge listening on {redact_url(plane.url)} with {settings.resolved_api_workers} API "
+               f"worker(s) (database {redact_url(settings.resolved_database_url)}, "
                f"objects {redact_url(settings.resolved_storage_url)}, executor {settings.executor})", err=True)
     plane.serve_forever()
 
 
 @app.command()
-def up(host: str = typer.Option(None), port: int = typer.Option(None)) -> None:
-    """API + scheduler + local executor in one process, on embedded defaults."""
-    _serve(host, port, scheduler=True)
+def up(host: str = typer.Option(None), port: int = typer.Option(None),
+       workers: int = typer.Option(None, min=1, help=WORKERS_HELP)) -> None:
+    """API + scheduler + local executor on embedded defaults."""
+    _serve(host, port, scheduler=True, workers=workers)
 
 
 @app.command()
@@ -53,9 +57,10 @@ def serve(
     host: str = typer.Option(None),
     port: int = typer.Option(None),
     scheduler: bool = typer.Option(True, help="Run the scheduler loop in this process."),
+    workers: int = typer.Option(None, min=1, help=WORKERS_HELP),
 ) -> None:
     """The control plane as configured by TUNEFORGE_* settings."""
-    _serve(host, port, scheduler=scheduler)
+    _serve(host, port, scheduler=scheduler, workers=workers)
 
 
 @app.command()

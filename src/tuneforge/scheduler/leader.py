@@ -29,6 +29,40 @@ log = logging.getLogger(__name__)
 LOCK_KEY = 0x74756E65666F7267 & 0x7FFFFFFFFFFFFFFF  # "tuneforg", a positive bigint
 
 
+def leader_known(database_url: str, home: Path) -> bool:
+    """Does some control plane hold the scheduler's lock right now? (a look that takes nothing:
+    for /readyz of API processes that do not schedule themselves)"""
+    url = make_url(database_url)
+    if url.get_backend_name() == "postgresql":
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                held = conn.execute(text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    "AND classid = :high AND objid = :low AND objsubid = 1"),
+                    {"high": LOCK_KEY >> 32, "low": LOCK_KEY & 0xFFFFFFFF}).scalar()
+            return bool(held)
+        finally:
+            engine.dispose()
+    path = _lock_path(url, home)
+    if not path.exists():
+        return False
+    with open(path, "rb") as handle:
+        try:
+            # a shared lock is refused while the leader holds its exclusive one
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return False
+
+
+def _lock_path(url, home: Path) -> Path:  # noqa: ANN001 - a sqlalchemy URL
+    database = url.database or ""
+    return Path(database + ".scheduler.lock") if database and database != ":memory:" else home / "scheduler.lock"
+
+
 class LeaderLock:
     """`holds()` tries to be (or stay) the leader without blocking; True while it is."""
 
@@ -37,9 +71,7 @@ class LeaderLock:
         self._postgres = self._url.get_backend_name() == "postgresql"
         self._conn: Connection | None = None
         self._engine = create_engine(self._url, poolclass=NullPool) if self._postgres else None
-        database = self._url.database or ""
-        self._lock_path = Path(database + ".scheduler.lock") if database and database != ":memory:" \
-            else home / "scheduler.lock"
+        self._lock_path = _lock_path(self._url, home)
         self._file: IO[bytes] | None = None
         self.is_leader = False
 

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.engine import write_lock
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
@@ -70,6 +71,8 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
         else settings.divergence_min_increase,
     )
     resolved_eval = evaluation.resolve(session, settings, job.tenant_id, request)
+    if not _still_validating(session, job):
+        return
     job.resolved = plan.resolved(checkpoint, divergence_policy, resolved_eval)
     job.config_hash = lineage.config_hash(job, training, validation)
     _point_out_duplicate(session, job)
@@ -96,7 +99,17 @@ def _point_out_duplicate(session: Session, job: Job) -> None:
                                    "same_as_job": twin.job_id, "same_as_model": twin.fine_tuned_model})
 
 
+def _still_validating(session: Session, job: Job) -> bool:
+    """Take the write lock and read the job again: the create request and the scheduler may both
+    validate a new job, and only the first to finish records the outcome."""
+    write_lock(session)
+    session.refresh(job, with_for_update=True)
+    return job.status == JobStatus.VALIDATING_FILES.value
+
+
 def _fail(session: Session, job: Job, code: str, message: str, param: str | None = "training_file") -> None:
+    if not _still_validating(session, job):
+        return
     transition(session, job, JobStatus.FAILED, f"Validation failed: {message}", level="error",
                error={"code": code, "message": message, "param": param})
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuneforge.db.engine import Database
@@ -15,6 +15,12 @@ from tuneforge.settings import Settings
 from tuneforge.storage.store import FsspecStore, open_store
 
 
+def _key_cache() -> Any:
+    from tuneforge.services.tenants import KeyCache  # tenants -> quotas -> usage import this module
+
+    return KeyCache()
+
+
 @dataclass
 class Platform:
     settings: Settings
@@ -23,6 +29,8 @@ class Platform:
     inventory: Capacity | None = None  # the executor's last reported capacity (set by the scheduler); read capacity()
     scheduler_role: str = "off"  # "leader" | "standby" | "off", set by the scheduler thread
     inference: Any = None  # serve.InferenceEngine, created on first use by serve.engine_for
+    keys: Any = field(default_factory=_key_cache)  # services.tenants.KeyCache: keys verified by this process
+    memo: dict[str, Any] = field(default_factory=dict)  # per-process results worth keeping a moment
     _sealer: Sealer | None = None
     _streams: StreamSlots | None = None
 
@@ -49,7 +57,8 @@ class Platform:
         private_dirs(settings.home)
         return cls(
             settings=settings,
-            db=Database(settings.resolved_database_url),
+            db=Database(settings.resolved_database_url, pool_size=settings.database_pool_size,
+                        max_overflow=settings.database_max_overflow),
             store=open_store(settings.resolved_storage_url, settings.storage_options()),
         )
 

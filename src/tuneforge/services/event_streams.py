@@ -1,9 +1,9 @@
 """Following a job's events as they happen (`GET .../events?stream=true`).
 
-`open_stream` runs in the request, with its session: the job must be the
-tenant's, the resume point (Last-Event-ID) must be one of its events, and the
-tenant must have a stream slot free. What it returns outlives the request and
-holds no session.
+A request first finds where its stream starts (`start_point`, in the request's
+unit of work: the job must be the tenant's, Last-Event-ID one of its events),
+then takes a slot (`open_stream`: the tenant must have one free). What it gets
+outlives the request and holds no session.
 
 `follow` is async and never holds a thread while it waits: each look at the
 database runs in a worker thread for the length of its query, in a short
@@ -41,15 +41,18 @@ class OpenStream:
     slot: StreamSlot
 
 
-def open_stream(session: Session, platform: Platform, tenant_id: str, job_id: str,
-                last_event_id: str | None) -> OpenStream:
-    """404 for a job that is not the tenant's, 400 for a Last-Event-ID that is not one of the job's
-    events, 429 when the tenant holds as many streams as it may."""
+def start_point(session: Session, tenant_id: str, job_id: str, last_event_id: str | None) -> int:
+    """Where a stream of the job starts (`resume_after`): 404 for a job that is not the tenant's,
+    400 for a Last-Event-ID that is not one of the job's events."""
     job = get_job(session, tenant_id, job_id)
-    after_pk = resume_after(session, tenant_id, job.job_id, last_event_id)
+    return resume_after(session, tenant_id, job.job_id, last_event_id)
+
+
+def open_stream(platform: Platform, tenant_id: str, job_id: str, after_pk: int) -> OpenStream:
+    """A stream slot for the tenant (429 when it holds as many as it may); no database work."""
     if platform.settings.stream_listen:
         platform.db.listen_for_events()
-    return OpenStream(tenant_id, job.job_id, after_pk, platform.streams.acquire(tenant_id, job.job_id))
+    return OpenStream(tenant_id, job_id, after_pk, platform.streams.acquire(tenant_id, job_id))
 
 
 def resume_after(session: Session, tenant_id: str, job_id: str, last_event_id: str | None) -> int:

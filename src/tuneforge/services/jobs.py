@@ -24,6 +24,7 @@ from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, BaseModelRow, FileRow, Job, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
@@ -164,23 +165,27 @@ def submit_job(session: Session, platform: Platform, tenant: Tenant, request: Jo
         raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
     job, created = create_job(session, platform.settings, tenant, request, idempotency_key, platform.store)
     if created:
+        # the job is stored and the tenant's lock released before any data is read: validation
+        # takes its time without holding up the tenant's (or, on SQLite, anyone's) writes
+        session.commit()
         _validate_small_job(session, platform, job)
     return job
 
 
 def _validate_small_job(session: Session, platform: Platform, job: Job) -> None:
-    """Validate a job with small files now, in the create request's transaction
-    (the scheduler cannot see the job before it commits), so the job comes
-    back queued with its estimate, or failed with the data error."""
+    """Validate a job with small files now, right after it was stored, so the job comes back
+    queued with its estimate, or failed with the data error. The scheduler may pick the same
+    job meanwhile; `validate_job` writes only while the job is still validating_files."""
     files = [file_id for file_id in (job.training_file, job.validation_file) if file_id]
     size = sum(row.size_bytes for file_id in files if (row := file_repo.get(session, job.tenant_id, file_id)))
     if size > platform.settings.inline_validation_max_bytes:
         return
     try:
-        with savepoint(session):
-            validate_job(session, platform, job)
+        validate_job(session, platform, job)
+        session.commit()
     except Exception:  # noqa: BLE001 - e.g. a tokenizer that fails to load: the scheduler retries and reports
         _log.exception("inline validation of %s failed; the scheduler will validate it", job.job_id)
+        session.rollback()
         session.refresh(job)
 
 
@@ -202,7 +207,10 @@ def create_job(
     base, _training, _validation = _check_inputs(session, settings, tenant, request, store)
     from tuneforge.services import quotas
 
-    quotas.check_admission(session, tenant)  # 403 quota_exceeded / 429 too_many_queued_jobs: nothing is created
+    # the tenant's row stays locked until this request commits: creates racing each other are
+    # counted one after the other, and none passes a limit another has just reached
+    locked = tenant_repo.lock(session, tenant.tenant_id) or tenant
+    quotas.check_admission(session, locked)  # 403 quota_exceeded / 429 too_many_queued_jobs: nothing is created
     job = Job(
         job_id=new_id("ftjob"),
         tenant_id=tenant.tenant_id,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import ApiKey, Tenant
@@ -122,7 +123,7 @@ def key_view(key: ApiKey, now: float | None = None) -> dict[str, Any]:
             "revoked_at": key.revoked_at, "active": tenant_repo.usable(key, now)}
 
 
-def authenticate(session: Session, authorization: str | None, now: float | None = None) -> Tenant:
+def _presented_key(authorization: str | None) -> str:
     if not authorization:
         raise unauthorized(
             "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
@@ -131,14 +132,81 @@ def authenticate(session: Session, authorization: str | None, now: float | None 
     scheme, _, api_key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not api_key.strip():
         raise unauthorized("Authorization header must be 'Bearer YOUR_KEY'.")
+    return api_key.strip()
+
+
+def authenticate(session: Session, authorization: str | None, now: float | None = None) -> Tenant:
+    return _authenticated_key(session, authorization, now)[1]
+
+
+def _authenticated_key(session: Session, authorization: str | None,
+                       now: float | None = None) -> tuple[ApiKey, Tenant]:
+    api_key = _presented_key(authorization)
     now = time.time() if now is None else now
-    found = tenant_repo.key_and_tenant(session, api_key.strip())
+    found = tenant_repo.key_and_tenant(session, api_key)
     # unknown, revoked and expired keys get the same answer: it says nothing of which it was
     if found is None or not tenant_repo.usable(found[0], now):
         raise unauthorized("Incorrect API key provided.")
     key, tenant = found
     if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION_S:
         key.last_used_at = int(now)
+    return key, tenant
+
+
+_TENANT_COLUMNS = tuple(column.key for column in Tenant.__table__.columns)
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """A key as the database showed it at `checked_at`, with its tenant's columns."""
+    tenant: tuple
+    expires_at: int | None
+    checked_at: float
+
+
+class KeyCache:
+    """The API keys this process has verified, each trusted for at most `ttl_s`.
+
+    A hit costs a SHA-256 and a dict lookup instead of a database round trip. After `ttl_s` the
+    key is looked up again, so a revoked key, a changed tier or new quota overrides take effect
+    within `ttl_s` in every API process; a key's expiry is checked on every request. Only keys
+    that authenticated are kept (an unknown key is looked up each time), at most `max_keys`."""
+
+    def __init__(self, ttl_s: float = 1.0, max_keys: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_keys = max_keys
+        self._entries: dict[str, _Verified] = {}
+
+    def tenant(self, authorization: str | None, now: float | None = None) -> Tenant | None:
+        """The caller's tenant from the cache, or None when the database must be asked.
+        Raises 401 for a missing or malformed header and for a cached key that has expired."""
+        key_hash = tenant_repo.hash_key(_presented_key(authorization))
+        entry = self._entries.get(key_hash)
+        now = time.time() if now is None else now
+        if entry is None or not 0 <= now - entry.checked_at < self.ttl_s:
+            return None
+        if entry.expires_at is not None and now >= entry.expires_at:
+            raise unauthorized("Incorrect API key provided.")
+        return _detached_tenant(entry.tenant)
+
+    def verify(self, session: Session, authorization: str | None, now: float | None = None) -> Tenant:
+        """`authenticate` against the database, remembering the answer."""
+        now = time.time() if now is None else now
+        key, tenant = _authenticated_key(session, authorization, now)
+        if len(self._entries) >= self.max_keys:
+            self._entries.clear()  # a crude bound: the next requests are looked up again
+        entry = _Verified(tuple(getattr(tenant, name) for name in _TENANT_COLUMNS), key.expires_at, now)
+        self._entries[key.key_hash] = entry
+        return _detached_tenant(entry.tenant)
+
+    def forget(self) -> None:
+        self._entries.clear()
+
+
+def _detached_tenant(values: tuple) -> Tenant:
+    """A fresh Tenant per request (never shared between requests), known to be a stored row."""
+    tenant = Tenant(**dict(zip(_TENANT_COLUMNS, values)))
+    make_transient_to_detached(tenant)
     return tenant
 
 

@@ -139,3 +139,45 @@ def test_key_routes_need_the_admin_key(http):
         assert http.request(method, path).status_code == 401
         assert http.request(method, path, headers=_bearer(alpha)).status_code == 401
     assert http.delete("/v1/admin/tenants/alpha/keys/" + "k" * 65, headers=ADMIN).status_code == 400
+
+
+def test_verified_keys_are_trusted_for_at_most_a_second(http):
+    """The key cache of an API process: a revocation made elsewhere (another worker, another
+    replica, the CLI) applies once the entry is a second old; expiry applies at once."""
+    cache = tenant_service.KeyCache(ttl_s=1.0)
+    with http.platform.db.session() as session:
+        key, secret = tenant_service.create_key(session, "alpha", expires_in_s=100, now=1000.0)
+        key_id = key.key_id
+    header = f"Bearer {secret}"
+    assert cache.tenant(header, now=1000.0) is None  # never seen: ask the database
+    with http.platform.db.session() as session:
+        assert cache.verify(session, header, now=1000.0).name == "alpha"
+    with http.platform.db.session() as session:
+        tenant_service.revoke_key(session, "alpha", key_id, now=1000.2)
+    first, second = cache.tenant(header, now=1000.5), cache.tenant(header, now=1000.9)
+    assert first.name == second.name == "alpha"
+    assert first is not second  # each request gets its own copy
+    assert cache.tenant(header, now=1001.0) is None  # a second old: looked up again ...
+    with http.platform.db.session() as session, pytest.raises(ApiError) as refused:
+        cache.verify(session, header, now=1001.0)  # ... and refused
+    assert refused.value.status_code == 401
+
+    with http.platform.db.session() as session:
+        _key, other = tenant_service.create_key(session, "alpha", expires_in_s=10, now=time.time())
+    live = tenant_service.KeyCache(ttl_s=60.0)
+    with http.platform.db.session() as session:
+        live.verify(session, f"Bearer {other}")
+    with pytest.raises(ApiError):
+        live.tenant(f"Bearer {other}", now=time.time() + 11)  # expired while cached
+    with pytest.raises(ApiError):
+        live.tenant(None)
+
+
+def test_a_revocation_through_the_admin_api_applies_to_the_next_request(http):
+    created = http.post("/v1/admin/tenants/alpha/keys", headers=ADMIN).json()
+    for _ in range(3):  # cached now
+        assert _jobs(http, created["api_key"]).status_code == 200
+    http.post("/v1/admin/tenants/alpha/quota", headers=ADMIN, json={"max_queued_jobs": 7})
+    assert http.platform.keys.tenant(f"Bearer {created['api_key']}") is None  # the change emptied the cache
+    assert http.delete(f"/v1/admin/tenants/alpha/keys/{created['id']}", headers=ADMIN).status_code == 200
+    assert _jobs(http, created["api_key"]).status_code == 401

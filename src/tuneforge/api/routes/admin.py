@@ -109,23 +109,40 @@ def list_keys(name: str = TenantName, session: Session = deps.SESSION) -> dict:
 
 
 @router.delete("/tenants/{name}/keys/{key_id}", dependencies=[Depends(admin)])
-def revoke_key(name: str = TenantName, key_id: str = KeyId, session: Session = deps.SESSION) -> dict:
-    """Revoke the key: the next request with it answers 401."""
-    return tenant_service.key_view(tenant_service.revoke_key(session, name, key_id))
+def revoke_key(name: str = TenantName, key_id: str = KeyId, session: Session = deps.SESSION,
+               platform: Platform = Depends(deps.platform)) -> dict:
+    """Revoke the key: the next request with it answers 401 (in every API process within a second)."""
+    key = tenant_service.revoke_key(session, name, key_id)
+    _stored(session, platform)
+    return tenant_service.key_view(key)
+
+
+def _stored(session: Session, platform: Platform) -> None:
+    """Commit a change to a tenant or its keys, then drop this process's verified keys, so that
+    the change applies to the very next request here (other processes re-check within
+    `KeyCache.ttl_s`). In this order: a request between the two cannot cache the old state."""
+    session.commit()
+    platform.keys.forget()
 
 
 @router.post("/tenants/{name}/tier", dependencies=[Depends(admin)])
-def set_tier(name: str, body: TierChange, session: Session = deps.SESSION) -> dict:
-    return _tenant_object(tenant_service.set_tier(session, name, body.tier))
+def set_tier(name: str, body: TierChange, session: Session = deps.SESSION,
+             platform: Platform = Depends(deps.platform)) -> dict:
+    tenant = tenant_service.set_tier(session, name, body.tier)
+    _stored(session, platform)
+    return _tenant_object(tenant)
 
 
 @router.post("/tenants/{name}/quota", dependencies=[Depends(admin)])
-def set_quota(name: str, body: QuotaChange, session: Session = deps.SESSION) -> dict:
+def set_quota(name: str, body: QuotaChange, session: Session = deps.SESSION,
+              platform: Platform = Depends(deps.platform)) -> dict:
     changes: dict[str, float | None] = {}
     for field in body.model_fields_set:
         value = getattr(body, field)
         changes[field] = quotas.UNLIMITED if value == "unlimited" else None if value == "default" else value
-    return _tenant_object(tenant_service.set_quota(session, name, changes))
+    tenant = tenant_service.set_quota(session, name, changes)
+    _stored(session, platform)
+    return _tenant_object(tenant)
 
 
 @router.get("/usage", dependencies=[Depends(admin)])

@@ -10,7 +10,7 @@ from contextlib import aclosing
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.orm import Session
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.background import BackgroundTask
 
 from tuneforge.api import deps, sse
@@ -30,15 +30,16 @@ router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 
 
-@router.post("", responses=error_responses(403, 409, 429))
-def create_job(
+@router.post("", response_model=dict, responses=error_responses(403, 409, 429))
+async def create_job(
     body: JobRequest,
+    request: Request,
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=MAX_NAME_CHARS),
-    tenant: Tenant = Depends(deps.tenant),
-    session: Session = deps.SESSION,
-    platform: Platform = Depends(deps.platform),
-) -> dict:
-    return job_object(job_service.submit_job(session, platform, tenant, body, idempotency_key))
+    tenant: Tenant = deps.TENANT,
+) -> Response:
+    platform = request.app.state.platform
+    return deps.json_response(await deps.in_unit_of_work(
+        request, lambda session: job_object(job_service.submit_job(session, platform, tenant, body, idempotency_key))))
 
 
 @router.post("/estimate")
@@ -52,26 +53,33 @@ def estimate_job(
     return job_service.estimate_job(session, platform, tenant, body)
 
 
-@router.get("")
-def list_jobs(
+@router.get("", response_model=dict)
+async def list_jobs(
     request: Request,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
-    tenant: Tenant = Depends(deps.tenant),
-    session: Session = deps.SESSION,
-) -> dict:
+    tenant: Tenant = deps.TENANT,
+) -> Response:
     metadata = {}
     for key, value in request.query_params.multi_items():
         match = _METADATA_PARAM.match(key)
         if match:
             metadata[match.group(1)] = value
+    return deps.json_response(await deps.in_unit_of_work(request, _job_page, tenant, metadata, after, limit))
+
+
+def _job_page(session: Session, tenant: Tenant, metadata: dict[str, str], after: str | None, limit: int) -> dict:
     page = job_service.list_jobs(session, tenant.tenant_id, metadata=metadata, after=after, limit=limit)
     return list_object(page.rows, job_object, page.has_more)
 
 
-@router.get("/{job_id}")
-def retrieve_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
-                 platform: Platform = Depends(deps.platform)) -> dict:
+@router.get("/{job_id}", response_model=dict)
+async def retrieve_job(job_id: str, request: Request, tenant: Tenant = deps.TENANT) -> Response:
+    return deps.json_response(await deps.in_unit_of_work(request, _job_body, request.app.state.platform,
+                                                         tenant, job_id))
+
+
+def _job_body(session: Session, platform: Platform, tenant: Tenant, job_id: str) -> dict:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
     body = job_object(job)
     if job.status == JobStatus.QUEUED.value:
@@ -99,8 +107,9 @@ def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sess
 
 
 @router.get("/{job_id}/events", response_model=None, responses=error_responses(429))
-def list_events(
+async def list_events(
     job_id: str,
+    request: Request,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
     stream: bool = Query(default=False, description="Server-Sent Events: every event oldest first (or those "
@@ -108,15 +117,20 @@ def list_events(
                                                      "`data: [DONE]` once the job has finished."),
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", max_length=MAX_ID_CHARS,
                                        description="With stream=true: resume after this event."),
-    tenant: Tenant = Depends(deps.tenant),
-    session: Session = deps.SESSION,
-    platform: Platform = Depends(deps.platform),
-) -> dict | EventSourceResponse:
+    tenant: Tenant = deps.TENANT,
+) -> Response:
+    platform: Platform = request.app.state.platform
     if stream:
-        opened = event_streams.open_stream(session, platform, tenant.tenant_id, job_id, last_event_id)
+        after_pk = await deps.in_unit_of_work(request, event_streams.start_point, tenant.tenant_id, job_id,
+                                              last_event_id)
+        opened = event_streams.open_stream(platform, tenant.tenant_id, job_id, after_pk)
         return sse.response(_event_frames(platform, opened), keepalive_s=platform.settings.stream_keepalive_s,
                             # the slot also comes back should the stream never have started
                             background=BackgroundTask(opened.slot.release))
+    return deps.json_response(await deps.in_unit_of_work(request, _event_page, tenant, job_id, after, limit))
+
+
+def _event_page(session: Session, tenant: Tenant, job_id: str, after: str | None, limit: int) -> dict:
     page = job_service.list_events(session, tenant.tenant_id, job_id, after=after, limit=limit)
     return list_object(page.rows, event_object, page.has_more)
 

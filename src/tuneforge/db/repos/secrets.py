@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Tenant, TenantSecret
 from tuneforge.db.tenancy import owned
 
@@ -25,8 +26,8 @@ def named(session: Session, tenant_id: str, names: set[str]) -> list[TenantSecre
 
 def count_locked(session: Session, tenant_id: str) -> int:
     """How many secrets the tenant has, with its tenant row locked until the transaction ends, so
-    two requests at once cannot both pass a limit on the count (PostgreSQL; SQLite has one writer)."""
-    session.scalar(select(Tenant.pk).where(Tenant.tenant_id == tenant_id).with_for_update())
+    two requests at once cannot both pass a limit on the count."""
+    tenant_repo.lock(session, tenant_id)
     return int(session.scalar(select(func.count()).select_from(TenantSecret)
                               .where(TenantSecret.tenant_id == tenant_id)) or 0)
 

@@ -6,6 +6,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.engine import write_lock
 from tuneforge.db.tables import ApiKey, Tenant
 from tuneforge.db.tenancy import owned
 
@@ -40,6 +41,15 @@ def key_and_tenant(session: Session, api_key: str) -> tuple[ApiKey, Tenant] | No
         .where(ApiKey.key_hash == hash_key(api_key))
     ).first()
     return None if row is None else (row[0], row[1])
+
+
+def lock(session: Session, tenant_id: str) -> Tenant | None:
+    """The tenant's row, read afresh and locked until the transaction ends: requests of the tenant
+    that check a limit and then write wait for each other (PostgreSQL: a row lock; SQLite: the
+    database's write lock, `write_lock`)."""
+    write_lock(session)
+    return session.scalar(select(Tenant).where(Tenant.tenant_id == tenant_id).with_for_update()
+                          .execution_options(populate_existing=True))
 
 
 def usable(key: ApiKey, now: float) -> bool:
