@@ -6,7 +6,7 @@ then takes a slot (`open_stream`: the tenant must have one free). What it gets
 outlives the request and holds no session.
 
 `follow` is async and never holds a thread while it waits: each look at the
-database runs in a worker thread for the length of its query, in a short
+database runs in a thread of the pool for the length of its query, in a short
 session of its own, and between looks it awaits a wake-up (db/notify.py: a
 commit of an event of this job, in this process or, on PostgreSQL, in any) or
 the poll interval, whichever comes first.
