@@ -122,6 +122,8 @@ class ControlPlane:
         if self.scheduler:
             self.scheduler.stop()
         self.webhooks.stop()
+        # open event streams end now (clients resume with Last-Event-ID) rather than hold the shutdown
+        self.platform.streams.close()
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)

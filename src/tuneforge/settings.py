@@ -195,6 +195,22 @@ class Settings(BaseSettings):
         default="auto", description="Device of inference models: 'auto' (cuda if available, else cpu), "
                                     "'cpu', 'cuda' or 'cuda:N'.")
 
+    max_streams_per_tenant: int = Field(
+        default=32, ge=1, description="Event streams (GET /v1/fine_tuning/jobs/{id}/events?stream=true) one tenant "
+                                      "may hold open at once; one more answers 429 with Retry-After. Counted in "
+                                      "each API process: with N processes a tenant may hold N times this many.")
+    stream_poll_s: float = Field(
+        default=1.0, gt=0.0, description="An open event stream that nothing has woken re-reads its job's events "
+                                         "this often: how late events written by another process reach it when "
+                                         "no notification does (SQLite, or PostgreSQL while LISTEN is down).")
+    stream_keepalive_s: float = Field(
+        default=15.0, gt=0.0, description="A stream (job events, chat and completions) with nothing to send "
+                                          "sends a comment line this often, so proxies keep the connection.")
+    stream_listen: bool = Field(
+        default=True, description="PostgreSQL: event streams are woken through LISTEN/NOTIFY as soon as any "
+                                  "process commits an event of their job; off: by this process's own commits "
+                                  "and the poll (TUNEFORGE_STREAM_POLL_S) only.")
+
     def max_upload_bytes_by_tier(self, tier: str) -> int:
         return {"free": self.max_upload_bytes_free, "standard": self.max_upload_bytes_standard}.get(
             tier, self.max_upload_bytes)

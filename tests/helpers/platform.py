@@ -61,3 +61,22 @@ def tenant_with_model(tmp_path: Path, database_url: str, model_dir: Path, **over
     finally:
         platform.db.dispose()
     return key
+
+
+def add_running_job(platform: Platform, tenant_name: str) -> tuple[str, str, str]:
+    """A new tenant with one job in status `running`, written straight to the database (no files,
+    no validation, no scheduler): (the tenant's API key, its tenant id, the job id)."""
+    import time
+
+    from tuneforge.db.tables import Job
+    from tuneforge.domain.ids import new_id
+    from tuneforge.domain.job_config import JobRequest
+
+    with platform.db.session() as session:
+        tenant, api_key = tenant_service.create_tenant(session, tenant_name)
+        job_id = new_id("ftjob")
+        session.add(Job(job_id=job_id, tenant_id=tenant.tenant_id, model="tiny-base", base_model_sha256="0" * 64,
+                        training_file="file-train", status="running", seed=0,
+                        request=JobRequest(model="tiny-base", training_file="file-train"),
+                        request_hash="0" * 64, created_at=int(time.time())))
+        return api_key, tenant.tenant_id, job_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -11,6 +12,9 @@ import orjson
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+
+from tuneforge.db import notify
+from tuneforge.db.listen import EventListener
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
@@ -87,6 +91,10 @@ class Database:
         self.url = url
         self.engine = make_engine(url, pool_size, max_overflow)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # a commit that stored job events wakes their followers (and, on PostgreSQL, other processes')
+        notify.install(self._sessions, self.engine.dialect.name)
+        self._listener: EventListener | None = None
+        self._listener_lock = threading.Lock()
 
     @property
     def dialect(self) -> str:
@@ -109,5 +117,20 @@ class Database:
         finally:
             session.close()
 
+    def listen_for_events(self) -> EventListener | None:
+        """Start (once) the LISTEN that wakes this process's event streams when another process
+        commits job events; PostgreSQL only (None elsewhere: SQLite has no such thing)."""
+        if self.dialect != "postgresql":
+            return None
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = EventListener(self.url, notify.HUB)
+                self._listener.start()
+            return self._listener
+
     def dispose(self) -> None:
+        with self._listener_lock:
+            if self._listener is not None:
+                self._listener.stop()
+                self._listener = None
         self.engine.dispose()

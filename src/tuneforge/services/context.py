@@ -10,6 +10,7 @@ from tuneforge.executors.local import local_inventory
 from tuneforge.executors.protocol import Capacity
 from tuneforge.security.crypto import Sealer, sealer_for
 from tuneforge.security.env import private_dirs
+from tuneforge.services.stream_slots import StreamSlots
 from tuneforge.settings import Settings
 from tuneforge.storage.store import FsspecStore, open_store
 
@@ -31,6 +32,7 @@ class Platform:
     keys: Any = field(default_factory=_key_cache)  # services.tenants.KeyCache: keys verified by this process
     memo: dict[str, Any] = field(default_factory=dict)  # per-process results worth keeping a moment
     _sealer: Sealer | None = None
+    _streams: StreamSlots | None = None
 
     @property
     def sealer(self) -> Sealer:
@@ -38,6 +40,17 @@ class Platform:
         if self._sealer is None:
             self._sealer = sealer_for(self.settings.secrets_key, self.settings.home)
         return self._sealer
+
+    def __post_init__(self) -> None:
+        # made here, not on first use: two first streams at once must count in one place
+        if self._streams is None:
+            self._streams = StreamSlots(self.settings.max_streams_per_tenant)
+
+    @property
+    def streams(self) -> StreamSlots:
+        """The event streams open in this process, per tenant (bounded by max_streams_per_tenant)."""
+        assert self._streams is not None
+        return self._streams
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Platform":

@@ -1,5 +1,5 @@
 """Fine-tuning jobs: create (with idempotency), read, list, cancel, pause, resume; a job's
-events (paged or followed), checkpoints and attempts."""
+events (paged; followed live in services/event_streams.py), checkpoints and attempts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import logging
 import random
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from dataclasses import asdict
 
@@ -26,11 +25,11 @@ from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Attempt, BaseModelRow, FileRow, Job, JobEvent, Tenant
+from tuneforge.db.tables import Attempt, BaseModelRow, FileRow, Job, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.domain.status import TERMINAL, JobStatus
+from tuneforge.domain.status import JobStatus
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services import artifacts, base_models, estimates, evaluation, hyperparams
 from tuneforge.services.context import Platform
@@ -43,7 +42,6 @@ from tuneforge.train import methods
 
 SUPPORTED_TRAINING_TYPES = ("lora", "qlora", "full")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-STREAM_POLL_S = 0.5  # how often a followed event stream looks for new events
 _log = logging.getLogger(__name__)
 
 
@@ -312,26 +310,6 @@ def resume_job(session: Session, tenant_id: str, job_id: str) -> Job:
 def list_events(session: Session, tenant_id: str, job_id: str, *, after: str | None, limit: int) -> Page:
     job = get_job(session, tenant_id, job_id)
     return events.page(session, job.tenant_id, job.job_id, after=after, limit=limit)
-
-
-def follow_events(platform: Platform, job: Job, poll_s: float = STREAM_POLL_S) -> Iterator[JobEvent | None]:
-    """Every event of the job, oldest first, then new ones as they come; None whenever
-    there was nothing new (then it waits `poll_s`); ends once the job has finished and
-    every event is out. Each look is its own short session, so a long stream holds none."""
-    tenant_id, job_id, last_pk = job.tenant_id, job.job_id, 0
-    while True:
-        with platform.db.session() as session:
-            batch = events.since(session, tenant_id, job_id, last_pk)
-            status = job_repo.status_of(session, tenant_id, job_id) if not batch else None
-            finished = status is not None and JobStatus(status) in TERMINAL
-        for event in batch:
-            last_pk = event.pk
-            yield event
-        if finished:
-            return
-        if not batch:
-            yield None
-            time.sleep(poll_s)
 
 
 def list_checkpoints(session: Session, job: Job, *, after: str | None, limit: int) -> Page:

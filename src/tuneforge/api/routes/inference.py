@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from tuneforge.api import deps
+from tuneforge.api import deps, sse
 from tuneforge.api.limits import (
     MAX_GENERATED_TOKENS,
     MAX_ID_CHARS,
@@ -117,7 +118,7 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
     if body.stream:
         chunks = engine_for(platform).stream(target, prompt, params)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(_chat_events(chunks, reply_id, created, target, include_usage))
+        return _sse(_chat_events(chunks, reply_id, created, target, include_usage), platform)
     completion = engine_for(platform).complete(target, prompt, params)
     return {
         "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
@@ -139,7 +140,7 @@ def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session 
     if body.stream:
         chunks = engine_for(platform).stream(target, prompt, params)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(_completion_events(chunks, reply_id, created, target, include_usage, echoed))
+        return _sse(_completion_events(chunks, reply_id, created, target, include_usage, echoed), platform)
     completion = engine_for(platform).complete(target, prompt, params)
     return {
         "id": reply_id, "object": "text_completion", "created": created, "model": target.name,
@@ -251,13 +252,16 @@ def _completion_prompt(prompt: Any) -> Prompt:
 
 # -- streamed answers -------------------------------------------------------------------------------
 
-def _sse(events: Iterator[dict[str, Any]]) -> StreamingResponse:
-    def encode() -> Iterator[bytes]:
-        for event in events:
-            yield f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+def _sse(events: Iterator[dict[str, Any]], platform: Platform) -> EventSourceResponse:
+    """The chunks as Server-Sent Events, then `data: [DONE]`. Producing a chunk blocks (the model
+    generates it), so the chunks come from a thread of their own, never from the event loop."""
+    async def frames() -> AsyncIterator[ServerSentEvent]:
+        async with aclosing(sse.from_blocking(events, thread_name="tuneforge-stream-chunks")) as chunks:
+            async for event in chunks:
+                yield sse.message(json.dumps(event, separators=(",", ":")))
+        yield sse.message(sse.DONE)
 
-    return StreamingResponse(encode(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return sse.response(frames(), keepalive_s=platform.settings.stream_keepalive_s)
 
 
 def _guarded(chunks: Iterator[Chunk]) -> Iterator[Chunk | ApiError]:

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Iterator
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.orm import Session
+from sse_starlette import ServerSentEvent
+from starlette.background import BackgroundTask
 
-from tuneforge.api import deps
+from tuneforge.api import deps, sse
 from tuneforge.api.headers import attachment
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
 from tuneforge.api.openapi import error_responses
-from tuneforge.db.tables import JobEvent, Tenant
+from tuneforge.db.tables import Tenant
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
-from tuneforge.services import artifacts, datasets
+from tuneforge.services import artifacts, datasets, event_streams
 from tuneforge.services import jobs as job_service
 from tuneforge.services import queue as queue_service
 from tuneforge.services.context import Platform
@@ -103,30 +106,43 @@ def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sess
     return job_object(job_service.resume_job(session, tenant.tenant_id, job_id))
 
 
-@router.get("/{job_id}/events", response_model=None)
-def list_events(
+@router.get("/{job_id}/events", response_model=None, responses=error_responses(429))
+async def list_events(
     job_id: str,
+    request: Request,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
-    stream: bool = False,
-    tenant: Tenant = Depends(deps.tenant),
-    session: Session = deps.SESSION,
-    platform: Platform = Depends(deps.platform),
-) -> dict | StreamingResponse:
+    stream: bool = Query(default=False, description="Server-Sent Events: every event oldest first (or those "
+                                                     "after Last-Event-ID), then new ones as they come, then "
+                                                     "`data: [DONE]` once the job has finished."),
+    last_event_id: str | None = Header(default=None, alias="Last-Event-ID", max_length=MAX_ID_CHARS,
+                                       description="With stream=true: resume after this event."),
+    tenant: Tenant = deps.TENANT,
+) -> Response:
+    platform: Platform = request.app.state.platform
     if stream:
-        job = job_service.get_job(session, tenant.tenant_id, job_id)
-        return StreamingResponse(_event_stream(job_service.follow_events(platform, job)),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        after_pk = await deps.in_unit_of_work(request, event_streams.start_point, tenant.tenant_id, job_id,
+                                              last_event_id)
+        opened = event_streams.open_stream(platform, tenant.tenant_id, job_id, after_pk)
+        return sse.response(_event_frames(platform, opened), keepalive_s=platform.settings.stream_keepalive_s,
+                            # the slot also comes back should the stream never have started
+                            background=BackgroundTask(opened.slot.release))
+    return deps.json_response(await deps.in_unit_of_work(request, _event_page, tenant, job_id, after, limit))
+
+
+def _event_page(session: Session, tenant: Tenant, job_id: str, after: str | None, limit: int) -> dict:
     page = job_service.list_events(session, tenant.tenant_id, job_id, after=after, limit=limit)
     return list_object(page.rows, event_object, page.has_more)
 
 
-def _event_stream(events: Iterator[JobEvent | None]) -> Iterator[bytes]:
-    """Server-Sent Events: every event oldest first, then new ones as they come (a
-    keep-alive comment while there are none), then `data: [DONE]` once the job has finished."""
-    for event in events:
-        yield b": keep-alive\n\n" if event is None else f"data: {json.dumps(event_object(event))}\n\n".encode()
-    yield b"data: [DONE]\n\n"
+async def _event_frames(platform: Platform, opened: event_streams.OpenStream) -> AsyncIterator[ServerSentEvent]:
+    """Each event with its id (what Last-Event-ID resumes after), then `data: [DONE]` once the job
+    has finished; a stream cut short by the server's shutdown ends without it."""
+    async with aclosing(event_streams.follow(platform, opened)) as events:
+        async for event in events:
+            yield sse.message(json.dumps(event_object(event)), event_id=event.event_id)
+    if not platform.streams.closing:
+        yield sse.message(sse.DONE)
 
 
 @router.get("/{job_id}/validation")
