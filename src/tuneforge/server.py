@@ -23,6 +23,7 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from tuneforge.api.app import create_app
+from tuneforge.api.ratelimits import RequestLimiter
 from tuneforge.db.migrate import upgrade
 from tuneforge.executors import make_executor
 from tuneforge.scheduler.loop import Scheduler
@@ -41,7 +42,10 @@ def worker_app():  # noqa: ANN201 - a FastAPI app; uvicorn calls this in each AP
     process runs the scheduler). Settings come from the environment the parent passed on."""
     _exit_with_parent()
     configure_logging()
-    return create_app(Settings())
+    settings = Settings()
+    # the workers count tenants' requests together (default: HOME/ratelimit.db) and share their in-flight bound
+    limiter = RequestLimiter.from_settings(settings, workers=settings.resolved_api_workers)
+    return create_app(settings, rate_limiter=limiter)
 
 
 def _exit_with_parent() -> None:

@@ -10,8 +10,48 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RateLimitTier(BaseModel):
+    """The request limits of one tier, per tenant (api/ratelimits.py applies them)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    requests_per_s: float | None = Field(
+        default=None, ge=0, description="Sustained requests per second of one tenant; 0 or null: no rate limit.")
+    window_s: int = Field(
+        default=1, ge=1, le=3600, description="Requests are counted in windows of this many seconds: a tenant "
+                                              "may send requests_per_s x window_s requests per window, all at "
+                                              "once if it likes (the burst); the next one waits for the window's "
+                                              "end (Retry-After).")
+    concurrent: int | None = Field(
+        default=None, ge=0, description="Requests of one tenant in flight at once on the API (divided among "
+                                        "the API's worker processes); 0 or null: unbounded.")
+
+    @model_validator(mode="after")
+    def _whole_requests_per_window(self) -> RateLimitTier:
+        if self.requests_per_s:
+            per_window = self.requests_per_s * self.window_s
+            if per_window < 1 or abs(per_window - round(per_window)) > 1e-9:
+                raise ValueError(f"requests_per_s x window_s must be a whole number of requests, at least 1 "
+                                 f"(got {self.requests_per_s} x {self.window_s})")
+        return self
+
+    @property
+    def requests_per_window(self) -> int:
+        """Requests allowed per window; 0: no rate limit."""
+        return round((self.requests_per_s or 0) * self.window_s)
+
+
+# Far above what the SDK, the CLI or a console send in normal use; free and standard keep one tenant's loop
+# from taking a whole API process (about 200 job reads/s on two cores, docs/benchmarks-api.md).
+DEFAULT_RATE_LIMITS: dict[str, dict[str, float | int | None]] = {
+    "free": {"requests_per_s": 20, "window_s": 1, "concurrent": 16},
+    "standard": {"requests_per_s": 100, "window_s": 1, "concurrent": 64},
+    "premium": {"requests_per_s": 500, "window_s": 1, "concurrent": 256},
+}
 
 
 class Settings(BaseSettings):
@@ -85,6 +125,20 @@ class Settings(BaseSettings):
         default="admin", pattern="^(public|admin|off)$",
         description="Who may read the API reference (/docs, /redoc, /openapi.json): 'public' (anyone), 'admin' "
                     "(the admin API key; off while none is set) or 'off' (404).")
+    rate_limits: dict[str, RateLimitTier | None] = Field(
+        default_factory=lambda: {tier: RateLimitTier(**limits) for tier, limits in DEFAULT_RATE_LIMITS.items()},
+        description='Request limits per tenant, by tier (JSON): requests_per_s, window_s, concurrent, e.g. '
+                    '{"free": {"requests_per_s": 5}, "premium": null}. A tier or field not given keeps its default '
+                    '(free 20/s, standard 100/s, premium 500/s; 16, 64, 256 in flight; 1 s windows); 0 or null '
+                    'lifts a limit, null for a tier lifts both. Over a limit a request answers 429 with '
+                    'Retry-After (docs/operations.md, "Rate limits").')
+    rate_limit_storage: str | None = Field(
+        default=None,
+        description="Where the request counters live (a `limits` storage URI): 'memory://' (this process only), "
+                    "'tuneforge+sqlite:///PATH' (a SQLite file the API processes of one host share), "
+                    "'database' (the platform's PostgreSQL database; on SQLite, HOME/ratelimit.db), "
+                    "'tuneforge+postgresql://...', or 'redis://host:6379' (pip install 'tuneforge[redis]'); "
+                    "unset: memory:// for one API process, HOME/ratelimit.db for several.")
     executor: str = Field(default="local", description="Executor: 'local' (subprocesses on this host) or 'ray' "
                                                        "(attempts on a Ray cluster, one placement group each).")
     ray_address: str | None = Field(
@@ -258,6 +312,38 @@ class Settings(BaseSettings):
         from tuneforge.security.egress import EgressPolicy
 
         EgressPolicy.parse(value)  # a bad entry stops the process at start, naming the entry
+        return value
+
+    @field_validator("rate_limits", mode="before")
+    @classmethod
+    def _rate_limits_over_defaults(cls, value: object) -> object:
+        """Every tier gets its limits: a tier the setting names takes the fields it gives over its defaults."""
+        from tuneforge.services.tenants import TIERS
+
+        if not isinstance(value, dict):
+            return value  # pydantic says what is wrong with it
+        unknown = sorted(str(tier) for tier in value if tier not in TIERS)
+        if unknown:
+            raise ValueError(f"TUNEFORGE_RATE_LIMITS names unknown tier(s) {', '.join(unknown)}; "
+                             f"the tiers are {', '.join(TIERS)}")
+        merged: dict[str, object] = {}
+        for tier in TIERS:
+            given = value.get(tier, {})
+            if given is None or isinstance(given, RateLimitTier):
+                merged[tier] = given
+            elif isinstance(given, dict):
+                merged[tier] = {**DEFAULT_RATE_LIMITS.get(tier, {}), **given}
+            else:
+                merged[tier] = given  # not an object: pydantic's error names the tier
+        return merged
+
+    @field_validator("rate_limit_storage")
+    @classmethod
+    def _known_rate_limit_storage(cls, value: str | None) -> str | None:
+        from tuneforge.db.ratelimit_storage import check_storage_uri
+
+        if value is not None:
+            check_storage_uri(value)  # a scheme nothing stores counters under stops the process at start
         return value
 
     @field_validator("s3_sse")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
 import httpx
@@ -19,6 +20,9 @@ from tuneforge.settings import Settings
 
 BURST = 100
 CAP = 3
+# The bursts are about the queue cap: the tiers' request limits (100/s, 64 in flight for standard)
+# would answer some of them first (tests/unit/api/test_rate_limits.py covers those).
+NO_RATE_LIMITS = {"free": None, "standard": None, "premium": None}
 
 
 async def _burst(url: str, key: str, body: dict, count: int) -> list[httpx.Response]:
@@ -29,7 +33,8 @@ async def _burst(url: str, key: str, body: dict, count: int) -> list[httpx.Respo
 
 
 def test_a_hundred_concurrent_creates_leave_exactly_the_queue_cap(tmp_path, database_url):
-    settings = Settings(home=tmp_path / "home", database_url=database_url, port=free_port())
+    settings = Settings(home=tmp_path / "home", database_url=database_url, port=free_port(),
+                        rate_limits=NO_RATE_LIMITS)
     upgrade(settings.resolved_database_url)
     plane = ControlPlane(settings, run_scheduler=False, migrate=False).start_in_background()
     try:
@@ -66,7 +71,7 @@ def test_two_api_worker_processes_share_the_cap_and_one_scheduler(tmp_path, data
     holds, the parent process is the only scheduler and the workers leave with it."""
     home = tmp_path / "home"
     port = free_port()
-    env = serve_env(home, database_url, port, api_workers=2, local_gpus=0)
+    env = serve_env(home, database_url, port, api_workers=2, local_gpus=0, rate_limits=json.dumps(NO_RATE_LIMITS))
     upgrade(database_url)
     platform = make_platform(tmp_path, database_url)
     try:
@@ -95,6 +100,41 @@ def test_two_api_worker_processes_share_the_cap_and_one_scheduler(tmp_path, data
     finally:
         plane.kill()  # SIGKILL to the parent alone: its workers must not outlive it
     wait_until(lambda: not any(_alive(pid) for pid in workers), 30, "the API workers to exit with their parent")
+
+
+def test_two_api_worker_processes_count_a_tenants_requests_together(tmp_path, database_url):
+    """With two API workers the rate-limit counters are shared (HOME/ratelimit.db by default): a
+    burst over both processes gets exactly the tier's requests of one window, not twice that."""
+    home = tmp_path / "home"
+    port = free_port()
+    limits = {"standard": {"requests_per_s": 0.01, "window_s": 1000, "concurrent": None}}  # 10 per window
+    env = serve_env(home, database_url, port, api_workers=2, local_gpus=0, rate_limits=json.dumps(limits))
+    upgrade(database_url)
+    platform = make_platform(tmp_path, database_url)
+    try:
+        key = add_tenant(platform, "burst")
+    finally:
+        platform.db.dispose()
+    plane = ServeProcess(env, port, tmp_path / "serve.log")
+    plane.start()
+    try:
+        assert len(_children(plane.proc.pid)) == 2, plane.log_tail()
+        answers = asyncio.run(_gets(plane.url, key, 40))
+        statuses = Counter(answer.status_code for answer in answers)
+        assert statuses == {200: 10, 429: 30}, (statuses, plane.log_tail())
+        refused = [answer for answer in answers if answer.status_code == 429]
+        assert {answer.json()["error"]["code"] for answer in refused} == {"rate_limit_exceeded"}
+        assert all(int(answer.headers["Retry-After"]) >= 1 for answer in refused)
+        assert (home / "ratelimit.db").exists()
+    finally:
+        plane.stop()
+
+
+async def _gets(url: str, key: str, count: int) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
+                                 timeout=120.0, limits=limits, trust_env=False) as client:
+        return await asyncio.gather(*(client.get("/v1/files") for _ in range(count)))
 
 
 def _children(pid: int) -> list[int]:

@@ -11,6 +11,7 @@ from tuneforge import __version__
 from tuneforge.api import docs, errors, health, openapi
 from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
+from tuneforge.api.ratelimits import RequestLimiter
 from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
                                   webhooks)
 from tuneforge.services.context import Platform
@@ -32,13 +33,17 @@ def _telemetry(enabled: bool) -> dict:
     return {"telemetry": {"tracing": enabled, "metrics": enabled, "logs": enabled}}
 
 
-def create_app(settings: Settings | None = None, *, platform: Platform | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, platform: Platform | None = None,
+               rate_limiter: RequestLimiter | None = None) -> FastAPI:
+    """The API of `platform` (else one built from `settings`). `rate_limiter`: the tenants' request
+    limits; default, those of the only API process (a worker of several passes its own)."""
     if platform is None:
         platform = Platform.from_settings(settings or Settings())
     # the reference is served by docs.install, as TUNEFORGE_DOCS_ACCESS says; app.openapi() works regardless
     app = _App(title="tuneforge", version=__version__, summary="OpenAI-compatible fine-tuning platform",
                openapi_url=None, docs_url=None, redoc_url=None, **_telemetry(platform.settings.opentelemetry))
     app.state.platform = platform
+    app.state.rate_limiter = RequestLimiter.from_settings(platform.settings) if rate_limiter is None else rate_limiter
     errors.install(app)
     docs.install(app, platform.settings.docs_access, bool(platform.settings.admin_api_key))
     app.add_middleware(RequestGuard)

@@ -1,4 +1,5 @@
-"""Request dependencies: the platform, a database session, the calling tenant, the egress policy.
+"""Request dependencies: the platform, a database session, the calling tenant (admitted by its
+tier's rate limits), the egress policy.
 
 They are async on purpose: every sync dependency costs a hop through the thread pool, and under
 load those hops, not the queries, were most of a request's CPU. A request's database work runs
@@ -19,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from tuneforge.api.ratelimits import Admission, RequestLimiter
 from tuneforge.db.tables import Tenant
 from tuneforge.security.egress import EgressPolicy
 from tuneforge.services.context import Platform
@@ -95,15 +97,33 @@ def verify_key(platform: Platform, authorization: str | None) -> Tenant:
         db_session.close()
 
 
-async def tenant(request: Request, authorization: str | None = Header(default=None)) -> Tenant:
+async def admission() -> AsyncIterator[Admission]:
+    """The request's slot among its tenant's requests in flight, released when the request is over:
+    answered (a streamed answer once its last byte is sent), failed, or abandoned by its client."""
+    held = Admission()
+    try:
+        yield held
+    finally:
+        held.release()
+
+
+async def tenant(request: Request, authorization: str | None = Header(default=None),
+                 slot: Admission = Depends(admission)) -> Tenant:
+    """The calling tenant, admitted by its tier's rate limits (api/ratelimits.py): 401 without a
+    valid key, 429 over a limit."""
     current: Platform = request.app.state.platform
-    cached = current.keys.tenant(authorization)
-    if cached is not None:
-        return cached
-    return await run_in_threadpool(verify_key, current, authorization)
+    found = current.keys.tenant(authorization)
+    if found is None:
+        found = await run_in_threadpool(verify_key, current, authorization)
+    limiter: RequestLimiter = request.app.state.rate_limiter
+    await limiter.admit_request(request.scope, found.tenant_id, found.tier, slot)
+    return found
 
 
 TENANT = Depends(tenant)
+# The same Admission `tenant` holds (a dependency is solved once per request): for a route that
+# hands its request over to another bound, as an event stream does.
+ADMISSION = Depends(admission)
 
 
 async def in_unit_of_work(request: Request, work: Callable[..., T], *args: Any) -> T:

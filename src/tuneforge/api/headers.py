@@ -1,5 +1,5 @@
-"""Response headers: security headers on every response, and download names built from
-tenant-chosen text.
+"""Response headers: security headers on every response, headers a request's handling left for
+its answer (the rate-limit headers), and download names built from tenant-chosen text.
 
 A pure ASGI middleware: it rewrites only the `http.response.start` message and passes
 every body chunk on as it comes, so streamed responses (Server-Sent Events of job
@@ -17,6 +17,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # Nothing an API response carries is meant to run or be framed in a browser. A page that
 # needs more (the API reference) sets its own Content-Security-Policy, which is kept.
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
+
+# Scope key of a dict of headers that the answer to this request carries, whatever answers it (a
+# route's own Response object included): set by the request's dependencies (api/ratelimits.py).
+ANSWER_HEADERS = "tuneforge.answer_headers"
 
 ALWAYS = {
     "X-Content-Type-Options": "nosniff",
@@ -44,6 +48,8 @@ class SecurityHeaders:
                 headers["Cache-Control"] = "no-store"
                 if "content-security-policy" not in headers:
                     headers["Content-Security-Policy"] = API_CSP
+                for name, value in scope.get(ANSWER_HEADERS, {}).items():
+                    headers[name] = value
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

@@ -6,6 +6,7 @@ validates input; this API answers such requests 400 in OpenAI's envelope
 
 - every operation: 400 with the envelope instead of 422;
 - operations that take a tenant's or the admin's key: 401;
+- operations that take a tenant's key: 429 (the tier's rate limits, `api/ratelimits.py`);
 - operations with path parameters or on the admin API (off by default): 404;
 - operations with a body: 413 (`api/guard.py` limits the size);
 - the codes a route declares itself with `error_responses(...)` (409, 429...).
@@ -34,7 +35,8 @@ DESCRIPTIONS = {
 
 class ErrorDetail(BaseModel):
     message: str = Field(description="What was wrong, naming the field.")
-    type: str = Field(description="invalid_request_error, rate_limit_error, insufficient_quota, server_error.")
+    type: str = Field(description="invalid_request_error, rate_limit_error, requests (a tenant's request rate "
+                                  "limit), insufficient_quota, server_error.")
     param: str | None = Field(description="The parameter at fault, dotted (e.g. messages.0.content).")
     code: str | None = Field(description="A machine-readable code, e.g. invalid_value.")
 
@@ -99,6 +101,8 @@ def with_error_responses(document: dict[str, Any]) -> dict[str, Any]:
             codes = {400}
             if _takes_a_key(operation):
                 codes.add(401)
+                if not path.startswith("/v1/admin"):
+                    codes.add(429)
             if "{" in path or path.startswith("/v1/admin"):
                 codes.add(404)
             if "requestBody" in operation:

@@ -18,6 +18,7 @@ from tuneforge.api.headers import attachment
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
 from tuneforge.api.openapi import error_responses
+from tuneforge.api.ratelimits import Admission
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
@@ -118,12 +119,14 @@ async def list_events(
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", max_length=MAX_ID_CHARS,
                                        description="With stream=true: resume after this event."),
     tenant: Tenant = deps.TENANT,
+    slot: Admission = deps.ADMISSION,
 ) -> Response:
     platform: Platform = request.app.state.platform
     if stream:
         after_pk = await deps.in_unit_of_work(request, event_streams.start_point, tenant.tenant_id, job_id,
                                               last_event_id)
         opened = event_streams.open_stream(platform, tenant.tenant_id, job_id, after_pk)
+        slot.release()  # an open stream counts against the streams bound, not the tenant's requests in flight
         return sse.response(_event_frames(platform, opened), keepalive_s=platform.settings.stream_keepalive_s,
                             # the slot also comes back should the stream never have started
                             background=BackgroundTask(opened.slot.release))
