@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from tuneforge.security.env import child_env
+
 log = logging.getLogger(__name__)
 
 RANK_ENV = "TUNEFORGE_RANK"
@@ -69,8 +71,10 @@ def launch_workers(spec_path: str, world: int) -> list[subprocess.Popen]:
     os.environ.update({RANK_ENV: "0", WORLD_ENV: str(world), PORT_ENV: port})
     workers = []
     for rank in range(1, world):
-        # rank 0's own environment is already the allow-listed one its executor gave it
-        env = {**os.environ, RANK_ENV: str(rank), WORLD_ENV: str(world), PORT_ENV: port}
+        # the allow-list again, plus the platform's own TUNEFORGE_* variables rank 0's executor set
+        # (store, egress, node, rendezvous): nothing else rank 0 inherited reaches the other ranks
+        platform_vars = {name: value for name, value in os.environ.items() if name.startswith("TUNEFORGE_")}
+        env = child_env({**platform_vars, RANK_ENV: str(rank), WORLD_ENV: str(world), PORT_ENV: port})
         workers.append(subprocess.Popen([sys.executable, "-m", "tuneforge.train", spec_path], env=env,
                                         stdin=subprocess.DEVNULL))
     return workers
