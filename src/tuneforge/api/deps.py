@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
@@ -24,6 +25,7 @@ from tuneforge.api.ratelimits import Admission, RequestLimiter
 from tuneforge.db.tables import Tenant
 from tuneforge.security.egress import EgressPolicy
 from tuneforge.services.context import Platform
+from tuneforge.services.tenants import Caller
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,9 +117,48 @@ async def tenant(request: Request, authorization: str | None = Header(default=No
     found = current.keys.tenant(authorization)
     if found is None:
         found = await run_in_threadpool(verify_key, current, authorization)
-    limiter: RequestLimiter = request.app.state.rate_limiter
-    await limiter.admit_request(request.scope, found.tenant_id, found.tier, slot)
+    await _admit(request, found.tenant_id, found.tier, slot)
     return found
+
+
+async def _admit(request: Request, tenant_id: str, tier: str, slot: Admission) -> None:
+    limiter: RequestLimiter = request.app.state.rate_limiter
+    await limiter.admit_request(request.scope, tenant_id, tier, slot)
+
+
+_OPTIONAL_STRING = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+
+
+def lean_parameters(*path_params: str) -> dict[str, Any]:
+    """`openapi_extra` of a lean route: the parameters its function does not declare (it reads them
+    from the request itself; FastAPI's parameter solving costs more CPU than such a route's database
+    read), as FastAPI would have documented them: the path's, then the Authorization header (by
+    which api/openapi.py knows the operation takes a key)."""
+    parameters = [{"name": name, "in": "path", "required": True,
+                   "schema": {"type": "string", "title": name.replace("_", " ").title()}} for name in path_params]
+    parameters.append({"name": "authorization", "in": "header", "required": False,
+                       "schema": {**_OPTIONAL_STRING, "title": "Authorization"}})
+    return {"parameters": parameters}
+
+
+@asynccontextmanager
+async def admitted(request: Request) -> AsyncIterator[Caller]:
+    """`tenant` for the lean routes (the most polled ones), without FastAPI's dependency machinery:
+    solving the TENANT dependency tree cost more CPU than the route's database read. The caller is
+    the tenant's id and tier (no Tenant object), admitted by the tier's rate limits; its slot among
+    the tenant's requests in flight is released when the block ends."""
+    current: Platform = request.app.state.platform
+    authorization = request.headers.get("authorization")
+    found = current.keys.caller(authorization)
+    if found is None:
+        verified = await run_in_threadpool(verify_key, current, authorization)
+        found = Caller(verified.tenant_id, verified.tier)
+    slot = Admission()
+    try:
+        await _admit(request, found.tenant_id, found.tier, slot)
+        yield found
+    finally:
+        slot.release()
 
 
 TENANT = Depends(tenant)
@@ -129,20 +170,24 @@ ADMISSION = Depends(admission)
 async def in_unit_of_work(request: Request, work: Callable[..., T], *args: Any) -> T:
     """`work(session, *args)` in one unit of work, in one trip through the thread pool: the lean
     path of the busiest routes (a sync endpoint with the SESSION dependency costs three trips and
-    an exit stack). Commits when `work` returns, rolls back when it raises.
-
-    A read (GET) of a SQLite database runs right here instead: such a read never waits for a
-    lock (WAL: readers do not wait for the writer) nor for a network, so it only costs its own CPU,
-    which a trip to a thread costs as well, plus the handing over of the GIL between the threads."""
+    an exit stack). Commits when `work` returns, rolls back when it raises."""
     db = request.app.state.platform.db
 
     def run() -> T:
         with db.session() as db_session:
             return work(db_session, *args)
 
-    if db.dialect == "sqlite" and request.method in _READS:
-        return run()
-    return await run_in_threadpool(run)
+    return await database_call(request, run)
+
+
+async def database_call(request: Request, call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, which uses the database, in the thread pool; or right here when it only reads
+    SQLite (a GET): such a read never waits for a lock (WAL: readers do not wait for the writer)
+    nor for a network, so it only costs its own CPU, which a trip to a thread costs as well, plus
+    the handing over of the GIL between the threads."""
+    if request.method in _READS and request.app.state.platform.db.dialect == "sqlite":
+        return call(*args)
+    return await run_in_threadpool(call, *args)
 
 
 def json_response(body: Any, status_code: int = 200) -> Response:

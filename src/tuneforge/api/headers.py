@@ -9,14 +9,15 @@ events and chat completions) are never buffered.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from urllib.parse import quote
 
-from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Nothing an API response carries is meant to run or be framed in a browser. A page that
 # needs more (the API reference) sets its own Content-Security-Policy, which is kept.
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
+API_CSP_RAW = API_CSP.encode("latin-1")
 
 # Scope key of a dict of headers that the answer to this request carries, whatever answers it (a
 # route's own Response object included): set by the request's dependencies (api/ratelimits.py).
@@ -26,7 +27,11 @@ ALWAYS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
+    # answers carry tenants' data and keys: no cache (browser or proxy) keeps them
+    "Cache-Control": "no-store",
 }
+_ALWAYS_RAW = {name.lower().encode("latin-1"): value.encode("latin-1") for name, value in ALWAYS.items()}
+_CSP = b"content-security-policy"
 
 
 class SecurityHeaders:
@@ -40,19 +45,25 @@ class SecurityHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", ()))
-                headers = MutableHeaders(scope=message)
-                for name, value in ALWAYS.items():
-                    headers[name] = value
-                # answers carry tenants' data and keys: no cache (browser or proxy) keeps them
-                headers["Cache-Control"] = "no-store"
-                if "content-security-policy" not in headers:
-                    headers["Content-Security-Policy"] = API_CSP
-                for name, value in scope.get(ANSWER_HEADERS, {}).items():
-                    headers[name] = value
+                message["headers"] = with_answer_headers(message.get("headers", ()), scope.get(ANSWER_HEADERS))
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+def with_answer_headers(headers: Iterable[tuple[bytes, bytes]], extra: dict[str, str] | None) -> list:
+    """The response's raw headers with ALWAYS and `extra` set (replacing any of the same name),
+    and the API's Content-Security-Policy unless the response set its own."""
+    setting = _ALWAYS_RAW
+    if extra:
+        setting = {**setting, **{name.lower().encode("latin-1"): value.encode("latin-1")
+                                 for name, value in extra.items()}}
+    kept = [(name, value) for name, value in headers if name.lower() not in setting]
+    own_csp = any(name.lower() == _CSP for name, _ in kept)
+    kept.extend(setting.items())
+    if not own_csp:
+        kept.append((_CSP, API_CSP_RAW))
+    return kept
 
 
 _NOT_PLAIN = re.compile(r'[^\x20-\x7e]|["\\]')

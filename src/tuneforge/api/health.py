@@ -83,7 +83,7 @@ def install(app: FastAPI, platform: Platform) -> None:
     readiness = app.state.readiness = Readiness(platform)
 
     @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict:
+    async def healthz() -> dict:  # async: no trip through the thread pool
         # scheduler: "leader" (this process schedules), "standby" (another one does), "off" (API only)
         return {"status": "ok", "version": __version__, "scheduler": platform.scheduler_role}
 

@@ -255,8 +255,12 @@ def _replay(job: Job, body_hash: str) -> Job:
 def get_job(session: Session, tenant_id: str, job_id: str) -> Job:
     job = job_repo.get(session, tenant_id, job_id)
     if job is None:
-        raise not_found(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id")
+        raise not_found_job(job_id)
     return job
+
+
+def not_found_job(job_id: str) -> ApiError:
+    return not_found(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id")
 
 
 def list_jobs(session: Session, tenant_id: str, *, metadata: dict[str, str], after: str | None,

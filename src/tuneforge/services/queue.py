@@ -25,27 +25,39 @@ def whole_queue(session: Session, platform: Platform, now: float | None = None) 
 QUEUE_MEMO_S = 1.0
 
 
-def _recent_queue(session: Session, platform: Platform) -> list[QueueEntry]:
+NEWEST_EVENT = select(func.max(JobEvent.pk))
+
+
+def queue_as_of(platform: Platform, newest_event: int | None, session: Session | None = None) -> list[QueueEntry]:
     """`whole_queue`, computed at most once a second per process while nothing changes: every
-    state change of every job writes an event, so the newest event's key tells whether the
-    queue may have changed since it was computed. A busy dashboard polling queued jobs then
-    costs one indexed lookup per request instead of a simulation of the whole queue."""
-    newest_event = session.scalar(select(func.max(JobEvent.pk)))
+    state change of every job writes an event, so the newest event's key (`NEWEST_EVENT`, read by
+    the caller) tells whether the queue may have changed since it was computed. A busy dashboard
+    polling queued jobs then costs one indexed lookup per request instead of a simulation of the
+    whole queue. Computed in `session`, else in a unit of work of its own."""
     now = time.time()
     memo = platform.memo.get("queue")
     if memo is not None and memo[0] == newest_event and 0 <= now - memo[1] < QUEUE_MEMO_S:
         return memo[2]
-    entries = whole_queue(session, platform, now)
+    if session is None:
+        with platform.db.session() as own:
+            entries = whole_queue(own, platform, now)
+    else:
+        entries = whole_queue(session, platform, now)
     platform.memo["queue"] = (newest_event, now, entries)
     return entries
 
 
-def place_of(session: Session, platform: Platform, job: Job) -> dict | None:
+def place_in(entries: list[QueueEntry], job_id: str) -> dict | None:
     """The job's position in the scheduling order and its estimated start (epoch seconds;
     None when it is larger than the inventory or the inventory is unknown). None when the
     job is not in the order (waiting out a retry backoff)."""
-    for entry in _recent_queue(session, platform):
-        if entry.job_id == job.job_id:
+    for entry in entries:
+        if entry.job_id == job_id:
             start = None if entry.estimated_start is None else int(entry.estimated_start)
             return {"position": entry.position, "estimated_start": start}
     return None
+
+
+def place_of(session: Session, platform: Platform, job: Job) -> dict | None:
+    """`place_in` the queue as `session` sees it now."""
+    return place_in(queue_as_of(platform, session.scalar(NEWEST_EVENT), session), job.job_id)

@@ -117,6 +117,20 @@ def test_over_the_limit_answers_429_with_openais_envelope_and_retry_after(limite
     assert again.status_code == 200 and again.headers["x-ratelimit-remaining-requests"] == "2"
 
 
+def test_the_lean_job_routes_are_counted_and_release_their_slot(limited):
+    clock = FakeClock()
+    world = limited({"standard": {"requests_per_s": 4, "concurrent": 1}}, clock=clock)
+    paths = ["/v1/fine_tuning/jobs", "/v1/fine_tuning/jobs/ftjob-none", "/v1/fine_tuning/jobs?limit=2",
+             "/v1/fine_tuning/jobs/ftjob-other", "/v1/fine_tuning/jobs"]
+    answers = [world.get("alpha", path) for path in paths]
+    # one in flight at a time, one after another: each request's slot came back when it was answered
+    assert [a.status_code for a in answers] == [200, 404, 200, 404, 429]
+    assert [a.headers.get("x-ratelimit-remaining-requests") for a in answers[:4]] == ["3", "2", "1", "0"]
+    assert answers[4].json()["error"]["code"] == "rate_limit_exceeded"
+    assert world.limiter.in_flight.count("alpha") == 0
+    assert world.http.get("/v1/fine_tuning/jobs").status_code == 401  # no key: refused before it is counted
+
+
 def test_a_storage_across_the_network_is_counted_on_a_thread_never_on_the_event_loop(limited):
     clock = FakeClock()
     world = limited({"standard": {"requests_per_s": 2}}, clock=clock, across_network=True)
@@ -187,11 +201,15 @@ def test_only_tenant_routes_go_through_the_limiter(limited):
     def uses_tenant(dependant) -> bool:  # noqa: ANN001 - a FastAPI Dependant
         return any(sub.call is deps.tenant or uses_tenant(sub) for sub in dependant.dependencies)
 
+    def admits_itself(route: APIRoute) -> bool:  # a lean route (deps.admitted), documented by deps.lean_parameters
+        return any(p["name"] == "authorization" for p in (route.openapi_extra or {}).get("parameters", ()))
+
     routers = (admin, files, inference, internal, jobs, metrics, models, secrets, usage, webhooks)
     routes = [r for router in routers for r in router.router.routes if isinstance(r, APIRoute)]
     routes += [r for r in app.routes if isinstance(r, APIRoute)]  # /healthz
     assert len(routes) > 40
-    limited_paths = {r.path for r in routes if uses_tenant(r.dependant)}
+    limited_paths = {r.path for r in routes if uses_tenant(r.dependant) or admits_itself(r)}
+    assert {r.path for r in routes if admits_itself(r)} >= {"/v1/fine_tuning/jobs/{job_id}", "/v1/fine_tuning/jobs"}
     tenant_paths = {r.path for r in routes if r.path.startswith("/v1/") and not r.path.startswith("/v1/admin")}
     assert limited_paths == tenant_paths  # every tenant route; none of /internal, /v1/admin, /metrics, /healthz
     assert {"/v1/files", "/v1/fine_tuning/jobs", "/v1/chat/completions"} <= limited_paths

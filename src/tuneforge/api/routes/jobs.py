@@ -24,11 +24,22 @@ from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import artifacts, datasets, event_streams
 from tuneforge.services import jobs as job_service
-from tuneforge.services import queue as queue_service
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
+
+
+# First of the router's routes: the most polled one is matched first. No other route of a single
+# segment answers GET (its `{job_id}` matches neither "" nor a path with more segments).
+@router.get("/{job_id}", response_model=dict, openapi_extra=deps.lean_parameters("job_id"))
+async def retrieve_job(request: Request) -> Response:
+    job_id = request.path_params["job_id"]
+    async with deps.admitted(request) as caller:
+        body = await deps.database_call(request, request.app.state.job_bodies.read, caller.tenant_id, job_id)
+    if body is None:
+        raise job_service.not_found_job(job_id)
+    return Response(body, media_type="application/json")
 
 
 @router.post("", response_model=dict, responses=error_responses(403, 409, 429))
@@ -54,38 +65,28 @@ def estimate_job(
     return job_service.estimate_job(session, platform, tenant, body)
 
 
-@router.get("", response_model=dict)
+@router.get("", response_model=dict, openapi_extra=deps.lean_parameters())
 async def list_jobs(
     request: Request,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
-    tenant: Tenant = deps.TENANT,
 ) -> Response:
     metadata = {}
     for key, value in request.query_params.multi_items():
         match = _METADATA_PARAM.match(key)
         if match:
             metadata[match.group(1)] = value
-    return deps.json_response(await deps.in_unit_of_work(request, _job_page, tenant, metadata, after, limit))
+    async with deps.admitted(request) as caller:
+        if metadata:  # filtered pages are rare: the plain path
+            return deps.json_response(await deps.in_unit_of_work(request, _job_page, caller.tenant_id, metadata,
+                                                                 after, limit))
+        body = await deps.database_call(request, request.app.state.job_bodies.page, caller.tenant_id, after, limit)
+    return Response(body, media_type="application/json")
 
 
-def _job_page(session: Session, tenant: Tenant, metadata: dict[str, str], after: str | None, limit: int) -> dict:
-    page = job_service.list_jobs(session, tenant.tenant_id, metadata=metadata, after=after, limit=limit)
+def _job_page(session: Session, tenant_id: str, metadata: dict[str, str], after: str | None, limit: int) -> dict:
+    page = job_service.list_jobs(session, tenant_id, metadata=metadata, after=after, limit=limit)
     return list_object(page.rows, job_object, page.has_more)
-
-
-@router.get("/{job_id}", response_model=dict)
-async def retrieve_job(job_id: str, request: Request, tenant: Tenant = deps.TENANT) -> Response:
-    return deps.json_response(await deps.in_unit_of_work(request, _job_body, request.app.state.platform,
-                                                         tenant, job_id))
-
-
-def _job_body(session: Session, platform: Platform, tenant: Tenant, job_id: str) -> dict:
-    job = job_service.get_job(session, tenant.tenant_id, job_id)
-    body = job_object(job)
-    if job.status == JobStatus.QUEUED.value:
-        body["queue"] = queue_service.place_of(session, platform, job)
-    return body
 
 
 @router.post("/{job_id}/cancel")

@@ -1,0 +1,91 @@
+"""Reads on the API's hottest paths without the ORM: a SELECT compiled once for the engine's
+dialect and run on a pooled DB-API cursor.
+
+A job read through the ORM spends most of its CPU in SQLAlchemy (statement cache keys, result
+processing, identity map, instance state), not in the database. The rows read here come back as
+the driver gives them: JSON columns are selected as their stored text (`CAST(... AS TEXT)`), so
+a row is a tuple of plain values that can be compared to the row a cached answer was built from,
+and turned into a transient ORM object when it must be rendered again (`to_object`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Engine, Select, Text, cast, inspect, select
+from sqlalchemy.types import TypeDecorator
+
+from tuneforge.db.engine import json_loads
+
+Cursor = Any  # a DB-API cursor (sqlite3 or psycopg)
+
+
+@contextmanager
+def cursor(engine: Engine) -> Iterator[Cursor]:
+    """A cursor on a pooled connection, returned to the pool (whose reset ends any read
+    transaction the driver began) when done."""
+    connection = engine.raw_connection()
+    try:
+        raw = connection.cursor()
+        try:
+            yield raw
+        finally:
+            raw.close()
+    finally:
+        connection.close()
+
+
+class Prepared:
+    """`stmt` compiled once for `engine`'s dialect; `rows(cursor, name=value, ...)` binds the
+    statement's `bindparam`s by name (the parameters the dialect adds itself, such as SQLite's
+    `OFFSET 0` after a LIMIT, keep their compiled values)."""
+
+    def __init__(self, engine: Engine, stmt: Select) -> None:
+        compiled = stmt.compile(dialect=engine.dialect)
+        self.sql = compiled.string
+        self._order = tuple(compiled.positiontup or ()) if compiled.positional else None
+        self._defaults = {name: value for name, value in compiled.params.items() if value is not None}
+
+    def rows(self, raw: Cursor, **params: Any) -> list[tuple]:
+        if self._defaults:
+            params = {**self._defaults, **params}
+        bound = params if self._order is None else tuple(params[name] for name in self._order)
+        raw.execute(self.sql, bound)
+        return raw.fetchall()
+
+
+def _is_json(column_type: Any) -> bool:
+    return isinstance(column_type.impl if isinstance(column_type, TypeDecorator) else column_type, JSON)
+
+
+class PlainRows:
+    """Every mapped column of `model`, JSON ones as their text: `select()` starts a SELECT of them,
+    `to_object(row)` rebuilds the transient object the ORM would have loaded from such a row."""
+
+    def __init__(self, model: type) -> None:
+        self.model = model
+        attrs = inspect(model).column_attrs
+        self._keys = [attr.key for attr in attrs]
+        self._columns = [attr.columns[0] for attr in attrs]
+        self._json = [_is_json(column.type) for column in self._columns]
+        self._boolean = [isinstance(column.type, Boolean) for column in self._columns]
+
+    def select(self) -> Select:
+        return select(*(cast(column, Text).label(column.name) if is_json else column
+                        for column, is_json in zip(self._columns, self._json)))
+
+    def index(self, key: str) -> int:
+        return self._keys.index(key)
+
+    def to_object(self, row: tuple, engine: Engine) -> Any:
+        values: dict[str, Any] = {}
+        for key, column, is_json, boolean, value in zip(self._keys, self._columns, self._json, self._boolean, row):
+            if value is not None and is_json:
+                value = json_loads(value)
+                if isinstance(column.type, TypeDecorator):
+                    value = column.type.process_result_value(value, engine.dialect)
+            elif value is not None and boolean:
+                value = bool(value)
+            values[key] = value
+        return self.model(**values)
