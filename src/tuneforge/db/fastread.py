@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Engine, Select, Text, cast, inspect, select
+from sqlalchemy import JSON, Boolean, Engine, Select, Text, bindparam, cast, inspect, select
 from sqlalchemy.types import TypeDecorator
 
 from tuneforge.db.engine import json_loads
@@ -89,3 +89,25 @@ class PlainRows:
                 value = bool(value)
             values[key] = value
         return self.model(**values)
+
+
+class NewestFirst:
+    """Cursor pages of `stmt` (a SELECT on `model` with `bindparam`s of its own) in OpenAI's
+    order, as `db.pagination.newest_first` reads them: newest first, after the row whose
+    `id_column` is `after` (a row of any owner: the page keeps to `stmt`'s rows), an unknown
+    `after` giving an empty page. `rows(...)` reads one more row than asked, which tells has_more."""
+
+    def __init__(self, engine: Engine, stmt: Select, model: Any, id_column: Any) -> None:
+        newest = model.pk.desc()
+        cursor_pk = select(model.pk).where(id_column == bindparam("after"))
+        self._first = Prepared(engine, stmt.order_by(newest).limit(bindparam("rows")))
+        self._known = Prepared(engine, cursor_pk)
+        self._next = Prepared(engine, stmt.where(model.pk < cursor_pk.scalar_subquery()).order_by(newest)
+                              .limit(bindparam("rows")))
+
+    def rows(self, raw: Cursor, after: str | None, limit: int, **params: Any) -> list[tuple]:
+        if after is None:
+            return self._first.rows(raw, rows=limit + 1, **params)
+        if not self._known.rows(raw, after=after):
+            return []
+        return self._next.rows(raw, after=after, rows=limit + 1, **params)

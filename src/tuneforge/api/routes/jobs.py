@@ -18,10 +18,8 @@ from tuneforge.api.headers import attachment
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
 from tuneforge.api.openapi import error_responses
-from tuneforge.api.ratelimits import Admission
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.domain.status import JobStatus
 from tuneforge.services import artifacts, datasets, event_streams
 from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
@@ -108,7 +106,8 @@ def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sess
     return job_object(job_service.resume_job(session, tenant.tenant_id, job_id))
 
 
-@router.get("/{job_id}/events", response_model=None, responses=error_responses(429))
+@router.get("/{job_id}/events", response_model=None, responses=error_responses(429),
+            openapi_extra=deps.lean_parameters())
 async def list_events(
     job_id: str,
     request: Request,
@@ -119,24 +118,23 @@ async def list_events(
                                                      "`data: [DONE]` once the job has finished."),
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", max_length=MAX_ID_CHARS,
                                        description="With stream=true: resume after this event."),
-    tenant: Tenant = deps.TENANT,
-    slot: Admission = deps.ADMISSION,
 ) -> Response:
     platform: Platform = request.app.state.platform
-    if stream:
-        after_pk = await deps.in_unit_of_work(request, event_streams.start_point, tenant.tenant_id, job_id,
-                                              last_event_id)
-        opened = event_streams.open_stream(platform, tenant.tenant_id, job_id, after_pk)
-        slot.release()  # an open stream counts against the streams bound, not the tenant's requests in flight
-        return sse.response(_event_frames(platform, opened), keepalive_s=platform.settings.stream_keepalive_s,
-                            # the slot also comes back should the stream never have started
-                            background=BackgroundTask(opened.slot.release))
-    return deps.json_response(await deps.in_unit_of_work(request, _event_page, tenant, job_id, after, limit))
-
-
-def _event_page(session: Session, tenant: Tenant, job_id: str, after: str | None, limit: int) -> dict:
-    page = job_service.list_events(session, tenant.tenant_id, job_id, after=after, limit=limit)
-    return list_object(page.rows, event_object, page.has_more)
+    # an open stream counts against the streams bound, not the tenant's requests in flight: the
+    # request's slot comes back when this block ends, before the stream starts
+    async with deps.admitted(request) as caller:
+        if stream:
+            after_pk = await deps.in_unit_of_work(request, event_streams.start_point, caller.tenant_id, job_id,
+                                                  last_event_id)
+            opened = event_streams.open_stream(platform, caller.tenant_id, job_id, after_pk)
+            return sse.response(_event_frames(platform, opened), keepalive_s=platform.settings.stream_keepalive_s,
+                                # the stream's slot also comes back should the stream never have started
+                                background=BackgroundTask(opened.slot.release))
+        body = await deps.database_call(request, request.app.state.event_pages.page, caller.tenant_id, job_id,
+                                        after, limit)
+    if body is None:
+        raise job_service.not_found_job(job_id)
+    return Response(body, media_type="application/json")
 
 
 async def _event_frames(platform: Platform, opened: event_streams.OpenStream) -> AsyncIterator[ServerSentEvent]:

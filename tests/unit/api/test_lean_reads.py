@@ -1,6 +1,6 @@
-"""The lean job reads (api/job_bodies.py) answer exactly what the ORM path answers: the job object
-(with a queued job's place), pages in OpenAI's list shape, and a new rendering whenever the row
-changed; on SQLite and PostgreSQL."""
+"""The lean reads (api/lean_reads.py) answer exactly what the ORM path answers: the job object
+(with a queued job's place), pages of jobs and of events in OpenAI's list shape, and a new
+rendering whenever a job's row changed; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from sqlalchemy import update
 
 from tests.helpers.platform import add_base_model, add_running_job, add_tenant, chat_lines, make_platform
 from tuneforge.api.app import create_app
-from tuneforge.api.job_bodies import JobBodies
-from tuneforge.api.objects import job_object, list_object
+from tuneforge.api.lean_reads import JobBodies
+from tuneforge.api.objects import event_object, job_object, list_object
+from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
+from tuneforge.services import jobs as job_service
 from tuneforge.services import queue as queue_service
 from tuneforge.services.context import Platform
 
@@ -168,3 +170,49 @@ def test_the_renderings_kept_are_bounded_and_evicted_oldest_first(api):
     assert bodies.read(api.tenant_id, ids[0]) is not None
     assert list(bodies._rendered) == [ids[1], ids[0]]
     assert bodies.read("tenant-other", ids[0]) is None
+
+
+def _reference_events(api: Api, job_id: str, after: str | None, limit: int) -> dict:
+    with api.platform.db.session() as session:
+        page = job_service.list_events(session, api.tenant_id, job_id, after=after, limit=limit)
+        return list_object(page.rows, event_object, page.has_more)
+
+
+def test_event_pages_are_the_pages_the_orm_path_answers(api):
+    job_id = api.create(_upload(api, chat_lines(20)))["id"]
+    with api.platform.db.session() as session:
+        job = job_repo.get(session, api.tenant_id, job_id)
+        events.add(session, job, "Step 1/10: training loss=2.31", event_type="metrics",
+                   data={"step": 1, "train_loss": 2.31, "nested": {"lr": [1e-4, None]}})
+        events.add(session, job, "a warning with no data", level="warn")
+        events.add(session, job, "data that is empty", data={})
+        for step in range(2, 8):
+            events.add(session, job, f"Step {step}/10", event_type="metrics", data={"step": step})
+    whole = api.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=100").json()
+    assert whole == _reference_events(api, job_id, None, 100) and len(whole["data"]) >= 11
+    assert whole["data"][-1]["message"].startswith("Created fine-tuning job")  # newest first
+    metrics = next(event for event in whole["data"] if event["message"].startswith("Step 1/10"))
+    assert metrics["data"] == {"step": 1, "train_loss": 2.31, "nested": {"lr": [1e-4, None]}}
+    assert metrics["type"] == "metrics" and metrics["object"] == "fine_tuning.job.event"
+    assert all(event["data"] == {} for event in whole["data"] if event["message"] in
+               ("a warning with no data", "data that is empty"))
+    after, seen = None, []
+    while True:
+        url = f"/v1/fine_tuning/jobs/{job_id}/events?limit=4" + (f"&after={after}" if after else "")
+        page = api.get(url).json()
+        assert page == _reference_events(api, job_id, after, 4)
+        seen += [event["id"] for event in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == [event["id"] for event in whole["data"]]
+    assert api.get(f"/v1/fine_tuning/jobs/{job_id}/events?after=ftevent-unknown").json()["data"] == []
+
+
+def test_another_tenants_jobs_events_are_404(api):
+    beta_key, _, beta_job = add_running_job(api.platform, "beta")
+    assert api.get(f"/v1/fine_tuning/jobs/{beta_job}/events", key=beta_key).status_code == 200
+    for job_id in (beta_job, "ftjob-unknown"):
+        answer = api.get(f"/v1/fine_tuning/jobs/{job_id}/events")
+        assert answer.status_code == 404
+        assert answer.json()["error"]["message"] == f"No such fine-tuning job: {job_id}"
