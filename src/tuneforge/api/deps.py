@@ -177,17 +177,9 @@ async def in_unit_of_work(request: Request, work: Callable[..., T], *args: Any) 
         with db.session() as db_session:
             return work(db_session, *args)
 
-    return await database_call(request, run)
-
-
-async def database_call(request: Request, call: Callable[..., T], *args: Any) -> T:
-    """`call(*args)`, which uses the database, in the thread pool; or right here when it only reads
-    SQLite (a GET): such a read never waits for a lock (WAL: readers do not wait for the writer)
-    nor for a network, so it only costs its own CPU, which a trip to a thread costs as well, plus
-    the handing over of the GIL between the threads."""
-    if request.method in _READS and request.app.state.platform.db.dialect == "sqlite":
-        return call(*args)
-    return await run_in_threadpool(call, *args)
+    if request.method in _READS and db.dialect == "sqlite":
+        return run()  # a read of SQLite: right here, as db/fastread.Reads explains
+    return await run_in_threadpool(run)
 
 
 def json_response(body: Any, status_code: int = 200) -> Response:

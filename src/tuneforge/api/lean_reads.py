@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from functools import partial
 
 import orjson
 from sqlalchemy import Text, bindparam, cast, select
 
 from tuneforge.api.objects import job_object
 from tuneforge.db.engine import json_loads
-from tuneforge.db.fastread import NewestFirst, PlainRows, Prepared, cursor
+from tuneforge.db.fastread import Cursor, NewestFirst, PlainRows, Prepared, Reads
 from tuneforge.db.pagination import MAX_LIMIT
 from tuneforge.db.tables import Job, JobEvent
 from tuneforge.domain.status import JobStatus
@@ -39,9 +40,19 @@ JOB_ROWS = PlainRows(Job)
 REMEMBERED = 2048  # rendered jobs kept per process (a couple of KB each)
 
 
+def reads_of(platform: Platform) -> Reads:
+    """The platform's lean-read connections (one set per process), closed with its database."""
+    reads = platform.memo.get("lean_reads")
+    if reads is None:
+        reads = platform.memo["lean_reads"] = Reads(platform.db.engine, max(1, platform.db.pool_size))
+        platform.db.on_dispose(reads.close)
+    return reads
+
+
 class JobBodies:
     def __init__(self, platform: Platform, size: int = REMEMBERED) -> None:
         self.platform = platform
+        self.reads = reads_of(platform)
         engine = platform.db.engine
         # the row, and the newest job event's key (the queue's version) in the same round trip
         newest_event = queue_service.NEWEST_EVENT.scalar_subquery().label("newest_event")
@@ -55,10 +66,9 @@ class JobBodies:
         self._lock = threading.Lock()
         self._rendered: OrderedDict[str, tuple[tuple, bytes]] = OrderedDict()
 
-    def read(self, tenant_id: str, job_id: str) -> bytes | None:
+    async def read(self, tenant_id: str, job_id: str) -> bytes | None:
         """The job object as JSON, None when the tenant has no such job."""
-        with cursor(self.platform.db.engine) as raw:
-            rows = self._job.rows(raw, tenant_id=tenant_id, job_id=job_id)
+        rows = await self.reads.call(partial(self._job.rows, tenant_id=tenant_id, job_id=job_id))
         if not rows:
             return None
         *row, newest_event = rows[0]
@@ -68,12 +78,11 @@ class JobBodies:
         place = queue_service.place_in(queue_service.queue_as_of(self.platform, newest_event), job_id)
         return body[:-1] + b',"queue":' + orjson.dumps(place) + b"}"
 
-    def page(self, tenant_id: str, after: str | None, limit: int) -> bytes:
+    async def page(self, tenant_id: str, after: str | None, limit: int) -> bytes:
         """A page of the tenant's jobs as JSON, in OpenAI's list shape, newest first, after the job
         `after` (an unknown `after`: an empty page)."""
         limit = max(1, min(int(limit), MAX_LIMIT))
-        with cursor(self.platform.db.engine) as raw:
-            rows = self._pages.rows(raw, after, limit, tenant_id=tenant_id)
+        rows = await self.reads.call(partial(self._pages.rows, after=after, limit=limit, tenant_id=tenant_id))
         shown = [tuple(row) for row in rows[:limit]]
         ids = [row[self._job_id] for row in shown]
         return list_body([self._rendering(job_id, row) for job_id, row in zip(ids, shown)], ids, len(rows) > limit)
@@ -99,6 +108,7 @@ class EventPages:
 
     def __init__(self, platform: Platform) -> None:
         self.platform = platform
+        self.reads = reads_of(platform)
         engine = platform.db.engine
         self._job = Prepared(engine, select(Job.pk).where(Job.tenant_id == bindparam("tenant_id"),
                                                           Job.job_id == bindparam("job_id")))
@@ -107,16 +117,20 @@ class EventPages:
         self._pages = NewestFirst(engine, select(*columns).where(JobEvent.job_id == bindparam("job_id")),
                                   JobEvent, JobEvent.event_id)
 
-    def page(self, tenant_id: str, job_id: str, after: str | None, limit: int) -> bytes | None:
+    async def page(self, tenant_id: str, job_id: str, after: str | None, limit: int) -> bytes | None:
         """The page as JSON; None when the tenant has no such job."""
         limit = max(1, min(int(limit), MAX_LIMIT))
-        with cursor(self.platform.db.engine) as raw:
-            if not self._job.rows(raw, tenant_id=tenant_id, job_id=job_id):
-                return None
-            rows = self._pages.rows(raw, after, limit, job_id=job_id)
+        rows = await self.reads.call(self._rows, tenant_id, job_id, after, limit)
+        if rows is None:
+            return None
         shown = rows[:limit]
         items = [orjson.dumps({"id": event_id, "object": "fine_tuning.job.event", "created_at": created_at,
                                "level": level, "message": message,
                                "data": (json_loads(data) if data is not None else None) or {}, "type": event_type})
                  for event_id, created_at, level, message, data, event_type in shown]
         return list_body(items, [row[0] for row in shown], len(rows) > limit)
+
+    def _rows(self, raw: Cursor, tenant_id: str, job_id: str, after: str | None, limit: int) -> list[tuple] | None:
+        if not self._job.rows(raw, tenant_id=tenant_id, job_id=job_id):
+            return None
+        return self._pages.rows(raw, after, limit, job_id=job_id)

@@ -6,7 +6,7 @@ import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -95,6 +95,8 @@ class Database:
         notify.install(self._sessions, self.engine.dialect.name)
         self._listener: EventListener | None = None
         self._listener_lock = threading.Lock()
+        self.pool_size = pool_size
+        self._on_dispose: list[Callable[[], None]] = []
 
     @property
     def dialect(self) -> str:
@@ -128,7 +130,14 @@ class Database:
                 self._listener.start()
             return self._listener
 
+    def on_dispose(self, close: Callable[[], None]) -> None:
+        """`close()` when this database is disposed of (connections opened beside the engine's pool)."""
+        self._on_dispose.append(close)
+
     def dispose(self) -> None:
+        for close in self._on_dispose:
+            close()
+        self._on_dispose.clear()
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()

@@ -4,6 +4,7 @@ operator configured (`PolicyConfig.from_settings`)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sqlalchemy import func, select
@@ -33,18 +34,34 @@ def queue_as_of(platform: Platform, newest_event: int | None, session: Session |
     state change of every job writes an event, so the newest event's key (`NEWEST_EVENT`, read by
     the caller) tells whether the queue may have changed since it was computed. A busy dashboard
     polling queued jobs then costs one indexed lookup per request instead of a simulation of the
-    whole queue. Computed in `session`, else in a unit of work of its own."""
-    now = time.time()
+    whole queue. Computed in `session`, else in a unit of work of its own.
+
+    One caller at a time computes it. When only its age is past (no job changed), the others answer
+    from the queue computed last while one refreshes it; when a job changed, they wait for the
+    new one (a second after a change, forty requests in threads would otherwise all compute it)."""
     memo = platform.memo.get("queue")
-    if memo is not None and memo[0] == newest_event and 0 <= now - memo[1] < QUEUE_MEMO_S:
-        return memo[2]
-    if session is None:
-        with platform.db.session() as own:
-            entries = whole_queue(own, platform, now)
+    computing = platform.memo.setdefault("queue_lock", threading.Lock())
+    if memo is not None and memo[0] == newest_event:
+        if 0 <= time.time() - memo[1] < QUEUE_MEMO_S:
+            return memo[2]
+        if not computing.acquire(blocking=False):
+            return memo[2]
     else:
-        entries = whole_queue(session, platform, now)
-    platform.memo["queue"] = (newest_event, now, entries)
-    return entries
+        computing.acquire()
+    try:
+        memo = platform.memo.get("queue")  # computed by the caller waited for?
+        now = time.time()
+        if memo is not None and memo[0] == newest_event and 0 <= now - memo[1] < QUEUE_MEMO_S:
+            return memo[2]
+        if session is None:
+            with platform.db.session() as own:
+                entries = whole_queue(own, platform, now)
+        else:
+            entries = whole_queue(session, platform, now)
+        platform.memo["queue"] = (newest_event, now, entries)
+        return entries
+    finally:
+        computing.release()
 
 
 def place_in(entries: list[QueueEntry], job_id: str) -> dict | None:

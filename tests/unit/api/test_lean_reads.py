@@ -4,6 +4,7 @@ rendering whenever a job's row changed; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from dataclasses import dataclass
 
@@ -163,13 +164,17 @@ def test_the_renderings_kept_are_bounded_and_evicted_oldest_first(api):
     training = _upload(api, chat_lines(20))
     ids = [api.create(training)["id"] for _ in range(3)]
     bodies = JobBodies(api.platform, size=2)
+
+    def read(tenant_id: str, job_id: str) -> bytes | None:
+        return asyncio.run(bodies.read(tenant_id, job_id))
+
     for job_id in ids:
-        assert bodies.read(api.tenant_id, job_id) is not None
+        assert read(api.tenant_id, job_id) is not None
     assert list(bodies._rendered) == ids[1:]
-    assert bodies.read(api.tenant_id, ids[1]) is not None  # used again: now the newest
-    assert bodies.read(api.tenant_id, ids[0]) is not None
+    assert read(api.tenant_id, ids[1]) is not None  # used again: now the newest
+    assert read(api.tenant_id, ids[0]) is not None
     assert list(bodies._rendered) == [ids[1], ids[0]]
-    assert bodies.read("tenant-other", ids[0]) is None
+    assert read("tenant-other", ids[0]) is None
 
 
 def _reference_events(api: Api, job_id: str, after: str | None, limit: int) -> dict:

@@ -34,7 +34,7 @@ _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 async def retrieve_job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     async with deps.admitted(request) as caller:
-        body = await deps.database_call(request, request.app.state.job_bodies.read, caller.tenant_id, job_id)
+        body = await request.app.state.job_bodies.read(caller.tenant_id, job_id)
     if body is None:
         raise job_service.not_found_job(job_id)
     return Response(body, media_type="application/json")
@@ -78,7 +78,7 @@ async def list_jobs(
         if metadata:  # filtered pages are rare: the plain path
             return deps.json_response(await deps.in_unit_of_work(request, _job_page, caller.tenant_id, metadata,
                                                                  after, limit))
-        body = await deps.database_call(request, request.app.state.job_bodies.page, caller.tenant_id, after, limit)
+        body = await request.app.state.job_bodies.page(caller.tenant_id, after, limit)
     return Response(body, media_type="application/json")
 
 
@@ -130,8 +130,7 @@ async def list_events(
             return sse.response(_event_frames(platform, opened), keepalive_s=platform.settings.stream_keepalive_s,
                                 # the stream's slot also comes back should the stream never have started
                                 background=BackgroundTask(opened.slot.release))
-        body = await deps.database_call(request, request.app.state.event_pages.page, caller.tenant_id, job_id,
-                                        after, limit)
+        body = await request.app.state.event_pages.page(caller.tenant_id, job_id, after, limit)
     if body is None:
         raise job_service.not_found_job(job_id)
     return Response(body, media_type="application/json")
