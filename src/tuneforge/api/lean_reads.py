@@ -39,8 +39,9 @@ def list_body(items: list[bytes], ids: list[str], has_more: bool) -> bytes:
 JOB_ROWS = PlainRows(Job)
 REMEMBERED = 2048  # rendered jobs kept per process (a couple of KB each)
 # PostgreSQL reads in flight per API process: a read is one round trip of a fraction of a
-# millisecond, and more threads than this only contend for the GIL (measured on 2 cores: 10
-# threads per worker cost 1.8 ms of CPU per GET job with 2 workers, 4 threads 0.8-1.1 ms)
+# millisecond, and more threads than this only contend for the GIL (one pair of quick runs on 2
+# cores, 2 workers: 10 threads per worker cost 1.8 ms of API CPU per GET job, 4 threads 0.8 ms;
+# later runs with 4 threads measured 1.2-1.6 ms: the figures move a lot from run to run)
 READ_THREADS = 4
 
 
