@@ -162,9 +162,6 @@ async def admitted(request: Request) -> AsyncIterator[Caller]:
 
 
 TENANT = Depends(tenant)
-# The same Admission `tenant` holds (a dependency is solved once per request): for a route that
-# hands its request over to another bound, as an event stream does.
-ADMISSION = Depends(admission)
 
 
 async def in_unit_of_work(request: Request, work: Callable[..., T], *args: Any) -> T:

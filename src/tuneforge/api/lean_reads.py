@@ -38,27 +38,12 @@ def list_body(items: list[bytes], ids: list[str], has_more: bool) -> bytes:
 
 JOB_ROWS = PlainRows(Job)
 REMEMBERED = 2048  # rendered jobs kept per process (a couple of KB each)
-# PostgreSQL reads in flight per API process: a read is one round trip of a fraction of a
-# millisecond, and more threads than this only contend for the GIL (one pair of quick runs on 2
-# cores, 2 workers: 10 threads per worker cost 1.8 ms of API CPU per GET job, 4 threads 0.8 ms;
-# later runs with 4 threads measured 1.2-1.6 ms: the figures move a lot from run to run)
-READ_THREADS = 4
-
-
-def reads_of(platform: Platform) -> Reads:
-    """The platform's lean-read connections (one set per process), closed with its database."""
-    reads = platform.memo.get("lean_reads")
-    if reads is None:
-        threads = max(1, min(platform.db.pool_size, READ_THREADS))
-        reads = platform.memo["lean_reads"] = Reads(platform.db.engine, threads)
-        platform.db.on_dispose(reads.close)
-    return reads
 
 
 class JobBodies:
     def __init__(self, platform: Platform, size: int = REMEMBERED) -> None:
         self.platform = platform
-        self.reads = reads_of(platform)
+        self.reads: Reads = platform.db.reads
         engine = platform.db.engine
         # the row, and the newest job event's key (the queue's version) in the same round trip
         newest_event = queue_service.NEWEST_EVENT.scalar_subquery().label("newest_event")
@@ -114,7 +99,7 @@ class EventPages:
 
     def __init__(self, platform: Platform) -> None:
         self.platform = platform
-        self.reads = reads_of(platform)
+        self.reads: Reads = platform.db.reads
         engine = platform.db.engine
         self._job = Prepared(engine, select(Job.pk).where(Job.tenant_id == bindparam("tenant_id"),
                                                           Job.job_id == bindparam("job_id")))

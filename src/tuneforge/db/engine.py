@@ -6,7 +6,7 @@ import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import orjson
 
@@ -96,7 +96,7 @@ class Database:
         self._listener: EventListener | None = None
         self._listener_lock = threading.Lock()
         self.pool_size = pool_size
-        self._on_dispose: list[Callable[[], None]] = []
+        self._reads: Any = None  # db.fastread.Reads, made on first use
 
     @property
     def dialect(self) -> str:
@@ -130,14 +130,21 @@ class Database:
                 self._listener.start()
             return self._listener
 
-    def on_dispose(self, close: Callable[[], None]) -> None:
-        """`close()` when this database is disposed of (connections opened beside the engine's pool)."""
-        self._on_dispose.append(close)
+    @property
+    def reads(self) -> Any:
+        """Where the API's lean reads run (`db.fastread.Reads`): made on first use, closed by `dispose`."""
+        with self._listener_lock:
+            if self._reads is None:
+                from tuneforge.db.fastread import READ_THREADS, Reads  # it imports this module
+
+                self._reads = Reads(self.engine, max(1, min(self.pool_size, READ_THREADS)))
+            return self._reads
 
     def dispose(self) -> None:
-        for close in self._on_dispose:
-            close()
-        self._on_dispose.clear()
+        with self._listener_lock:
+            reads, self._reads = self._reads, None
+        if reads is not None:
+            reads.close()
         with self._listener_lock:
             if self._listener is not None:
                 self._listener.stop()

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import bindparam, select, text
 
 from tests.helpers.platform import add_running_job, make_platform
-from tuneforge.db.fastread import NewestFirst, PlainRows, Prepared, Reads
+from tuneforge.db.fastread import NewestFirst, PlainRows, Prepared
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Job
 
@@ -22,8 +22,7 @@ def test_plain_rows_rebuild_the_object_the_orm_loads(tmp_path, database_url):
         _, tenant_id, job_id = add_running_job(platform, "alpha")
         plain = PlainRows(Job)
         by_id = Prepared(platform.db.engine, plain.select().where(Job.job_id == bindparam("job_id")))
-        reads = Reads(platform.db.engine, 2)
-        platform.db.on_dispose(reads.close)
+        reads = platform.db.reads
         rows = asyncio.run(reads.call(partial(by_id.rows, job_id=job_id)))
         assert len(rows) == 1
         rebuilt = plain.to_object(tuple(rows[0]), platform.db.engine)
@@ -48,9 +47,8 @@ def test_a_dropped_postgresql_connection_is_replaced_and_connections_close_with_
         tmp_path, database_url, db_backend):
     if db_backend != "postgresql":
         pytest.skip("SQLite reads run on the pooled connections of the engine")
-    platform = make_platform(tmp_path, database_url)
-    reads = Reads(platform.db.engine, 1)
-    platform.db.on_dispose(reads.close)
+    platform = make_platform(tmp_path, database_url, database_pool_size=1)  # one read thread
+    reads = platform.db.reads
     backend_pid = Prepared(platform.db.engine, select(text("pg_backend_pid()")))
 
     def pid() -> int:
