@@ -11,6 +11,7 @@ from tuneforge import __version__
 from tuneforge.api import docs, errors, health, openapi
 from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
+from tuneforge.api.keys import KeyLookups
 from tuneforge.api.lean_reads import EventPages, JobBodies
 from tuneforge.api.ratelimits import RequestLimiter
 from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app = _App(title="tuneforge", version=__version__, summary="OpenAI-compatible fine-tuning platform",
                openapi_url=None, docs_url=None, redoc_url=None, **_telemetry(platform.settings.opentelemetry))
     app.state.platform = platform
+    app.state.key_lookups = KeyLookups(platform)
     app.state.job_bodies = JobBodies(platform)
     app.state.event_pages = EventPages(platform)
     app.state.rate_limiter = RequestLimiter.from_settings(platform.settings) if rate_limiter is None else rate_limiter

@@ -17,15 +17,15 @@ import anyio
 import orjson
 
 from fastapi import Depends, Header, Request, Response
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from tuneforge.api.keys import verify_columns
 from tuneforge.api.ratelimits import Admission, RequestLimiter
 from tuneforge.db.tables import Tenant
 from tuneforge.security.egress import EgressPolicy
 from tuneforge.services.context import Platform
-from tuneforge.services.tenants import Caller
+from tuneforge.services.tenants import Caller, caller_of, tenant_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -84,19 +84,8 @@ SESSION = Depends(session, scope="function")
 
 
 def verify_key(platform: Platform, authorization: str | None) -> Tenant:
-    """The key looked up in the database (and remembered): the cache's miss path. Marking the key
-    used is best effort: a busy database never turns a valid key into an error."""
-    db_session = platform.db.new_session()
-    try:
-        found = platform.keys.verify(db_session, authorization)
-        try:
-            db_session.commit()
-        except OperationalError as exc:
-            log.warning("could not record an API key's last use: %s", exc)
-            db_session.rollback()
-        return found
-    finally:
-        db_session.close()
+    """The key looked up in the database (and remembered), for a caller outside the event loop."""
+    return tenant_of(verify_columns(platform, authorization))
 
 
 async def admission() -> AsyncIterator[Admission]:
@@ -113,10 +102,7 @@ async def tenant(request: Request, authorization: str | None = Header(default=No
                  slot: Admission = Depends(admission)) -> Tenant:
     """The calling tenant, admitted by its tier's rate limits (api/ratelimits.py): 401 without a
     valid key, 429 over a limit."""
-    current: Platform = request.app.state.platform
-    found = current.keys.tenant(authorization)
-    if found is None:
-        found = await run_in_threadpool(verify_key, current, authorization)
+    found = tenant_of(await request.app.state.key_lookups.columns(authorization))
     await _admit(request, found.tenant_id, found.tier, slot)
     return found
 
@@ -147,12 +133,7 @@ async def admitted(request: Request) -> AsyncIterator[Caller]:
     solving the TENANT dependency tree cost more CPU than the route's database read. The caller is
     the tenant's id and tier (no Tenant object), admitted by the tier's rate limits; its slot among
     the tenant's requests in flight is released when the block ends."""
-    current: Platform = request.app.state.platform
-    authorization = request.headers.get("authorization")
-    found = current.keys.caller(authorization)
-    if found is None:
-        verified = await run_in_threadpool(verify_key, current, authorization)
-        found = Caller(verified.tenant_id, verified.tier)
+    found = caller_of(await request.app.state.key_lookups.columns(request.headers.get("authorization")))
     slot = Admission()
     try:
         await _admit(request, found.tenant_id, found.tier, slot)

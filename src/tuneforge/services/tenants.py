@@ -177,48 +177,84 @@ class KeyCache:
 
     A hit costs a SHA-256 and a dict lookup instead of a database round trip. After `ttl_s` the
     key is looked up again, so a revoked key, a changed tier or new quota overrides take effect
-    within `ttl_s` in every API process; a key's expiry is checked on every request. Only keys
-    that authenticated are kept (an unknown key is looked up each time), at most `max_keys`."""
+    within `ttl_s` in every API process; a key's expiry is checked on every request. From
+    `refresh_after_s` on, a hit is still trusted but says that a look-up is due, which the API
+    runs in the background (api/deps.KeyLookups): a busy key is re-read before its entry
+    expires, and its requests never all miss at once. Only keys that authenticated are kept (an
+    unknown key is looked up each time), at most `max_keys`."""
 
-    def __init__(self, ttl_s: float = 1.0, max_keys: int = 10_000) -> None:
+    def __init__(self, ttl_s: float = 1.0, max_keys: int = 10_000, refresh_after_s: float | None = None) -> None:
         self.ttl_s = ttl_s
+        self.refresh_after_s = ttl_s * 0.75 if refresh_after_s is None else refresh_after_s
         self.max_keys = max_keys
         self._entries: dict[str, _Verified] = {}
+        # bumped by forget(): a look-up that read the database before a change must not store
+        # what it read after the change emptied the cache
+        self._generation = 0
 
     def tenant(self, authorization: str | None, now: float | None = None) -> Tenant | None:
         """The caller's tenant from the cache, or None when the database must be asked.
         Raises 401 for a missing or malformed header and for a cached key that has expired."""
-        values = self._fresh(authorization, now)
-        return None if values is None else _detached_tenant(values)
+        values = self.peek(authorization, now)[1]
+        return None if values is None else tenant_of(values)
 
     def caller(self, authorization: str | None, now: float | None = None) -> Caller | None:
         """`tenant`, as the tenant's id and tier only: what the lean routes need, without the cost
         of a Tenant object."""
-        values = self._fresh(authorization, now)
-        return None if values is None else Caller(values[_TENANT_ID], values[_TIER])
+        values = self.peek(authorization, now)[1]
+        return None if values is None else caller_of(values)
 
-    def _fresh(self, authorization: str | None, now: float | None) -> tuple | None:
+    def peek(self, authorization: str | None, now: float | None = None) -> tuple[str, tuple | None, bool]:
+        """(the key's hash, its tenant's columns or None when the database must be asked, whether a
+        look-up is due). Raises 401 for a missing or malformed header and for a cached key that
+        has expired."""
         key_hash = tenant_repo.hash_key(_presented_key(authorization))
         entry = self._entries.get(key_hash)
         now = time.time() if now is None else now
-        if entry is None or not 0 <= now - entry.checked_at < self.ttl_s:
-            return None
+        if entry is None:
+            return key_hash, None, True
+        age_s = now - entry.checked_at
+        if not 0 <= age_s < self.ttl_s:
+            return key_hash, None, True
         if entry.expires_at is not None and now >= entry.expires_at:
             raise unauthorized("Incorrect API key provided.")
-        return entry.tenant
+        return key_hash, entry.tenant, age_s >= self.refresh_after_s
 
     def verify(self, session: Session, authorization: str | None, now: float | None = None) -> Tenant:
         """`authenticate` against the database, remembering the answer."""
+        return tenant_of(self.verify_columns(session, authorization, now))
+
+    def verify_columns(self, session: Session, authorization: str | None, now: float | None = None) -> tuple:
+        """`verify`, answering the tenant's columns (see `tenant_of`, `caller_of`). A key the
+        database refuses is dropped from the cache at once."""
         now = time.time() if now is None else now
-        key, tenant = _authenticated_key(session, authorization, now)
+        generation = self._generation
+        key_hash = tenant_repo.hash_key(_presented_key(authorization))  # a malformed header: 401 here
+        try:
+            key, tenant = _authenticated_key(session, authorization, now)
+        except ApiError:
+            self._entries.pop(key_hash, None)
+            raise
         if len(self._entries) >= self.max_keys:
             self._entries.clear()  # a crude bound: the next requests are looked up again
         entry = _Verified(tuple(getattr(tenant, name) for name in _TENANT_COLUMNS), key.expires_at, now)
-        self._entries[key.key_hash] = entry
-        return _detached_tenant(entry.tenant)
+        if generation == self._generation:
+            self._entries[key.key_hash] = entry
+        return entry.tenant
 
     def forget(self) -> None:
+        self._generation += 1
         self._entries.clear()
+
+
+def tenant_of(values: tuple) -> Tenant:
+    """The Tenant of a key's cached columns."""
+    return _detached_tenant(values)
+
+
+def caller_of(values: tuple) -> Caller:
+    """The Caller of a key's cached columns."""
+    return Caller(values[_TENANT_ID], values[_TIER])
 
 
 def _detached_tenant(values: tuple) -> Tenant:
