@@ -137,6 +137,14 @@ class PhaseResult:
     machine_cpu_s: float  # every process on the machine, the server and both generators included
     stolen_cpu_s: float  # the hypervisor ran something else on our virtual cores
 
+    @property
+    def requests(self) -> int:
+        """Requests answered while the server's CPU was measured, both tenants': the flood's at its
+        average rate (it ran FLOOD_LEAD_S longer at each end)."""
+        quiet = len(self.quiet.latencies_s) + sum(self.quiet.errors.values())
+        flood = self.flood.sent / self.flood.wall_s * self.wall_s if self.flood is not None else 0.0
+        return round(quiet + flood)
+
 
 # ---- the quiet tenant: open loop ---------------------------------------------------
 async def paced(url: str, headers: dict[str, str], spec: RequestSpec, clients: int, rate_per_s: float,
@@ -296,8 +304,8 @@ def check_retry_after(server: ServerProcess, tenants: Tenants) -> str:
 
 def print_table(results: list[PhaseResult]) -> None:
     print("\n| phase | quiet ok | quiet failed | quiet p50 ms | p95 ms | p99 ms | max ms | flood req/s sent "
-          "| flood 200 | flood 429 | flood other | server cores | machine busy cores | stolen cores |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| flood 200 | flood 429 | flood other | server CPU ms/req | server cores | machine busy cores | stolen cores |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         q, f = r.quiet, r.flood
         flood_cells = "- | - | - | -"
@@ -306,6 +314,7 @@ def print_table(results: list[PhaseResult]) -> None:
             flood_cells = f"{f.sent / f.wall_s:.0f} | {f.ok} | {f.outcomes.get('429', 0)} | {other}"
         print(f"| {r.name} | {len(q.latencies_s)} | {sum(q.errors.values())} | {_f(q.ms(50))} | {_f(q.ms(95))} "
               f"| {_f(q.ms(99))} | {_f(max(q.latencies_s, default=math.nan) * 1000)} | {flood_cells} "
+              f"| {_f(r.server_cpu_s * 1000 / r.requests, 3)} "
               f"| {_f(r.server_cpu_s / r.wall_s)} | {_f(r.machine_cpu_s / r.wall_s)} | {_f(r.stolen_cpu_s / r.wall_s)} |")
     for r in results:
         if r.quiet.errors:

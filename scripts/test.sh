@@ -13,6 +13,8 @@
 #             PostgreSQL, plus the Ray tests (placement, multi-node, node loss,
 #             restart); TUNEFORGE_TEST_EXECUTOR=ray. Unless PYTEST ARGS name
 #             tests, it runs tests/e2e and tests/integration.
+# The sqlite and postgres stages run side by side where the machine has two cores or more
+# (TUNEFORGE_TEST_PARALLEL=0: one after the other); the ray stage runs after them.
 # Exits non-zero if any run failed.
 #
 # Each invocation starts its own server on a free port, so that runs side by
@@ -23,6 +25,7 @@
 # Environment:
 #   TUNEFORGE_TEST_BACKENDS       runs to do, in order (default "sqlite postgres ray")
 #   TUNEFORGE_TEST_SKIP_INSTALL=1 skip the pip installs (quick local loops)
+#   TUNEFORGE_TEST_PARALLEL=0     run the sqlite and postgres stages one after the other
 #   TUNEFORGE_PG_PORT             port of the test PostgreSQL (default: a free one)
 #   PYTHON                        interpreter to use (default "python")
 set -euo pipefail
@@ -63,7 +66,16 @@ stop_pg() {
         bash scripts/pg.sh stop "$pg_port" || true
     fi
 }
-trap stop_pg EXIT
+background_pid=""
+cleanup() {
+    # a pass still running in the background (the script was interrupted) ends with it
+    if [[ -n "$background_pid" ]]; then
+        pkill -TERM -P "$background_pid" 2>/dev/null || true
+        kill "$background_pid" 2>/dev/null || true
+    fi
+    stop_pg
+}
+trap cleanup EXIT
 # Ctrl-C stops the whole script (and so the server), not just the current pytest.
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -96,44 +108,90 @@ has_test_path() {
     return 1
 }
 
-summary=()
-failed=0
-ran_tests=0
-for backend in $BACKENDS; do
+# One stage's pytest run; its exit code is the function's.
+run_stage() {
+    local backend="$1"
+    shift
     if [[ "$backend" == sqlite ]]; then
-        header "pytest on SQLite"
-        set +e
         env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR "$PYTHON" -m pytest "$@"
-        rc=$?
-        set -e
     elif [[ "$backend" == ray ]]; then
-        header "pytest on Ray + S3 + PostgreSQL: the end-to-end suite and the Ray tests (slower stage)"
-        args=("$@")
+        local args=("$@")
         if ! has_test_path "$@"; then
             args+=(tests/e2e tests/integration)
         fi
-        set +e
         TUNEFORGE_TEST_EXECUTOR=ray TUNEFORGE_TEST_POSTGRES_URL="$pg_url" "$PYTHON" -m pytest "${args[@]}"
-        rc=$?
-        set -e
     else
-        header "pytest on PostgreSQL ($pg_url)"
-        set +e
         # the ray stage runs the end-to-end suite on PostgreSQL as well: this pass then leaves it out
-        e2e_on_ray=0
+        local e2e_on_ray=0
         if [[ " $BACKENDS " == *" ray "* ]]; then
             e2e_on_ray=1
         fi
         env -u TUNEFORGE_TEST_EXECUTOR TUNEFORGE_TEST_E2E_ON_RAY="$e2e_on_ray" TUNEFORGE_TEST_POSTGRES_URL="$pg_url" \
             "$PYTHON" -m pytest "$@"
-        rc=$?
-        set -e
     fi
-    case "$rc" in
-        0) summary+=("$backend=ok"); ran_tests=1 ;;
-        5) summary+=("$backend=no-tests-collected") ;;
-        *) summary+=("$backend=FAILED(exit $rc)"); failed=1 ;;
+}
+
+stage_title() {
+    case "$1" in
+        sqlite) echo "pytest on SQLite" ;;
+        postgres) echo "pytest on PostgreSQL ($pg_url)" ;;
+        ray) echo "pytest on Ray + S3 + PostgreSQL: the end-to-end suite and the Ray tests (slower stage)" ;;
     esac
+}
+
+summary=()
+failed=0
+ran_tests=0
+record() {
+    case "$2" in
+        0) summary+=("$1=ok"); ran_tests=1 ;;
+        5) summary+=("$1=no-tests-collected") ;;
+        *) summary+=("$1=FAILED(exit $2)"); failed=1 ;;
+    esac
+}
+
+# The SQLite and PostgreSQL passes are independent (each test has its own database, temp folder
+# and ports): on a machine with two cores or more they run side by side, each with a temp folder
+# of its own; the SQLite pass's output follows the PostgreSQL pass's. TUNEFORGE_TEST_PARALLEL=0
+# runs every stage one after the other.
+side_by_side=0
+if [[ "${TUNEFORGE_TEST_PARALLEL:-1}" == 1 && " $BACKENDS " == *" sqlite "* && " $BACKENDS " == *" postgres "* \
+      && "$(nproc 2>/dev/null || echo 1)" -ge 2 ]]; then
+    side_by_side=1
+fi
+
+stages_done=" "
+if [[ "$side_by_side" == 1 ]]; then
+    stage_tmp="$(mktemp -d -t tuneforge-test-stages.XXXXXX)"
+    header "$(stage_title sqlite) (in the background, beside the PostgreSQL pass; its output follows)"
+    run_stage sqlite --basetemp="$stage_tmp/sqlite" "$@" > "$stage_tmp/sqlite.log" 2>&1 &
+    background_pid=$!
+    header "$(stage_title postgres)"
+    set +e
+    run_stage postgres --basetemp="$stage_tmp/postgres" "$@"
+    postgres_rc=$?
+    wait "$background_pid"
+    sqlite_rc=$?
+    background_pid=""
+    set -e
+    header "$(stage_title sqlite): its output"
+    cat "$stage_tmp/sqlite.log"
+    rm -rf "$stage_tmp"
+    record sqlite "$sqlite_rc"
+    record postgres "$postgres_rc"
+    stages_done=" sqlite postgres "
+fi
+
+for backend in $BACKENDS; do
+    if [[ "$stages_done" == *" $backend "* ]]; then
+        continue
+    fi
+    header "$(stage_title "$backend")"
+    set +e
+    run_stage "$backend" "$@"
+    rc=$?
+    set -e
+    record "$backend" "$rc"
 done
 
 header "results: ${summary[*]}"

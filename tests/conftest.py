@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ pytest.register_assert_rewrite("tests.helpers")
 
 from tests.helpers import postgres, ray_cluster, s3  # noqa: E402
 from tests.helpers.s3 import S3Storage  # noqa: E402
+from tuneforge import heap  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,6 +68,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if postgres_pass and item.get_closest_marker("sqlite_pass_only"):
             item.add_marker(pytest.mark.skip(reason="trains and evaluates; its database work is covered by "
                                                     "tests that run in both passes"))
+
+
+# Long-lived objects of the test process (modules, classes: half a million once torch and
+# transformers are in) are frozen out of the cyclic collector's reach, as a serving process does
+# (tuneforge/heap.py): otherwise every full collection walks them, the explicit one after each
+# PostgreSQL test (below) included, which cost ~0.25 s a test.
+_modules_at_freeze = 0
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _modules_at_freeze
+    if len(sys.modules) - _modules_at_freeze >= heap.NEW_MODULES_BEFORE_SETTLING:
+        gc.collect()
+        gc.freeze()
+        _modules_at_freeze = len(sys.modules)
 
 
 @pytest.fixture

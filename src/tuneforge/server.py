@@ -26,6 +26,7 @@ from tuneforge.api.app import create_app
 from tuneforge.api.ratelimits import RequestLimiter
 from tuneforge.db.migrate import upgrade
 from tuneforge.executors import make_executor
+from tuneforge.heap import FrozenHeap
 from tuneforge.scheduler.loop import Scheduler
 from tuneforge.security.env import private_dirs
 from tuneforge.security.redact import redact_url
@@ -45,7 +46,7 @@ def worker_app():  # noqa: ANN201 - a FastAPI app; uvicorn calls this in each AP
     settings = Settings()
     # the workers count tenants' requests together (default: HOME/ratelimit.db) and share their in-flight bound
     limiter = RequestLimiter.from_settings(settings, workers=settings.resolved_api_workers)
-    return create_app(settings, rate_limiter=limiter)
+    return FrozenHeap(create_app(settings, rate_limiter=limiter))
 
 
 def _exit_with_parent() -> None:
@@ -93,6 +94,8 @@ class ControlPlane:
             if self.settings.resolved_api_workers > 1:
                 self._run_workers()
             else:
+                # this process serves until it exits (unlike an in-process plane of the tests)
+                self.server.config.app = FrozenHeap(self.app)
                 self.server.run()
         finally:
             self.close()

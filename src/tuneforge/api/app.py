@@ -13,7 +13,7 @@ from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.keys import KeyLookups
 from tuneforge.api.lean_reads import EventPages, JobBodies
-from tuneforge.api.ratelimits import RequestLimiter
+from tuneforge.api.ratelimits import RefuseWhileOver, RequestLimiter
 from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
                                   webhooks)
 from tuneforge.services.context import Platform
@@ -23,7 +23,7 @@ from tuneforge.settings import Settings
 class _App(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         # outermost, so that even the answer to an unexpected error carries the security headers
-        return SecurityHeaders(super().build_middleware_stack())
+        return SecurityHeaders(RefuseWhileOver(super().build_middleware_stack(), self.state))
 
 
 def _telemetry(enabled: bool) -> dict:

@@ -43,9 +43,11 @@ from limits import RateLimitItem, RateLimitItemPerSecond
 from limits.errors import ConfigurationError, StorageError
 from limits.storage import MemoryStorage, Storage, storage_from_string
 
+from tuneforge.api.errors import respond
 from tuneforge.api.headers import ANSWER_HEADERS
 from tuneforge.db.ratelimit_storage import PLATFORM_DATABASE, storage_uri_for_database
 from tuneforge.domain.errors import ApiError
+from tuneforge.services.tenants import caller_of
 from tuneforge.settings import Settings
 
 log = logging.getLogger("tuneforge.ratelimit")
@@ -57,6 +59,7 @@ FALLBACK_TIER = "free"  # a tenant whose tier the settings do not know gets the 
 NAMESPACE = "tuneforge"
 COUNTER_FILE = "ratelimit.db"
 STORAGE_WARNING_INTERVAL_S = 60.0
+MAX_REMEMBERED_OVER = 10_000  # tenants over their rate remembered at once (a crude bound, as the key cache's)
 # Counting in a storage across the network (PostgreSQL, Redis) runs on threads of its own, never on
 # the event loop, and never waits for a thread behind requests that wait for something else.
 _STORAGE_THREADS = anyio.CapacityLimiter(32)
@@ -170,6 +173,9 @@ class RequestLimiter:
         errors = storage.base_exceptions if storage is not None else ()
         self._storage_errors = (StorageError, *(errors if isinstance(errors, tuple) else (errors,)))
         self._warned_at = -math.inf
+        # tenant id -> (end of its current window, the policy it is over): refused at the door
+        # (RefuseWhileOver) until then
+        self.over_until: dict[str, tuple[float, TierPolicy]] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, workers: int = 1) -> RequestLimiter:
@@ -205,6 +211,8 @@ class RequestLimiter:
         """Count one request of the tenant; raises the 429 when it is over a limit. Returns the
         `x-ratelimit-*` headers of its answer (none when the tier has no rate limit)."""
         policy = self.policy(tier)
+        if self.over_until:
+            self.over_until.pop(tenant_id, None)  # it reached the limiter: the door no longer refuses it
         if policy is None:
             return {}
         if policy.in_flight is not None:
@@ -221,10 +229,27 @@ class RequestLimiter:
         reset_in_s = max(0.0, window_end - self._clock())
         if hits > policy.item.amount:
             admission.release()
+            if len(self.over_until) >= MAX_REMEMBERED_OVER:
+                self.over_until.clear()
+            self.over_until[tenant_id] = (window_end, policy)
             raise over_rate(policy, reset_in_s)
         return {"x-ratelimit-limit-requests": str(policy.item.amount),
                 "x-ratelimit-remaining-requests": str(policy.item.amount - hits),
                 "x-ratelimit-reset-requests": duration(reset_in_s)}
+
+    def standing_refusal(self, tenant_id: str, tier: str) -> ApiError | None:
+        """The 429 of a tenant already over its rate in a window that has not ended: every request of
+        that window would get it (a window's count only grows). None once the window has ended or
+        the tenant's tier has changed."""
+        held = self.over_until.get(tenant_id)
+        if held is None:
+            return None
+        window_end, policy = held
+        reset_in_s = window_end - self._clock()
+        if reset_in_s <= 0 or self.policy(tier) is not policy:
+            self.over_until.pop(tenant_id, None)
+            return None
+        return over_rate(policy, reset_in_s)
 
     def _hit(self, item: RateLimitItem, tenant_id: str) -> tuple[int, float]:
         """One more hit in the tenant's current window: the window's hits, and when it ends."""
@@ -244,6 +269,50 @@ class RequestLimiter:
         close = getattr(self.storage, "close", None)
         if close is not None:
             close()
+
+
+class RefuseWhileOver:
+    """ASGI, outside the app: a request of a tenant that is already over its rate in the current
+    window gets its 429 here, before routing, dependencies and the exception handlers. Such a
+    429 cost the server as much as a cached job read, so that a tenant flooding the API took the
+    CPU its neighbours' requests needed (docs/benchmarks-api.md, "A flood from one tenant").
+    The caller is known from the API key cache alone (a SHA-256 and a dict lookup); a key the
+    cache cannot answer for, and every path that is not a tenant route (`/v1/...` but the admin
+    API), go on to the app, which counts, admits or refuses them as before."""
+
+    def __init__(self, app: Any, state: Any) -> None:
+        self.app = app
+        self.state = state  # the app's state: its rate_limiter and platform, read per request
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        limiter: RequestLimiter = self.state.rate_limiter
+        if limiter.over_until and scope["type"] == "http":
+            refusal = self._refusal(scope, limiter)
+            if refusal is not None:
+                await respond(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: MutableMapping[str, Any], limiter: RequestLimiter) -> ApiError | None:
+        path = scope["path"]
+        if not path.startswith(TENANT_PATHS) or path.startswith(ADMIN_PATHS):
+            return None
+        authorization = next((value.decode("latin-1") for name, value in scope["headers"]
+                              if name == b"authorization"), None)
+        if authorization is None:
+            return None
+        try:
+            columns = self.state.platform.keys.peek(authorization)[1]
+        except ApiError:
+            return None  # malformed or expired: the app answers it
+        if columns is None:
+            return None
+        caller = caller_of(columns)
+        return limiter.standing_refusal(caller.tenant_id, caller.tier)
+
+
+TENANT_PATHS = "/v1/"
+ADMIN_PATHS = "/v1/admin"
 
 
 def over_rate(policy: TierPolicy, reset_in_s: float) -> ApiError:

@@ -32,6 +32,7 @@ from tuneforge.api.routes import admin, files, inference, internal, jobs, metric
 from tuneforge.db.ratelimit_storage import SqlStorage
 from tuneforge.server import ControlPlane
 from tuneforge.services import files as file_service
+from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
@@ -115,6 +116,49 @@ def test_over_the_limit_answers_429_with_openais_envelope_and_retry_after(limite
     clock.now += 0.75  # the window has ended: a new one starts with this request
     again = world.get("alpha")
     assert again.status_code == 200 and again.headers["x-ratelimit-remaining-requests"] == "2"
+
+
+def test_a_tenant_over_its_rate_is_refused_at_the_door_until_its_window_ends(limited, monkeypatch):
+    """Once a tenant is over its rate, the rest of its window is refused before routing: the same
+    429 (envelope, Retry-After), no count in the storage, no dependency solved; the other tenant,
+    other paths, a tier change and the next window are unaffected."""
+    clock = FakeClock()
+    world = limited({"standard": {"requests_per_s": 2}, "premium": None},
+                    tenants={"alpha": "standard", "beta": "standard"}, clock=clock)
+    assert [world.get("alpha").status_code for _ in range(3)] == [200, 200, 429]
+    assert set(world.limiter.over_until) == {_tenant_id(world, "alpha")}
+
+    counted: list[str] = []
+    original_hit = world.limiter._hit
+    monkeypatch.setattr(world.limiter, "_hit", lambda item, tenant_id: counted.append(tenant_id) or
+                        original_hit(item, tenant_id))
+    clock.now += 0.4
+    for path in ("/v1/files", "/v1/fine_tuning/jobs", "/v1/fine_tuning/jobs/ftjob-x", "/v1/no-such-route"):
+        refused = world.get("alpha", path)
+        assert refused.status_code == 429, (path, refused.text)
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded" and "600ms" in refused.json()["error"]["message"]
+        assert refused.headers["Retry-After"] == "1" and refused.headers["X-Content-Type-Options"] == "nosniff"
+    assert counted == []  # never reached the limiter's storage
+    assert world.get("beta").status_code == 200 and counted == [_tenant_id(world, "beta")]
+    assert world.http.get("/healthz", headers={"Authorization": f"Bearer {world.keys['alpha']}"}).status_code == 200
+
+    with world.platform.db.session() as session:  # an upgrade to a tier without limits applies at once here
+        tenant_service.set_tier(session, "alpha", "premium")
+    world.platform.keys.forget()
+    assert world.get("alpha").status_code == 200 and not world.limiter.over_until
+
+    with world.platform.db.session() as session:
+        tenant_service.set_tier(session, "alpha", "standard")
+    world.platform.keys.forget()
+    clock.now += 1.0  # a new window
+    assert [world.get("alpha").status_code for _ in range(3)] == [200, 200, 429]
+    clock.now += 1.0  # that one ended too: the door lets the tenant in again
+    assert world.get("alpha").status_code == 200 and not world.limiter.over_until
+
+
+def _tenant_id(world: Limited, name: str) -> str:
+    with world.platform.db.session() as session:
+        return next(t.tenant_id for t in tenant_service.list_tenants(session) if t.name == name)
 
 
 def test_the_lean_job_routes_are_counted_and_release_their_slot(limited):
@@ -368,6 +412,7 @@ def test_a_failing_storage_lets_requests_through(limited, tmp_path):
 
     with sqlite3.connect(tmp_path / "counters.db") as conn:
         conn.execute("DROP TABLE rate_limit_counters")
+    clock.now += 1.0  # the window it was over in has ended (until then the door refuses it, storage or not)
     assert [world.get("alpha").status_code for _ in range(3)] == [200, 200, 200]
 
 
