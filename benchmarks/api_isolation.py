@@ -50,12 +50,9 @@ import argparse
 import asyncio
 import math
 import multiprocessing
-import os
 import queue
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
@@ -69,7 +66,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_latency import (  # noqa: E402 - benchmarks/ is not a package
     DATABASES,
     REQUEST_TIMEOUT_S,
-    PgServer,
     RawConnection,
     RequestSpec,
     RequestTimeout,
@@ -78,10 +74,10 @@ from api_latency import (  # noqa: E402 - benchmarks/ is not a package
     _f,
     _workers,
     bench_model_dir,
-    build_tokenizer_dir,
     cancel_open_jobs,
     create_job,
     percentile,
+    prerequisites,
 )
 from harness import (  # noqa: E402
     BenchHome,
@@ -423,15 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ExitStack() as stack:
             print("\n".join(machine_lines("; ".join(args.database))), flush=True)
-            admin_url = args.database_url
-            if "postgres" in args.database and admin_url is None:
-                pg_server = PgServer(args.pg_port)
-                stack.callback(pg_server.stop)
-                admin_url = pg_server.start()
-            scratch = Path(tempfile.mkdtemp(prefix="tuneforge-bench-tokenizer-"))
-            stack.callback(shutil.rmtree, scratch, True)
-            tokenizer_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFORGE_")}
-            tokenizer_dir = build_tokenizer_dir(tokenizer_env, scratch / "tokenizer")
+            admin_url, tokenizer_dir = prerequisites(args, stack)
             for database in args.database:
                 for workers in args.workers:
                     try:

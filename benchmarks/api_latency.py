@@ -920,6 +920,20 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def prerequisites(args: argparse.Namespace, stack: ExitStack) -> tuple[str | None, Path]:
+    """The PostgreSQL admin URL when a combination needs one (a server started here, stopped by
+    `stack`, unless --database-url names one) and the bench model's tokenizer folder."""
+    admin_url = args.database_url
+    if "postgres" in args.database and admin_url is None:
+        pg_server = PgServer(args.pg_port)
+        stack.callback(pg_server.stop)
+        admin_url = pg_server.start()
+    scratch = Path(tempfile.mkdtemp(prefix="tuneforge-bench-tokenizer-"))
+    stack.callback(shutil.rmtree, scratch, True)
+    tokenizer_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFORGE_")}
+    return admin_url, build_tokenizer_dir(tokenizer_env, scratch / "tokenizer")
+
+
 def run(args: argparse.Namespace, stack: ExitStack) -> list[Combination]:
     databases = "; ".join("SQLite (file in each temp home, WAL)" if d == "sqlite" else
                           "PostgreSQL (a fresh database per combination)" for d in args.database)
@@ -932,15 +946,7 @@ def run(args: argparse.Namespace, stack: ExitStack) -> list[Combination]:
           f"{'in this process' if args.generator_processes <= 1 else f'{args.generator_processes} forked processes'}")
     print(f"server env: TUNEFORGE_API_WORKERS=N, "
           f"{'TUNEFORGE_RATE_LIMITS=' + args.rate_limits if args.rate_limits else 'TUNEFORGE_RATE_LIMITS unset'}")
-    admin_url = args.database_url
-    if "postgres" in args.database and admin_url is None:
-        pg_server = PgServer(args.pg_port)
-        stack.callback(pg_server.stop)
-        admin_url = pg_server.start()
-    scratch = Path(tempfile.mkdtemp(prefix="tuneforge-bench-tokenizer-"))
-    stack.callback(shutil.rmtree, scratch, True)
-    tokenizer_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFORGE_")}
-    tokenizer_dir = build_tokenizer_dir(tokenizer_env, scratch / "tokenizer")
+    admin_url, tokenizer_dir = prerequisites(args, stack)
 
     combinations = [Combination(database, workers) for database in args.database for workers in args.workers]
     for number, combo in enumerate(combinations):
