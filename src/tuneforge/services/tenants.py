@@ -179,7 +179,7 @@ class KeyCache:
     key is looked up again, so a revoked key, a changed tier or new quota overrides take effect
     within `ttl_s` in every API process; a key's expiry is checked on every request. From
     `refresh_after_s` on, a hit is still trusted but says that a look-up is due, which the API
-    runs in the background (api/deps.KeyLookups): a busy key is re-read before its entry
+    runs in the background (api/keys.KeyLookups): a busy key is re-read before its entry
     expires, and its requests never all miss at once. Only keys that authenticated are kept (an
     unknown key is looked up each time), at most `max_keys`."""
 
@@ -247,18 +247,14 @@ class KeyCache:
         self._entries.clear()
 
 
-def tenant_of(values: tuple) -> Tenant:
-    """The Tenant of a key's cached columns."""
-    return _detached_tenant(values)
-
-
 def caller_of(values: tuple) -> Caller:
     """The Caller of a key's cached columns."""
     return Caller(values[_TENANT_ID], values[_TIER])
 
 
-def _detached_tenant(values: tuple) -> Tenant:
-    """A fresh Tenant per request (never shared between requests), known to be a stored row."""
+def tenant_of(values: tuple) -> Tenant:
+    """The Tenant of a key's cached columns: a fresh one per request (never shared between
+    requests), known to be a stored row."""
     tenant = Tenant(**dict(zip(_TENANT_COLUMNS, values)))
     make_transient_to_detached(tenant)
     return tenant
