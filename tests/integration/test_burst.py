@@ -54,7 +54,7 @@ def test_a_hundred_concurrent_creates_leave_exactly_the_queue_cap(tmp_path, data
         statuses = Counter(answer.status_code for answer in answers)
         assert statuses == {200: CAP, 429: BURST - CAP}, statuses
         refused = [answer for answer in answers if answer.status_code == 429]
-        assert {answer.json()["error"]["code"] for answer in refused} == {"too_many_queued_jobs"}
+        assert {answer.json()["error"]["code"] for answer in refused} == {"quota_exceeded"}
         with platform.db.session() as session:
             tenant_id = tenant_service.list_tenants(session)[0].tenant_id
             waiting = job_repo.with_status(session, [JobStatus.VALIDATING_FILES.value, JobStatus.QUEUED.value])

@@ -210,7 +210,7 @@ def create_job(
     # the tenant's row stays locked until this request commits: creates racing each other are
     # counted one after the other, and none passes a limit another has just reached
     locked = tenant_repo.lock(session, tenant.tenant_id) or tenant
-    quotas.check_admission(session, locked)  # 403 quota_exceeded / 429 too_many_queued_jobs: nothing is created
+    quotas.check_admission(session, locked)  # 403 quota_exceeded / 429 quota_exceeded: nothing is created
     job = Job(
         job_id=new_id("ftjob"),
         tenant_id=tenant.tenant_id,

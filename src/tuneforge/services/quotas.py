@@ -8,7 +8,7 @@ action)`; the rules it applies:
 - "create" — admission (`check_admission`, called by job create before the row
   exists): this month's billable GPU-hours at or above the hard cap answer 403
   `quota_exceeded`; as many waiting jobs (queued or validating) as
-  `max_queued_jobs` answer 429 `too_many_queued_jobs`. Both refuse the request
+  `max_queued_jobs` answer 429 `quota_exceeded` (type `rate_limit_error`). Both refuse the request
   and leave nothing behind; the tenant can retry once a job has started or the
   month has turned.
 - "start" — the scheduler's start decision (`start_gate`, one per tick; for a
@@ -184,11 +184,12 @@ def refusal(quota: Limits, standing: Standing, action: Action) -> Refusal | None
 def check_admission(session: Session, tenant: Tenant, now: float | None = None) -> None:
     """Raise the API error that refuses a new job of this tenant, if any.
 
-    No lock is taken: the create request validates small jobs inline in the
-    same transaction, so a lock on the tenant would serialise its creates for
-    seconds. Creates racing each other can therefore pass the queue limit by
-    the number in flight at that instant, which a rate guard tolerates; the
-    GPU-hour cap depends on usage, not on other creates, and has no race."""
+    The caller holds the tenant's row lock (`tenant_repo.lock`) until its
+    transaction commits, so creates racing each other are counted one after
+    the other and none passes a limit another has just reached. Both refusals
+    carry `code: quota_exceeded`: 429 (`rate_limit_error`) for the queue cap,
+    which waiting cures, 403 (`insufficient_quota`) for the month's GPU-hours,
+    which it does not."""
     now = time.time() if now is None else now
     quota = limits(tenant)
     standing = Standing(
@@ -204,7 +205,7 @@ def check_admission(session: Session, tenant: Tenant, now: float | None = None) 
             "quota is raised.")
     raise rate_limited(
         f"Too many jobs waiting: {int(refused.used)} queued or validating, the limit is {int(refused.allowed)}. "
-        "Retry once one of them has started, or cancel one.", code="too_many_queued_jobs")
+        "Retry once one of them has started, or cancel one.", code="quota_exceeded")
 
 
 def start_gate(session: Session, holding: Mapping[str, int]) -> Callable[[str], bool]:

@@ -117,7 +117,7 @@ def test_free_tier_queue_limit_answers_429_and_creates_nothing(world):
     assert refused.json()["error"] == {
         "message": "Too many jobs waiting: 3 queued or validating, the limit is 3. "
                    "Retry once one of them has started, or cancel one.",
-        "type": "rate_limit_error", "param": None, "code": "too_many_queued_jobs"}
+        "type": "rate_limit_error", "param": None, "code": "quota_exceeded"}
     with pytest.raises(openai.RateLimitError):
         world.sdk(key_free).fine_tuning.jobs.create(model=world.base_model, training_file=training)
     assert _jobs_of(world, "gamma") == 3
@@ -135,7 +135,7 @@ def test_queue_limit_override_applies_to_a_standard_tenant(world):
     _set_quota(world, "alpha", max_queued_jobs=1)
     training = _upload(world, world.key_a)
     assert _create(world, world.key_a, training).status_code == 200
-    assert _create(world, world.key_a, training).json()["error"]["code"] == "too_many_queued_jobs"
+    assert _create(world, world.key_a, training).json()["error"]["code"] == "quota_exceeded"
     _set_quota(world, "alpha", max_queued_jobs=quotas.UNLIMITED)
     assert _create(world, world.key_a, training).status_code == 200
 
