@@ -696,6 +696,13 @@ def cancel_open_jobs(server: ServerProcess, headers: dict[str, str], keep: tuple
 
 
 # ---- the API phases ------------------------------------------------------------------
+PHASE_NAMES = ("healthz", "get job", "list jobs", "get events", "create job")
+
+
+def _phases(text: str) -> set[str]:
+    return {"healthz", "get job", *_comma_list(text, str.strip, PHASE_NAMES)}
+
+
 def phase_specs(job_id: str, file_id: str) -> list[tuple[str, RequestSpec]]:
     return [
         ("healthz", RequestSpec("GET", "/healthz")),
@@ -733,6 +740,8 @@ def api_phases(server: ServerProcess, api_key: str, combo: Combination, args: ar
               f"after {args.warmup} warm-up requests; load generator: {generator} ==", flush=True)
         results = []
         for name, spec in phase_specs(job_id, file_id):
+            if args.phases is not None and name not in args.phases:
+                continue
             profile_path = None
             if args.py_spy_dir:
                 profile_path = (Path(args.py_spy_dir)
@@ -875,6 +884,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate-limits", type=_rate_limits, default=NO_RATE_LIMITS,
                         help="JSON given to the server as TUNEFORGE_RATE_LIMITS (default: no limit for any tier; "
                              "'' leaves the variable unset, i.e. the server's own default).")
+    parser.add_argument("--phases", type=_phases, default=None,
+                        help=f"Comma list of the phases to run, of {', '.join(PHASE_NAMES)} (default: all); "
+                             "healthz and get job, which the goal compares, always run.")
     parser.add_argument("--quick", action="store_true",
                         help=f"Smoke run: defaults become {QUICK} instead of {FULL}.")
     parser.add_argument("--clients", type=int, default=GOAL_CLIENTS, help="Concurrent keep-alive clients.")

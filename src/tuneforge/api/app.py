@@ -11,6 +11,7 @@ from tuneforge import __version__
 from tuneforge.api import docs, errors, health, openapi
 from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
+from tuneforge.api.hot_path import HotPath
 from tuneforge.api.keys import KeyLookups
 from tuneforge.api.lean_reads import EventPages, JobBodies
 from tuneforge.api.ratelimits import RefuseWhileOver, RequestLimiter
@@ -22,8 +23,9 @@ from tuneforge.settings import Settings
 
 class _App(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
-        # outermost, so that even the answer to an unexpected error carries the security headers
-        return SecurityHeaders(RefuseWhileOver(super().build_middleware_stack(), self.state))
+        # outermost, so that even the answer to an unexpected error carries the security headers;
+        # a tenant over its rate is refused before the hot path, which answers GET job before the app
+        return SecurityHeaders(RefuseWhileOver(HotPath(super().build_middleware_stack(), self.state), self.state))
 
 
 def _telemetry(enabled: bool) -> dict:

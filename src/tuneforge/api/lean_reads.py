@@ -121,7 +121,8 @@ class EventPages:
                  for event_id, created_at, level, message, data, event_type in shown]
         return list_body(items, [row[0] for row in shown], len(rows) > limit)
 
-    def _rows(self, raw: Cursor, tenant_id: str, job_id: str, after: str | None, limit: int) -> list[tuple] | None:
-        if not self._job.rows(raw, tenant_id=tenant_id, job_id=job_id):
+    async def _rows(self, raw: Cursor, tenant_id: str, job_id: str, after: str | None,
+                    limit: int) -> list[tuple] | None:
+        if not await self._job.rows(raw, tenant_id=tenant_id, job_id=job_id):
             return None
-        return self._pages.rows(raw, after, limit, job_id=job_id)
+        return await self._pages.rows(raw, after, limit, job_id=job_id)

@@ -135,9 +135,9 @@ class Database:
         """Where the API's lean reads run (`db.fastread.Reads`): made on first use, closed by `dispose`."""
         with self._listener_lock:
             if self._reads is None:
-                from tuneforge.db.fastread import READ_THREADS, Reads  # it imports this module
+                from tuneforge.db.fastread import READ_CONNECTIONS, Reads  # it imports this module
 
-                self._reads = Reads(self.engine, max(1, min(self.pool_size, READ_THREADS)))
+                self._reads = Reads(self.engine, max(1, min(self.pool_size, READ_CONNECTIONS)))
             return self._reads
 
     def dispose(self) -> None:

@@ -1,5 +1,5 @@
 """Reads on the API's hottest paths without the ORM: a SELECT compiled once for the engine's
-dialect and run on a pooled DB-API cursor.
+dialect and awaited on a connection of their own (`Reads`).
 
 A job read through the ORM spends most of its CPU in SQLAlchemy (statement cache keys, result
 processing, identity map, instance state), not in the database. The rows read here come back as
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -21,13 +21,11 @@ from sqlalchemy.types import TypeDecorator
 
 from tuneforge.db.engine import json_loads
 
-Cursor = Any  # a DB-API cursor (sqlite3 or psycopg)
+Cursor = Any  # psycopg's AsyncCursor, or a sqlite3 cursor behind `SyncCursor`
 T = TypeVar("T")
-# PostgreSQL reads in flight per API process (at most the pool's size): a read is one round trip of
-# a fraction of a millisecond, and more threads than this only contend for the GIL (one pair of
-# quick runs on 2 cores, 2 workers: 10 threads per worker cost 1.8 ms of API CPU per GET job, 4
-# threads 0.8 ms; later runs with 4 threads measured 1.2-1.6 ms: the figures move from run to run)
-READ_THREADS = 4
+# PostgreSQL connections of the lean reads per API process (at most the pool's size): a read is one
+# round trip of a fraction of a millisecond, so a few connections keep the server busy
+READ_CONNECTIONS = 4
 
 
 @contextmanager
@@ -56,12 +54,12 @@ class Prepared:
         self._order = tuple(compiled.positiontup or ()) if compiled.positional else None
         self._defaults = {name: value for name, value in compiled.params.items() if value is not None}
 
-    def rows(self, raw: Cursor, **params: Any) -> list[tuple]:
+    async def rows(self, raw: Cursor, **params: Any) -> list[tuple]:
         if self._defaults:
             params = {**self._defaults, **params}
         bound = params if self._order is None else tuple(params[name] for name in self._order)
-        raw.execute(self.sql, bound)
-        return raw.fetchall()
+        await raw.execute(self.sql, bound)
+        return await raw.fetchall()
 
 
 def _is_json(column_type: Any) -> bool:
@@ -114,71 +112,155 @@ class NewestFirst:
         self._next = Prepared(engine, stmt.where(model.pk < cursor_pk.scalar_subquery()).order_by(newest)
                               .limit(bindparam("rows")))
 
-    def rows(self, raw: Cursor, after: str | None, limit: int, **params: Any) -> list[tuple]:
+    async def rows(self, raw: Cursor, after: str | None, limit: int, **params: Any) -> list[tuple]:
         if after is None:
-            return self._first.rows(raw, rows=limit + 1, **params)
-        if not self._known.rows(raw, after=after):
+            return await self._first.rows(raw, rows=limit + 1, **params)
+        if not await self._known.rows(raw, after=after):
             return []
-        return self._next.rows(raw, after=after, rows=limit + 1, **params)
+        return await self._next.rows(raw, after=after, rows=limit + 1, **params)
+
+
+class SyncCursor:
+    """A sqlite3 cursor behind the awaitable face of psycopg's `AsyncCursor` (`execute`,
+    `fetchall`), so that one read function serves both databases."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Cursor) -> None:
+        self.raw = raw
+
+    async def execute(self, sql: str, params: Any) -> None:
+        self.raw.execute(sql, params)
+
+    async def fetchall(self) -> list[tuple]:
+        return self.raw.fetchall()
+
+
+class _Slot:
+    """One of the PostgreSQL connections of `Reads`, with the cursor reused by every read on it."""
+
+    __slots__ = ("connection", "cursor")
+
+    def __init__(self) -> None:
+        self.connection: Any = None
+        self.cursor: Any = None
+
+    def drop(self) -> None:
+        """Close the connection at once, from any thread and without awaiting (libpq's finish):
+        the next read on this slot opens a new one."""
+        if self.connection is not None and not self.connection.closed:
+            self.connection.pgconn.finish()
+        self.connection = self.cursor = None
 
 
 class Reads:
-    """Where the lean reads run: `await reads.call(fn, *args)` runs `fn(cursor, *args)`.
+    """Where the lean reads run: `await reads.call(fn, *args)` awaits `fn(cursor, *args)`, a
+    coroutine function whose cursor has `await cursor.execute(sql, params)` and
+    `await cursor.fetchall()`.
 
-    SQLite: right here, on the event loop, with a pooled connection. Such a read never waits for
-    a lock (WAL: readers do not wait for the writer) nor for a network, so it only costs its own
-    CPU, which a trip to a thread would cost as well.
+    SQLite: right here, on the event loop, with a pooled connection (behind `SyncCursor`). Such a
+    read never waits for a lock (WAL: readers do not wait for the writer) nor for a network, so it
+    only costs its own CPU, which a trip to a thread would cost as well.
 
-    PostgreSQL: on `threads` threads of their own, each keeping one connection in autocommit, so
-    that a read is one round trip: no checkout from the pool with its ping, no rollback when the
-    connection goes back (measured: through the shared pool and thread pool, GET job cost the API
-    process 4.3 ms of CPU and the database a new connection whenever forty reads ran at once). A
-    connection that failed is replaced, and the read tried once more on the new one."""
+    PostgreSQL: on the event loop too, on `connections` asynchronous psycopg connections of their
+    own in autocommit, so that a read is one round trip: no checkout from the shared pool with its
+    ping, no rollback when the connection goes back, no trip through a thread (measured: through
+    the shared pool and thread pool, GET job cost the API process 4.3 ms of CPU; through threads
+    with connections of their own ~0.18 ms per read in-process, on the loop ~0.12 ms, statements
+    prepared by psycopg after their fifth use). A read waits its turn when all are busy. A
+    connection that failed is replaced and the read tried once more on the new one; a read that
+    ends any other way than with its rows (cancelled because the client left, or a statement
+    error) closes its connection, whose state is then unknown.
 
-    def __init__(self, engine: Engine, threads: int) -> None:
+    The connections belong to no event loop: one read at a time each, so one `Reads` serves
+    event loops that follow each other (tests) or run side by side (a waiter is woken on its
+    own loop)."""
+
+    def __init__(self, engine: Engine, connections: int) -> None:
         self.engine = engine
         self.sqlite = engine.dialect.name == "sqlite"
-        self._threads = threads
-        self._executor: ThreadPoolExecutor | None = None
-        self._local = threading.local()
-        self._opened: list[Any] = []
+        self._slots = [_Slot() for _ in range(connections)]
+        self._idle = list(self._slots)
+        self._waiters: deque[asyncio.Future] = deque()
         self._lock = threading.Lock()
         self._conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self.sqlite:
             with cursor(self.engine) as raw:
-                return fn(raw, *args)
-        if self._executor is None:
-            with self._lock:
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="tuneforge-reads")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._in_thread, fn, args)
+                return await fn(SyncCursor(raw), *args)
+        slot = await self._take()
+        try:
+            return await self._read(slot, fn, args)
+        finally:
+            self._give(slot)
 
-    def _in_thread(self, fn: Callable[..., T], args: tuple) -> T:
+    async def _read(self, slot: _Slot, fn: Callable[..., Awaitable[T]], args: tuple) -> T:
         import psycopg  # a PostgreSQL platform has it; SQLite never gets here
 
         for attempt in (1, 2):
-            connection = getattr(self._local, "connection", None)
-            if connection is None or connection.closed:
-                connection = psycopg.connect(self._conninfo, autocommit=True)
-                self._local.connection = connection
-                with self._lock:  # the ones closed after a failure are forgotten
-                    self._opened = [kept for kept in self._opened if not kept.closed] + [connection]
+            if slot.connection is None or slot.connection.closed:
+                slot.connection = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                slot.cursor = slot.connection.cursor()
             try:
-                with connection.cursor() as raw:
-                    return fn(raw, *args)
+                return await fn(slot.cursor, *args)
             except psycopg.OperationalError:
-                connection.close()  # broken (the server restarted, the network dropped): a new one next
+                slot.drop()  # broken (the server restarted, the network dropped): a new one next
                 if attempt == 2:
                     raise
+            except BaseException:
+                slot.drop()
+                raise
         raise AssertionError("unreachable")
 
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+    async def _take(self) -> _Slot:
         with self._lock:
-            for connection in self._opened:
-                connection.close()
-            self._opened.clear()
+            if self._idle:
+                return self._idle.pop()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed over just as the wait was cancelled
+                self._give(waiter.result())
+            raise
+
+    def _give(self, slot: _Slot) -> None:
+        """The slot back: to the longest waiter still waiting (on its own loop), else idle."""
+        while True:
+            with self._lock:
+                while self._waiters and self._waiters[0].done():
+                    self._waiters.popleft()  # cancelled
+                if not self._waiters:
+                    self._idle.append(slot)
+                    return
+                waiter = self._waiters.popleft()
+            loop = waiter.get_loop()
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if loop is here:
+                self._hand(waiter, slot)
+                return
+            try:
+                loop.call_soon_threadsafe(self._hand, waiter, slot)
+                return
+            except RuntimeError:  # that loop is closed: its waiter is gone, try the next one
+                continue
+
+    def _hand(self, waiter: asyncio.Future, slot: _Slot) -> None:
+        if waiter.done():
+            self._give(slot)
+        else:
+            waiter.set_result(slot)
+
+    def close(self) -> None:
+        with self._lock:
+            for slot in self._slots:
+                slot.drop()
+
+    @property
+    def open_connections(self) -> int:
+        return sum(1 for slot in self._slots if slot.connection is not None and not slot.connection.closed)

@@ -221,3 +221,58 @@ def test_another_tenants_jobs_events_are_404(api):
         answer = api.get(f"/v1/fine_tuning/jobs/{job_id}/events")
         assert answer.status_code == 404
         assert answer.json()["error"]["message"] == f"No such fine-tuning job: {job_id}"
+
+
+def test_get_job_is_answered_before_the_app_with_the_routes_headers(api, monkeypatch):
+    _, _, job_id = add_running_job(api.platform, "gamma")
+    import tuneforge.api.routes.jobs as job_routes
+
+    def the_route(*_args, **_kwargs):
+        raise AssertionError("GET job reached the app's route")
+
+    monkeypatch.setattr(job_routes, "job_answer", the_route)
+    training = _upload(api, chat_lines(12))
+    job = api.create(training)
+    answer = api.get(f"/v1/fine_tuning/jobs/{job['id']}")
+    assert answer.status_code == 200 and answer.json() == api.reference(job["id"])
+    assert answer.headers["content-type"] == "application/json"
+    assert int(answer.headers["content-length"]) == len(answer.content)
+    assert answer.headers["x-content-type-options"] == "nosniff"  # the security headers, added outside
+    assert int(answer.headers["x-ratelimit-limit-requests"]) > 0  # the tier's limits, counted
+    # the API's own errors, from the hot path as from the route: no key, a bad key, another's job
+    assert api.http.get(f"/v1/fine_tuning/jobs/{job['id']}").status_code == 401
+    assert api.get(f"/v1/fine_tuning/jobs/{job['id']}", key="sk-wrong").status_code == 401
+    other = api.get(f"/v1/fine_tuning/jobs/{job_id}")
+    assert other.status_code == 404 and other.json()["error"]["param"] == "fine_tuning_job_id"
+    assert other.headers["x-content-type-options"] == "nosniff"
+    # what is not exactly GET job goes to the app: more segments, a NUL in the query
+    assert api.get(f"/v1/fine_tuning/jobs/{job['id']}/events").status_code == 200
+    assert api.get(f"/v1/fine_tuning/jobs/{job['id']}?x=%00").status_code == 400
+
+
+def test_an_error_that_is_not_the_apis_goes_to_the_app_which_reports_it(api, monkeypatch, caplog):
+    training = _upload(api, chat_lines(12))
+    job = api.create(training)
+    bodies = api.http.app.state.job_bodies
+    real_read, calls = bodies.read, []
+
+    async def failing_once(tenant_id: str, job_id: str):
+        calls.append(job_id)
+        if len(calls) == 1:
+            raise RuntimeError("the database went away")
+        return await real_read(tenant_id, job_id)
+
+    monkeypatch.setattr(bodies, "read", failing_once)
+    answer = api.get(f"/v1/fine_tuning/jobs/{job['id']}")
+    assert answer.status_code == 200 and answer.json()["id"] == job["id"]  # the app's route read it again
+    assert calls == [job["id"], job["id"]]
+
+    async def always_failing(tenant_id: str, job_id: str):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(bodies, "read", always_failing)
+    answer = api.get(f"/v1/fine_tuning/jobs/{job['id']}")
+    assert answer.status_code == 500 and answer.json()["error"]["code"] == "internal_error"
+    request_id = answer.headers["x-request-id"]
+    assert "went away" not in answer.text and request_id in answer.text
+    assert any(request_id in record.getMessage() for record in caplog.records)

@@ -47,7 +47,7 @@ def test_a_dropped_postgresql_connection_is_replaced_and_connections_close_with_
         tmp_path, database_url, db_backend):
     if db_backend != "postgresql":
         pytest.skip("SQLite reads run on the pooled connections of the engine")
-    platform = make_platform(tmp_path, database_url, database_pool_size=1)  # one read thread
+    platform = make_platform(tmp_path, database_url, database_pool_size=1)  # one read connection
     reads = platform.db.reads
     backend_pid = Prepared(platform.db.engine, select(text("pg_backend_pid()")))
 
@@ -55,14 +55,14 @@ def test_a_dropped_postgresql_connection_is_replaced_and_connections_close_with_
         return asyncio.run(reads.call(backend_pid.rows))[0][0]
 
     first = pid()
-    assert pid() == first  # one thread, one connection kept open
+    assert pid() == first  # one connection kept open, from one event loop to the next
     with platform.db.engine.connect() as admin:
         admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
         admin.commit()
     second = pid()  # the read is tried again on a new connection, not failed
     assert second != first
     platform.db.dispose()
-    assert reads._opened == [] and reads._executor is None
+    assert reads.open_connections == 0
     other = make_platform(tmp_path / "again", database_url)
     try:
         with other.db.engine.connect() as check:
@@ -70,3 +70,37 @@ def test_a_dropped_postgresql_connection_is_replaced_and_connections_close_with_
             assert alive.scalar() == 0
     finally:
         other.db.dispose()
+
+
+def test_more_reads_than_connections_wait_their_turn_and_a_cancelled_read_costs_nothing(
+        tmp_path, database_url, db_backend):
+    if db_backend != "postgresql":
+        pytest.skip("SQLite reads run on the pooled connections of the engine")
+    platform = make_platform(tmp_path, database_url, database_pool_size=2)  # two read connections
+    reads = platform.db.reads
+    backend_pid = Prepared(platform.db.engine, select(text("pg_backend_pid()")))
+    slow = Prepared(platform.db.engine, select(text("pg_backend_pid()"), text("pg_sleep(0.05)")))
+
+    async def scenario() -> tuple[set[int], list[int]]:
+        # 20 reads at once on 2 connections: every one answered, by one of the two servers
+        pids = await asyncio.gather(*(reads.call(slow.rows) for _ in range(20)))
+        # a read cancelled while it waits for a connection, and one cancelled mid-statement
+        blockers = [asyncio.create_task(reads.call(slow.rows)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(reads.call(backend_pid.rows))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        blockers[0].cancel()
+        await asyncio.gather(*blockers, waiting, return_exceptions=True)
+        after = await asyncio.gather(*(reads.call(backend_pid.rows) for _ in range(5)))
+        return {row[0][0] for row in pids}, [row[0][0] for row in after]
+
+    try:
+        served, after = asyncio.run(scenario())
+        assert len(served) == 2
+        assert len(after) == 5 and reads.open_connections <= 2
+        # the connection whose statement was cancelled was closed and replaced; the other kept
+        assert len(set(after) - served) <= 1 and set(after) & served
+    finally:
+        platform.db.dispose()
+    assert reads.open_connections == 0

@@ -15,6 +15,7 @@ from starlette.background import BackgroundTask
 
 from tuneforge.api import deps, sse
 from tuneforge.api.headers import attachment
+from tuneforge.api.hot_path import job_answer
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
 from tuneforge.api.openapi import error_responses
@@ -32,11 +33,8 @@ _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 # segment answers GET (its `{job_id}` matches neither "" nor a path with more segments).
 @router.get("/{job_id}", response_model=dict, openapi_extra=deps.lean_parameters("job_id"))
 async def retrieve_job(request: Request) -> Response:
-    job_id = request.path_params["job_id"]
-    async with deps.admitted(request) as caller:
-        body = await request.app.state.job_bodies.read(caller.tenant_id, job_id)
-    if body is None:
-        raise job_service.not_found_job(job_id)
+    """Answered by api/hot_path.HotPath before the app; here when it hands a request over."""
+    body = await job_answer(request.app.state, request.scope, request.path_params["job_id"])
     return Response(body, media_type="application/json")
 
 
