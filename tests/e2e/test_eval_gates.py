@@ -164,13 +164,20 @@ def _check_exports(plane, job_id: str, tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
     adapter = _download(plane, job_id, "artifact=adapter", tmp_path)
-    assert_vllm_adapter_layout(adapter, rank=LORA["rank"], alpha=LORA["alpha"], base_model="tiny-chat")
+    # the adapter names its base by what it was registered from, so it loads with no other argument
+    assert_vllm_adapter_layout(adapter, rank=LORA["rank"], alpha=LORA["alpha"], base_model=str(plane.model_dir))
+    assert json.loads((adapter / "tuneforge.json").read_text())["base_model"] == "tiny-chat"
+    from peft import AutoPeftModelForCausalLM
+
+    standalone = AutoPeftModelForCausalLM.from_pretrained(adapter).eval()
     merged = AutoModelForCausalLM.from_pretrained(_download(plane, job_id, "artifact=merged&dtype=fp32", tmp_path))
     base = AutoModelForCausalLM.from_pretrained(plane.model_dir, dtype=torch.float32)
     reference = PeftModel.from_pretrained(base, adapter).eval()
     ids = torch.randint(5, 300, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        difference = (merged.eval()(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max()
+        expected = reference(input_ids=ids).logits
+        difference = (merged.eval()(input_ids=ids).logits - expected).abs().max()
+        assert torch.equal(standalone(input_ids=ids).logits, expected)
     assert difference < 1e-3
     bad = httpx.get(f"{plane.url}/v1/fine_tuning/jobs/{job_id}/download?artifact=merged&dtype=int3",
                     headers={"Authorization": f"Bearer {plane.key_a}"})

@@ -74,7 +74,7 @@ def stage_job(
         tenant_id=TENANT_ID,
         attempt=attempt,
         seed=0,
-        base_model=BaseModelRef(BASE_MODEL_NAME, BASE_MODEL_SHA, model_prefix),
+        base_model=BaseModelRef(BASE_MODEL_NAME, BASE_MODEL_SHA, model_prefix, source=str(model_dir)),
         training_file=DataFileRef("file-train", train_key),
         validation_file=validation_ref,
         method="supervised",

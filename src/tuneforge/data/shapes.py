@@ -153,7 +153,19 @@ def _chat(record: dict[str, Any], line: int, warnings: list[DataIssue]) -> Examp
     tools, tool_names = tool_definitions(record.get("tools"), "tools", line)
     optional_bool(record, "parallel_tool_calls", "parallel_tool_calls", line)
     messages = conversation(record["messages"], "messages", line, warnings, tool_names, prompt_only=False)
+    if record.get("parallel_tool_calls") is False:
+        _one_call_per_turn(messages, "messages", line)
     return Example(line=line, kind="chat", messages=messages, tools=tools)
+
+
+def _one_call_per_turn(messages: list[dict[str, Any]], field: str, line: int) -> None:
+    """With `parallel_tool_calls: false` an assistant turn makes at most one tool call: the model
+    would otherwise learn what the example forbids it."""
+    for index, message in enumerate(messages):
+        calls = message.get("tool_calls") or []
+        if len(calls) > 1:
+            raise issue("invalid_tool_call", f"{field}[{index}] makes {len(calls)} tool calls, but "
+                        "'parallel_tool_calls' is false", line, f"{field}[{index}].tool_calls")
 
 
 # --- instruction and text -------------------------------------------------------
@@ -193,6 +205,9 @@ def _dpo_preference(record: dict[str, Any], line: int, warnings: list[DataIssue]
     messages, tools, tool_names = prompt_input(record["input"], line, warnings)
     chosen = one_answer(record["preferred_output"], "preferred_output", line, tool_names)
     rejected = one_answer(record["non_preferred_output"], "non_preferred_output", line, tool_names)
+    if record["input"].get("parallel_tool_calls") is False:
+        _one_call_per_turn([chosen], "preferred_output", line)
+        _one_call_per_turn([rejected], "non_preferred_output", line)
     _check_distinct(chosen, rejected, "non_preferred_output", line)
     return Example(line=line, kind="preference", messages=messages, tools=tools, chosen=chosen, rejected=rejected)
 

@@ -53,7 +53,8 @@ def tokenize_example(
     if "messages" in example:
         return tokenize_chat(
             example["messages"], tokenizer, max_seq_length=max_seq_length,
-            train_on_inputs=train_on_inputs,
+            train_on_inputs=train_on_inputs, tools=example.get("tools"),
+            parallel_tool_calls=example.get("parallel_tool_calls"),
         )
     if "prompt" in example and "completion" in example:
         return tokenize_prompt_completion(
@@ -96,15 +97,26 @@ def tokenize_chat(
     *,
     max_seq_length: int,
     train_on_inputs: bool = False,
+    tools: Any = None,
+    parallel_tool_calls: Any = None,
 ) -> TokenizedExample:
+    """`tools` (OpenAI function definitions) and `parallel_tool_calls` reach the chat template as
+    `tools=` and `parallel_tool_calls=`, as at inference, so the model trains with the schemas
+    it is shown when serving; a template without tool support renders without them."""
     turns, weights = _validated_turns(messages)
+    template = template_arguments(tools, parallel_tool_calls)
+    if parallel_tool_calls is False:
+        for index, turn in enumerate(turns):
+            if len(turn.get("tool_calls") or ()) > 1:
+                raise BadDataError("invalid_tool_calls", f"messages[{index}] makes {len(turn['tool_calls'])} tool "
+                                   "calls but parallel_tool_calls is false", param=f"messages[{index}].tool_calls")
     if not train_on_inputs and not any(
         turn["role"] == "assistant" and weight for turn, weight in zip(turns, weights)
     ):
         raise BadDataError(
             "no_trainable_messages", "every assistant message has weight 0", param="messages"
         )
-    text, spans = assistant_char_spans(turns, weights, tokenizer)
+    text, spans = assistant_char_spans(turns, weights, tokenizer, template)
     # The template wrote any BOS into the text; adding it again would double it.
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     input_ids = list(encoded["input_ids"])
@@ -169,17 +181,33 @@ def _content_text(content: Any, where: str) -> str:
     )
 
 
-def _render(tokenizer: Any, turns: list[dict[str, str]], add_generation_prompt: bool) -> str:
+def template_arguments(tools: Any, parallel_tool_calls: Any) -> dict[str, Any]:
+    """What a chat template gets beside the turns: `tools` and `parallel_tool_calls` when given."""
+    arguments: dict[str, Any] = {}
+    if tools:
+        if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+            raise BadDataError("invalid_tools", "'tools' must be a list of tool definitions", param="tools")
+        arguments["tools"] = tools
+    if parallel_tool_calls is not None:
+        if not isinstance(parallel_tool_calls, bool):
+            raise BadDataError("invalid_type", "'parallel_tool_calls' must be true or false",
+                               param="parallel_tool_calls")
+        arguments["parallel_tool_calls"] = parallel_tool_calls
+    return arguments
+
+
+def _render(tokenizer: Any, turns: list[dict[str, str]], add_generation_prompt: bool,
+            template: dict[str, Any] | None = None) -> str:
     try:
         return tokenizer.apply_chat_template(
-            turns, tokenize=False, add_generation_prompt=add_generation_prompt
+            turns, tokenize=False, add_generation_prompt=add_generation_prompt, **(template or {})
         )
     except Exception as exc:  # noqa: BLE001 - jinja has its own types, templates raise on purpose
         raise BadDataError("chat_template_error", f"the model's chat template refused: {exc}") from None
 
 
 def assistant_char_spans(
-    turns: list[dict[str, str]], weights: list[int], tokenizer: Any
+    turns: list[dict[str, str]], weights: list[int], tokenizer: Any, template: dict[str, Any] | None = None
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character span of each trained assistant turn.
 
@@ -189,35 +217,36 @@ def assistant_char_spans(
     turns break that prefix property; for those the turn's content is found
     in the text instead.
     """
-    full_text = _render(tokenizer, turns, add_generation_prompt=False)
+    full_text = _render(tokenizer, turns, False, template)
     spans: list[tuple[int, int]] = []
     cursor = 0
     for index, turn in enumerate(turns):
         if turn["role"] != "assistant" or not weights[index]:
             cursor = _advance_past(full_text, turn["content"], cursor)
             continue
-        span = _prefix_span(tokenizer, turns, index, full_text)
+        span = _prefix_span(tokenizer, turns, index, full_text, template)
         if span is None:
-            span = _search_span(tokenizer, turns, index, full_text, cursor)
+            span = _search_span(tokenizer, turns, index, full_text, cursor, template)
         spans.append(span)
         cursor = span[1]
     return full_text, spans
 
 
 def _prefix_span(
-    tokenizer: Any, turns: list[dict[str, str]], index: int, full_text: str
+    tokenizer: Any, turns: list[dict[str, str]], index: int, full_text: str, template: dict[str, Any] | None
 ) -> tuple[int, int] | None:
     if index == 0:
         return None  # nothing precedes the turn, so there is no prompt to render
-    before = _render(tokenizer, turns[:index], add_generation_prompt=True)
-    through = _render(tokenizer, turns[: index + 1], add_generation_prompt=False)
+    before = _render(tokenizer, turns[:index], True, template)
+    through = _render(tokenizer, turns[: index + 1], False, template)
     if through.startswith(before) and full_text.startswith(through) and len(through) > len(before):
         return len(before), len(through)
     return None
 
 
 def _search_span(
-    tokenizer: Any, turns: list[dict[str, str]], index: int, full_text: str, cursor: int
+    tokenizer: Any, turns: list[dict[str, str]], index: int, full_text: str, cursor: int,
+    template: dict[str, Any] | None,
 ) -> tuple[int, int]:
     content = turns[index]["content"]
     start = full_text.find(content, cursor)
@@ -230,7 +259,7 @@ def _search_span(
     end = start + len(content)
     # Keep the end-of-turn markup so the model learns to stop: what the template
     # writes after this turn when it ends the conversation, else the EOS token.
-    through = _render(tokenizer, turns[: index + 1], add_generation_prompt=False)
+    through = _render(tokenizer, turns[: index + 1], False, template)
     tail = through[through.rfind(content) + len(content):]
     eos = tokenizer.eos_token or ""
     if tail and full_text.startswith(tail, end):

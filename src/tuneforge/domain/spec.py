@@ -21,6 +21,9 @@ class BaseModelRef:
     name: str
     sha256: str
     prefix: str  # object-store prefix holding config, weights and tokenizer
+    # what the base was registered from (a hub id, or the path on the control plane's host): what
+    # an exported adapter names as its base, for loaders elsewhere
+    source: str = ""
 
 
 @dataclass(frozen=True)

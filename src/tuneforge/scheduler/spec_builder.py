@@ -32,7 +32,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         tenant_id=job.tenant_id,
         attempt=number,
         seed=job.seed,
-        base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix),
+        base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix, source=base.source),
         training_file=DataFileRef(file_id=training.file_id, key=data.train_key or training.key,
                                   sha256=training.sha256),
         validation_file=validation,

@@ -20,7 +20,8 @@ from tuneforge.services.context import Platform
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
-_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md")
+_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "README.md",
+                  "tuneforge.json")
 _MODEL_FILES = ("model.safetensors",)
 
 

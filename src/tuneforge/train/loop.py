@@ -393,7 +393,7 @@ def save_final(run: Run) -> TrainerExit:
         return TrainerExit.SUCCESS
     if is_adapter(run.model):
         adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
-        upload_adapter(run.model, spec.base_model.name, run.store, adapter_prefix)
+        upload_adapter(run.model, spec.base_model, spec.job_id, run.store, adapter_prefix)
     else:
         adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "model")
         upload_full_model(run.model, run.tokenizer, run.store, adapter_prefix)

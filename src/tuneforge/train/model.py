@@ -72,11 +72,15 @@ def is_adapter(model: Any) -> bool:
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:
-    """Leaf names of every `nn.Linear` except the output layer: what 'all-linear' means."""
+    """Leaf names of every linear layer (`nn.Linear`, its quantized subclasses, GPT-2 style
+    `Conv1D`, fused projections such as `qkv_proj` or `query_key_value` alike) except the output
+    layer: what 'all-linear' means, as in PEFT."""
+    from transformers.pytorch_utils import Conv1D
+
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     names = set()
     for qualified_name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or module is output:
+        if not isinstance(module, (torch.nn.Linear, Conv1D)) or module is output:
             continue
         leaf = qualified_name.rsplit(".", 1)[-1]
         if leaf not in _OUTPUT_LAYER_NAMES:

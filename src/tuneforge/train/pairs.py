@@ -52,13 +52,23 @@ def prompt_context(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**message, "weight": 0} if message.get("role") == "assistant" else message for message in messages]
 
 
+def prompt_tools(record: dict[str, Any]) -> dict[str, Any]:
+    """The `input.tools` and `input.parallel_tool_calls` of a preference line, as `tokenize_chat`
+    takes them: the chat template renders the prompt with them, as at inference."""
+    prompt = record.get("input") or {}
+    if not isinstance(prompt, dict):
+        return {}
+    return {"tools": prompt.get("tools"), "parallel_tool_calls": prompt.get("parallel_tool_calls")}
+
+
 def answer_sequence(context: list[dict[str, Any]], answer: Any, key: str, tokenizer: Any, *,
-                    max_seq_length: int) -> TokenizedExample:
-    """`context` plus the one assistant message of `answer` (a list holding it), answer tokens as targets."""
+                    max_seq_length: int, tools: dict[str, Any] | None = None) -> TokenizedExample:
+    """`context` plus the one assistant message of `answer` (a list holding it), answer tokens as
+    targets; `tools`: `prompt_tools` of the line."""
     if not isinstance(answer, list) or len(answer) != 1 or not isinstance(answer[0], dict):
         raise BadDataError("invalid_example", f"'{key}' must hold one assistant message", param=key)
     turn = {**answer[0], "role": "assistant", "weight": 1}
-    sequence = tokenize_chat(context + [turn], tokenizer, max_seq_length=max_seq_length)
+    sequence = tokenize_chat(context + [turn], tokenizer, max_seq_length=max_seq_length, **(tools or {}))
     if sequence.num_loss_tokens == 0:
         raise BadDataError("example_too_long", f"the prompt fills max_seq_length ({max_seq_length}) and leaves "
                                                f"no room for '{key}'", param=key)
@@ -75,7 +85,9 @@ class PairExample:
 
 def tokenize_pair(record: dict[str, Any], tokenizer: Any, *, max_seq_length: int) -> tuple[TokenizedExample, ...]:
     context = prompt_context(record)
-    return tuple(answer_sequence(context, record.get(key), key, tokenizer, max_seq_length=max_seq_length)
+    tools = prompt_tools(record)
+    return tuple(answer_sequence(context, record.get(key), key, tokenizer, max_seq_length=max_seq_length,
+                                 tools=tools)
                  for key in ("preferred_output", "non_preferred_output"))
 
 

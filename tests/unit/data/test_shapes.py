@@ -170,6 +170,20 @@ def test_call_of_a_function_not_in_tools() -> None:
     assert "get_time" in issue.message and issue.excerpt == "get_time"
 
 
+def test_two_calls_in_a_turn_need_parallel_tool_calls() -> None:
+    two_calls = [user(), assistant(None, tool_calls=[call("a"), call("b")]),
+                 {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+                 {"role": "tool", "tool_call_id": "b", "content": "rain"}, assistant("Mixed.")]
+    issue = assert_error({"messages": two_calls, "tools": [WEATHER], "parallel_tool_calls": False},
+                         "invalid_tool_call", "messages[1].tool_calls")
+    assert "2 tool calls" in issue.message
+    for allowed in (True, None):
+        record = {"messages": two_calls, "tools": [WEATHER]}
+        if allowed is not None:
+            record["parallel_tool_calls"] = allowed
+        assert ok(record)[0].kind == "chat"
+
+
 def test_empty_turns_that_are_not_trained_are_warnings() -> None:
     _, warnings = ok({"messages": [{"role": "system", "content": ""}, user(" "), assistant("", weight=0),
                                    user("again"), assistant("Yes")]})

@@ -147,3 +147,64 @@ def test_bad_examples_raise_data_error_naming_the_field(
         tokenize_example(example, tokenizer, max_seq_length=64)
     assert caught.value.code == code
     assert caught.value.param == param
+
+
+# A template that, like Qwen's and Llama 3's, shows the tool schemas in the system turn and writes an
+# assistant's tool calls as JSON in its own turn.
+TOOL_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}{{ '<|im_start|>system\nTools:' }}{% for t in tools %}"
+    "{{ ' ' + t['function']['name'] + ': ' + t['function']['description'] }}{% endfor %}"
+    "{% if parallel_tool_calls is defined and not parallel_tool_calls %}{{ ' (one call at a time)' }}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}{{ '<tool>' + c['function']['name'] + c['function']['arguments'] + '</tool>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+
+
+def _call(call_id: str, city: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": f'{{"city":"{city}"}}'}}
+
+
+def _tool_example(calls: list[dict], **extra) -> dict:
+    return {"messages": [{"role": "user", "content": "Weather?"},
+                         {"role": "assistant", "content": "", "tool_calls": calls},
+                         *({"role": "tool", "tool_call_id": call["id"], "content": "sunny"} for call in calls),
+                         {"role": "assistant", "content": "Sunny."}],
+            "tools": [WEATHER_TOOL], **extra}
+
+
+def test_tools_reach_the_chat_template_and_tool_calls_carry_loss(tokenizer: Any) -> None:
+    tooled = copy.deepcopy(tokenizer)
+    tooled.chat_template = TOOL_TEMPLATE
+    example = tokenize_example(_tool_example([_call("c1", "Oslo")]), tooled, max_seq_length=512)
+    text = tooled.decode(example.input_ids)
+    assert "Tools: get_weather: Weather in a city" in text  # the schema the model is served with
+    trained = "".join(piece for piece, label in zip(_pieces(tooled, example.input_ids), example.labels)
+                      if label != IGNORE_INDEX)
+    # both assistant turns, the tool call included; never the schema, the question or the tool's answer
+    assert trained == '<tool>get_weather{"city":"Oslo"}</tool><|im_end|>\nSunny.<|im_end|>\n'
+    # parallel_tool_calls reaches the template too
+    single = tokenize_example(_tool_example([_call("c1", "Oslo")], parallel_tool_calls=False), tooled,
+                              max_seq_length=512)
+    assert "(one call at a time)" in tooled.decode(single.input_ids)
+    # a template that knows no tools renders without them
+    unaware = copy.deepcopy(tokenizer)
+    unaware.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                             "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+                             "{{ '<|im_start|>assistant\n' }}{% endif %}")
+    plain = tokenize_example(_tool_example([_call("c1", "Oslo")]), unaware, max_seq_length=512)
+    assert "get_weather" not in unaware.decode(plain.input_ids) and plain.num_loss_tokens
+
+
+def test_parallel_tool_calls_false_refuses_a_turn_with_two_calls(tokenizer: Any) -> None:
+    tooled = copy.deepcopy(tokenizer)
+    tooled.chat_template = TOOL_TEMPLATE
+    two = _tool_example([_call("c1", "Oslo"), _call("c2", "Rome")], parallel_tool_calls=False)
+    with pytest.raises(BadDataError) as refused:
+        tokenize_example(two, tooled, max_seq_length=512)
+    assert refused.value.code == "invalid_tool_calls" and refused.value.param == "messages[1].tool_calls"
+    assert tokenize_example({**two, "parallel_tool_calls": True}, tooled, max_seq_length=512).num_loss_tokens

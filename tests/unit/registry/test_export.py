@@ -94,7 +94,8 @@ def assert_vllm_adapter_layout(folder: Path, *, rank: int, alpha: int, base_mode
     """What vLLM's multi-LoRA loader reads: a PEFT LoRA config and safetensors named by module path,
     with no embedding or output-head weights."""
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in folder.iterdir()}
-    assert {p.name for p in folder.iterdir()} <= {"adapter_config.json", "adapter_model.safetensors", "README.md"}
+    assert {p.name for p in folder.iterdir()} <= {"adapter_config.json", "adapter_model.safetensors", "README.md",
+                                             "tuneforge.json"}
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == rank and config["lora_alpha"] == alpha
     assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.helpers.tiny import BASE_MODEL_NAME, BASE_MODEL_SHA
@@ -52,3 +53,36 @@ def test_lora_initialisation_follows_the_seed(tiny_model_dir: Path) -> None:
 
     assert torch.equal(lora_a(1), lora_a(1))
     assert not torch.equal(lora_a(1), lora_a(2))
+
+
+# tiny random models of other families: their linear layers as transformers names them (GPT-2's
+# are Conv1D; GPT-NeoX and Phi-3 fuse their projections), never the output head
+ARCHITECTURES = {
+    "gpt2": ({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 64, "vocab_size": 128},
+             ["c_attn", "c_fc", "c_proj"]),
+    "gpt_neox": ({"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                  "max_position_embeddings": 64, "vocab_size": 128},
+                 ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]),
+    "phi3": ({"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+              "intermediate_size": 64, "max_position_embeddings": 64, "vocab_size": 128, "pad_token_id": 0},
+             ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_all_linear_covers_conv1d_and_fused_projections(model_type: str) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings, expected = ARCHITECTURES[model_type]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings))
+    assert linear_module_names(model) == expected
+    peft_model = build_lora_model(model, LoraConfig(rank=4, alpha=8), seed=0)
+    trainable = [name for name, p in peft_model.named_parameters() if p.requires_grad]
+    adapted = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in trainable}
+    assert sorted(adapted) == expected and all("lora_" in name for name in trainable)
+    # it trains: one step moves the adapter and the loss is finite
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    loss = peft_model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in peft_model.parameters() if p.requires_grad)

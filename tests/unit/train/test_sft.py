@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def _tokenizer(model_dir: Path):
 
 
 def test_saved_adapter_loads_with_peft(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from peft import PeftModel
+    from peft import AutoPeftModelForCausalLM, PeftModel
     from transformers import AutoModelForCausalLM
 
     spec, store = stage_job(tmp_path, tiny_model_dir, hyperparameters={"n_epochs": 1})
@@ -101,9 +102,15 @@ def test_saved_adapter_loads_with_peft(tmp_path: Path, tiny_model_dir: Path) -> 
     local = tmp_path / "adapter"
     store.download_prefix(layout.artifact_prefix(TENANT_ID, spec.job_id, "adapter"), local)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), local)
-    assert model.peft_config["default"].base_model_name_or_path == BASE_MODEL_NAME
+    # the adapter names its base by where it was registered from, not the platform's alias
+    assert model.peft_config["default"].base_model_name_or_path == str(tiny_model_dir)
     loaded = {n: p for n, p in model.named_parameters() if "lora_B" in n}
     assert loaded and any(float(p.abs().sum()) > 0 for p in loaded.values())
+    standalone = AutoPeftModelForCausalLM.from_pretrained(local)  # no other argument
+    assert all(torch.equal(p, standalone.get_parameter(n)) for n, p in loaded.items())
+    metadata = json.loads((local / "tuneforge.json").read_text())
+    assert metadata == {"job_id": spec.job_id, "base_model": BASE_MODEL_NAME, "base_model_sha256": BASE_MODEL_SHA,
+                        "base_model_source": str(tiny_model_dir)}
 
 
 @pytest.mark.parametrize("corrupt_newest", [False, True])

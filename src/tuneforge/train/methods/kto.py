@@ -143,10 +143,11 @@ def load_completions(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperpara
             if type(record.get("label")) is not bool:
                 raise BadDataError("invalid_label", "'label' must be true or false", param="label", line_number=line)
             context = pairs.prompt_context(record)
+            tools = pairs.prompt_tools(record)
             own = pairs.answer_sequence(context, record.get("output"), "output", tokenizer,
-                                        max_seq_length=hp.max_seq_length)
+                                        max_seq_length=hp.max_seq_length, tools=tools)
             mismatched = pairs.answer_sequence(context, other.get("output"), "output", tokenizer,
-                                               max_seq_length=hp.max_seq_length)
+                                               max_seq_length=hp.max_seq_length, tools=tools)
             examples.append(KtoExample(own, mismatched, record["label"], n, label))
     except BadDataError as exc:
         raise BadDataError(exc.code, f"{label} file: {exc.detail}", line_number=exc.line_number or line,
