@@ -14,6 +14,7 @@ import torch
 
 from tests.helpers.tiny import (
     BASE_MODEL_NAME,
+    BASE_MODEL_SHA,
     TENANT_ID,
     jsonl_bytes,
     next_attempt,
