@@ -263,10 +263,79 @@ def test_known_parameter_counts() -> None:
     bare = {k: v for k, v in LLAMA2_7B.items() if k not in ("num_key_value_heads", "tie_word_embeddings")}
     assert ModelShape.from_config(bare) == ModelShape.from_config(LLAMA2_7B)
     assert ModelShape.from_config({"text_config": LLAMA2_7B}).parameters() == 6_738_415_616
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        ModelShape.from_config({**LLAMA2_7B, "num_local_experts": 8})
     with pytest.raises(ValueError, match="hidden_size"):
         ModelShape.from_config({"vocab_size": 10})
+
+
+# Tiny configs of other families: the shape read from config.json alone counts the parameters
+# transformers builds, biases, norms, fused projections, learned positions and experts included.
+FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 256},
+    "mistral": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "vocab_size": 256},
+    "qwen2": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 256},
+    "qwen3": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 256},
+    "gemma2": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256},
+    "gemma3_text": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256},
+    "phi3": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "vocab_size": 256, "pad_token_id": 0},
+    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "vocab_size": 256},
+    "gpt_neox": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "vocab_size": 256},
+    "mixtral": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256},
+    "qwen3_moe": {"hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8,
+                  "num_experts_per_tok": 2, "vocab_size": 256},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_CONFIGS))
+def test_parameter_counts_of_other_families_match_transformers(model_type: str) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tuneforge.train.model import linear_module_names
+
+    config = AutoConfig.for_model(model_type, **FAMILY_CONFIGS[model_type])
+    model = AutoModelForCausalLM.from_config(config)
+    shape = ModelShape.from_config(config.to_dict())
+    assert shape.parameters() == model.num_parameters()
+    # the adapter 'all-linear' makes: every linear layer but the head; experts are tensors, not linears
+    adapter = get_peft_model(model, LoraConfig(r=4, target_modules=linear_module_names(model)))
+    assert shape.lora_parameters(4) == adapter.get_nb_trainable_parameters()[0]
+
+
+def test_mixture_of_experts_weights_count_every_expert_and_activations_the_chosen_ones() -> None:
+    base = {**FAMILY_CONFIGS["qwen3_moe"], "model_type": "qwen3_moe", "hidden_size": 512,
+            "moe_intermediate_size": 256, "vocab_size": 1024}
+    two = ModelShape.from_config(base)
+    assert (two.num_experts, two.experts_per_token, two.moe_layers) == (8, 2, 2)
+    more_experts = ModelShape.from_config({**base, "num_experts": 16})
+    more_chosen = ModelShape.from_config({**base, "num_experts_per_tok": 4})
+    run = {"training_type": "full", "micro_batch_size": 1, "seq_len": 512}
+    e2, e16, k4 = (estimate(shape, **run) for shape in (two, more_experts, more_chosen))
+    # experts are stored, not run: only the router's scores (fp32, one per expert) grow with them
+    assert e16.weights > e2.weights and e16.activations - e2.activations == 512 * 2 * 4 * (16 - 8)
+    assert k4.weights == e2.weights and k4.activations > e2.activations  # more run per token
+    # first_k_dense_replace: the first layers are dense MLPs
+    mixed = ModelShape.from_config({**base, "first_k_dense_replace": 1})
+    assert (mixed.moe_layers, mixed.dense_layers) == (1, 1) and mixed.parameters() < two.parameters()
+
+
+def test_lora_targets_by_other_families_names() -> None:
+    gpt2 = ModelShape.from_config({**FAMILY_CONFIGS["gpt2"], "model_type": "gpt2"})
+    assert gpt2.lora_parameters(4, ["c_attn"]) == 2 * 4 * (64 + 3 * 64)
+    assert gpt2.lora_parameters(4, ["c_attn", "c_proj", "c_fc"]) == gpt2.lora_parameters(4)
+    phi3 = ModelShape.from_config({**FAMILY_CONFIGS["phi3"], "model_type": "phi3"})
+    assert phi3.lora_parameters(4, ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]) == phi3.lora_parameters(4)
+    with pytest.raises(ValueError, match="unknown LoRA target"):
+        phi3.lora_parameters(4, ["attn.wq_x"])
 
 
 def test_estimate_parts_follow_the_training_type() -> None:
@@ -302,7 +371,7 @@ def test_estimate_parts_follow_the_training_type() -> None:
     with pytest.raises(ValueError):
         estimate(shape, training_type="dora", micro_batch_size=1, seq_len=10)
     with pytest.raises(ValueError, match="target"):
-        estimate(shape, training_type="lora", micro_batch_size=1, seq_len=10, lora_targets=["c_attn"])
+        estimate(shape, training_type="lora", micro_batch_size=1, seq_len=10, lora_targets=["attn.wq_x"])
 
 
 def test_choose_micro_batch_fits_and_keeps_the_batch_size() -> None:
