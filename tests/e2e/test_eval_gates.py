@@ -167,10 +167,16 @@ def _check_exports(plane, job_id: str, tmp_path) -> None:
     # the adapter names its base by what it was registered from, so it loads with no other argument
     assert_vllm_adapter_layout(adapter, rank=LORA["rank"], alpha=LORA["alpha"], base_model=str(plane.model_dir))
     assert json.loads((adapter / "tuneforge.json").read_text())["base_model"] == "tiny-chat"
+    card = (adapter / "README.md").read_text()
+    assert "library_name: peft" in card and "## Evaluation" in card and "| fine-tuned |" in card
     from peft import AutoPeftModelForCausalLM
 
     standalone = AutoPeftModelForCausalLM.from_pretrained(adapter).eval()
-    merged = AutoModelForCausalLM.from_pretrained(_download(plane, job_id, "artifact=merged&dtype=fp32", tmp_path))
+    merged_dir = _download(plane, job_id, "artifact=merged&dtype=fp32", tmp_path)
+    assert "library_name: transformers" in (merged_dir / "README.md").read_text()
+    assert {"config.json", "generation_config.json", "tokenizer.json", "model.safetensors"} <= {
+        path.name for path in merged_dir.iterdir()}
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir)
     base = AutoModelForCausalLM.from_pretrained(plane.model_dir, dtype=torch.float32)
     reference = PeftModel.from_pretrained(base, adapter).eval()
     ids = torch.randint(5, 300, (2, 20), generator=torch.Generator().manual_seed(0))

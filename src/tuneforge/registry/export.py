@@ -71,6 +71,10 @@ def _merge_into(store: ObjectStore, row: FineTunedModel, base: BaseModelRef, dty
         out = work / "merged"
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
+        card_key = f"{row.artifact_prefix.rstrip('/')}/README.md"
+        if store.exists(card_key):  # the trainer's model card, now for full weights
+            card = store.get_bytes(card_key).decode().replace("library_name: peft", "library_name: transformers", 1)
+            (out / "README.md").write_text(card + f"\nMerged into full {dtype} weights for `{row.model_id}`.\n")
         store.delete_prefix(prefix)
         store.upload_dir(out, prefix)
         store.put_bytes(layout.complete_marker_key(prefix), row.model_id.encode())  # written last: the merge is whole

@@ -1,5 +1,5 @@
 """A finished attempt's files: the adapter in PEFT format, a full fine-tune's
-weights with its tokenizer, and the per-step results CSV."""
+weights with its tokenizer, the model card beside either, and the per-step results CSV."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tuneforge.domain.spec import BaseModelRef
+from tuneforge.domain.spec import BaseModelRef, JobSpec
 from tuneforge.storage.store import ObjectStore
 
 RESULTS_COLUMNS = ["step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy"]
@@ -50,3 +50,51 @@ def results_csv(history: list[dict[str, Any]]) -> bytes:
     for row in history:
         writer.writerow({key: "" if row.get(key) is None else row[key] for key in RESULTS_COLUMNS})
     return buffer.getvalue().encode()
+
+
+MODEL_CARD = "README.md"
+
+
+def _figure(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return "—" if value is None else str(value)
+
+
+def model_card(spec: JobSpec, *, kind: str, metrics: dict[str, Any], trained_tokens: int,
+               eval_results: dict[str, Any] | None) -> str:
+    """README.md beside the weights: what they were trained from (the base and the data by their
+    digests), how (method, hyperparameters, seed), what came of it (the last step's losses and
+    the evaluation, base against fine-tuned) and how to load them. `kind`: adapter or model."""
+    base = spec.base_model
+    source = base.source or base.name
+    adapter = kind == "adapter"
+    name = spec.fine_tuned_model or spec.job_id
+    lines = ["---", f"base_model: {json.dumps(source)}", f"library_name: {'peft' if adapter else 'transformers'}",
+             f"tags: [tuneforge, {spec.method}, {spec.training_type}]", "---", "", f"# {name}", "",
+             f"Fine-tuned by tuneforge job `{spec.job_id}` (attempt {spec.attempt}).", "",
+             "## Base model", "", "| | |", "|---|---|", f"| name | {base.name} |", f"| source | {source} |",
+             f"| sha256 | `{base.sha256}` |", "", "## Data", "", "| file | id | sha256 |", "|---|---|---|",
+             f"| training | {spec.training_file.file_id} | `{spec.training_file.sha256 or '—'}` |"]
+    if spec.validation_file is not None:
+        lines.append(f"| validation | {spec.validation_file.file_id} | `{spec.validation_file.sha256 or '—'}` |")
+    lines += ["", "## Training", "", "| setting | value |", "|---|---|", f"| method | {spec.method} |",
+              f"| training type | {spec.training_type} |", f"| seed | {spec.seed} |"]
+    if adapter:
+        targets = spec.lora.target_modules
+        lines += [f"| LoRA rank / alpha / dropout | {spec.lora.rank} / {spec.lora.alpha} / {spec.lora.dropout} |",
+                  f"| LoRA targets | {targets if isinstance(targets, str) else ', '.join(targets)} |"]
+    lines += [f"| {key} | {_figure(value)} |" for key, value in spec.hyperparameters.flat().items()]
+    lines += ["", "## Results", "", "| metric | value |", "|---|---|",
+              f"| steps | {metrics.get('steps', '—')} |", f"| trained tokens | {trained_tokens} |"]
+    lines += [f"| {key} | {_figure(value)} |" for key, value in metrics.items() if key != "steps"]
+    if eval_results:
+        base_scores, tuned_scores = eval_results.get("base") or {}, eval_results.get("fine_tuned") or {}
+        lines += ["", "## Evaluation", "", "| metric | base | fine-tuned |", "|---|---|---|"]
+        lines += [f"| {metric} | {_figure(base_scores.get(metric))} | {_figure(tuned_scores.get(metric))} |"
+                  for metric in sorted(set(base_scores) | set(tuned_scores))]
+    loader = ("from peft import AutoPeftModelForCausalLM\n\nmodel = AutoPeftModelForCausalLM.from_pretrained(\"<this folder>\")"
+              if adapter else
+              "from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(\"<this folder>\")")
+    lines += ["", "## Loading", "", "```python", loader, "```", ""]
+    return "\n".join(lines)

@@ -62,7 +62,7 @@ from tuneforge.storage.store import ObjectStore
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train import distributed
 from tuneforge.train import evaluate
-from tuneforge.train.artifacts import results_csv, upload_adapter, upload_full_model
+from tuneforge.train.artifacts import MODEL_CARD, model_card, results_csv, upload_adapter, upload_full_model
 from tuneforge.train.batches import epoch_order
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
 from tuneforge.train.guards import check_divergence
@@ -401,6 +401,9 @@ def save_final(run: Run) -> TrainerExit:
     run.store.put_bytes(results_key, results_csv(state.history))
     metrics = {**checkpoint_metrics(last), "steps": state.step}
     eval_results = evaluate.evaluate(run, validate) if evaluating else None
+    card = model_card(spec, kind="adapter" if is_adapter(run.model) else "model", metrics=metrics,
+                      trained_tokens=state.trained_tokens, eval_results=eval_results)
+    run.store.put_bytes(f"{adapter_prefix}/{MODEL_CARD}", card.encode())  # before the result registers the files
     run.reporter.report("result", {
         "trained_tokens": state.trained_tokens, "adapter_prefix": adapter_prefix,
         "results_key": results_key, "metrics": metrics, "eval": eval_results,

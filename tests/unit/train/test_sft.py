@@ -112,6 +112,15 @@ def test_saved_adapter_loads_with_peft(tmp_path: Path, tiny_model_dir: Path) -> 
     metadata = json.loads((local / "tuneforge.json").read_text())
     assert metadata == {"job_id": spec.job_id, "base_model": BASE_MODEL_NAME, "base_model_sha256": BASE_MODEL_SHA,
                         "base_model_source": str(tiny_model_dir)}
+    # the model card: what the weights came from, how they were trained, what came of it
+    card = (local / "README.md").read_text()
+    assert card.startswith("---\nbase_model: ") and "library_name: peft" in card
+    assert f"`{BASE_MODEL_SHA}`" in card and "| training | file-train |" in card
+    assert "| learning_rate | 0.0100 |" in card and "| n_epochs | 1 |" in card
+    rows = list(csv.DictReader(io.StringIO(store.get_bytes(layout.results_key(TENANT_ID, spec.job_id)).decode())))
+    assert f"| train_loss | {float(rows[-1]['train_loss']):.4f} |" in card and f"| steps | {rows[-1]['step']} |" in card
+    assert "AutoPeftModelForCausalLM.from_pretrained" in card
+    assert "## Evaluation" not in card  # no eval asked for
 
 
 @pytest.mark.parametrize("corrupt_newest", [False, True])
