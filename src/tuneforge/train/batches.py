@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_exa
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
+from tuneforge.train import attention
+from tuneforge.train.errors import UserInputError
 
 
 TOKENIZED_FORMAT_VERSION = 1
@@ -109,7 +112,9 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
 @dataclass(frozen=True)
 class MicroBatch:
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor | None  # 2-D padding mask, 4-D block-diagonal causal mask, or None
+    # 2-D padding mask, 4-D block-diagonal causal mask, one such mask per attention layer type
+    # (a model whose layers attend over different spans), or None
+    attention_mask: torch.Tensor | dict[str, torch.Tensor] | None
     labels: torch.Tensor
     num_tokens: int  # real (non-pad) tokens
     position_ids: torch.Tensor | None = None  # restart at 0 for every packed example
@@ -158,14 +163,80 @@ def pack(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+
+def packed_mask_options(model: Any) -> dict[str, Any]:
+    """The keyword arguments of `collate_packed` that mask attention the way `model` attends
+    when it reads one example alone.
+
+    A 4-D mask handed to a transformers model is used as given, so it has to be in the form
+    the model's attention implementation takes (SDPA: booleans; eager and the others: a
+    float mask added to the scores) and hold the sliding windows of its layers (Mistral's,
+    Gemma 2/3's local layers, ...): one mask limited to the window when every layer slides,
+    one mask per layer type (full, sliding) when the layers differ. Flash-attention's
+    variable-length kernels take no mask: the position ids mark where examples start.
+    Layers of any other kind (chunked or linear attention, state-space layers) would let
+    one packed example see another: refused."""
+    config = model.config
+    implementation = getattr(config, "_attn_implementation", None) or ""
+    if implementation in attention.NO_MASK:  # variable-length attention: the position ids suffice
+        return {"block_mask": False}
+    options: dict[str, Any] = {"mask_dtype": None if implementation == "sdpa" else model.dtype}
+    window = getattr(config, "sliding_window", None)
+    window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if not kinds:  # no per-layer types: the config's window, if any, applies to every layer
+        return {**options, "window": window}
+    unknown = kinds - {FULL_ATTENTION, SLIDING_ATTENTION}
+    if unknown:
+        raise UserInputError(
+            "packing_unsupported",
+            f"packing cannot keep the examples of a row apart in this base model's {', '.join(sorted(unknown))} "
+            "layers; set hyperparameters.packing to false",
+            param="hyperparameters.packing",
+        )
+    spans = {kind: window if kind == SLIDING_ATTENTION else None for kind in kinds}
+    if len(set(spans.values())) == 1:  # every layer attends the same way: one mask fits all
+        return {**options, "window": next(iter(spans.values()))}
+    return {**options, "window": spans}
+
+
+def _block_causal_mask(segments: torch.Tensor, window: int | None, dtype: torch.dtype | None) -> torch.Tensor:
+    """[rows, 1, length, length]: a slot attends to the earlier slots of its own example (only
+    the `window` latest, itself included, when given). Booleans (True: attends), or with a
+    `dtype` the additive form eager attention takes (0 where it attends, the dtype's lowest
+    value elsewhere)."""
+    length = segments.shape[1]
+    slots = torch.arange(length)
+    allowed = slots[:, None] >= slots[None, :]
+    if window is not None:
+        allowed &= slots[:, None] - slots[None, :] < window
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
+    mask = (same & allowed)[:, None]
+    # a padding slot attends to itself only, so no row of the mask is empty (no NaN from softmax)
+    mask[:, 0, slots, slots] |= segments < 0
+    if dtype is None:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
 def collate_packed(rows: list[list[TokenizedExample]], pad_token_id: int, device: torch.device,
-                   *, block_mask: bool = True) -> MicroBatch:
+                   *, block_mask: bool = True, window: int | Mapping[str, int | None] | None = None,
+                   mask_dtype: torch.dtype | None = None) -> MicroBatch:
     """Each row is several examples back to back. Position ids restart at 0 for
     every example; the first token of an example is never a target (in a row of
     its own it is predicted from nothing), so no loss crosses a boundary; and
     attention stays inside each example: a block-diagonal causal mask (4-D, for
     eager/SDPA attention), or — `block_mask=False`, for flash-attention's
-    variable-length kernels — the position ids alone mark where examples start."""
+    variable-length kernels — the position ids alone mark where examples start.
+
+    `packed_mask_options` says which mask a model needs. `window`: None, a slot
+    sees every earlier slot of its example; an int, only that many latest (a
+    sliding window); a mapping, one mask per layer type, each with its own
+    window. `mask_dtype`: None, a boolean mask (SDPA); a float dtype, the
+    additive mask eager attention takes."""
     length = max(sum(len(example.input_ids) for example in row) for row in rows)
     input_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
@@ -182,15 +253,15 @@ def collate_packed(rows: list[list[TokenizedExample]], pad_token_id: int, device
             position_ids[r, start:start + size] = torch.arange(size)
             segments[r, start:start + size] = number
             start += size
+        if not block_mask:  # the row's padding as one run: one segment for a variable-length kernel
+            position_ids[r, start:] = torch.arange(length - start)
         real += start
-    attention_mask = None
-    if block_mask:
-        causal = torch.tril(torch.ones((length, length), dtype=torch.bool))
-        same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
-        attention_mask = (same & causal)[:, None].to(device)
-        # a padding slot attends to itself only, so no row of the mask is empty (no NaN from softmax)
-        pad = segments < 0
-        attention_mask[:, 0, torch.arange(length), torch.arange(length)] |= pad.to(device)
+    attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None
+    if block_mask and isinstance(window, Mapping):
+        attention_mask = {kind: _block_causal_mask(segments, span, mask_dtype).to(device)
+                          for kind, span in window.items()}
+    elif block_mask:
+        attention_mask = _block_causal_mask(segments, window, mask_dtype).to(device)
     return MicroBatch(
         input_ids.to(device), attention_mask, labels.to(device), num_tokens=real,
         position_ids=position_ids.to(device), num_slots=len(rows) * length,
@@ -228,7 +299,7 @@ def score_tokens(model: Any, batch: MicroBatch) -> TokenScores:
     target tokens of the whole optimizer step, so gradient accumulation weighs
     every token equally however the step is split.
     """
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
     if batch.position_ids is not None:
         inputs["position_ids"] = batch.position_ids
     logits = model(**inputs).logits

@@ -59,6 +59,7 @@ from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout, model_cache
 from tuneforge.storage.store import ObjectStore
+from tuneforge.train import attention
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train import distributed
 from tuneforge.train import evaluate
@@ -144,6 +145,8 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
         dist.barrier()
     model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed,
                               gradient_checkpointing=spec.gradient_checkpointing)
+    if hp.packing:  # packed rows without an L x L mask where the model allows it (train/attention.py)
+        log.info("packed rows attend with %s", attention.choose(model))
     if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
         seed_everything(spec.seed * 1009 + 7919 * dist.rank)
     params = trainable_parameters(model)

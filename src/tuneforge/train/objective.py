@@ -118,9 +118,8 @@ def token_scores(run: "Run", chunk: list[list["TokenizedExample"]]) -> Scores:
 
 def make_batch(run: "Run", rows: list[list["TokenizedExample"]]) -> "MicroBatch":
     """Tensors for one forward pass: packed rows, or one example per row."""
-    from tuneforge.train.batches import collate, collate_packed
+    from tuneforge.train.batches import collate, collate_packed, packed_mask_options
 
     if run.spec.hyperparameters.packing:
-        varlen = getattr(run.model.config, "_attn_implementation", "") == "flash_attention_2"
-        return collate_packed(rows, run.tokenizer.pad_token_id, run.device, block_mask=not varlen)
+        return collate_packed(rows, run.tokenizer.pad_token_id, run.device, **packed_mask_options(run.model))
     return collate([row[0] for row in rows], run.tokenizer.pad_token_id, run.device)

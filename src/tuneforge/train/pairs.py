@@ -35,7 +35,7 @@ from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_chat
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.storage import layout
-from tuneforge.train.batches import collate, collate_packed, pack
+from tuneforge.train.batches import collate, collate_packed, pack, packed_mask_options
 from tuneforge.train.run import Run
 
 log = logging.getLogger(__name__)
@@ -132,13 +132,12 @@ def answer_logps(model: Any, rows: list[list[TokenizedExample]], run: Run) -> An
     """Log-probabilities of the answers of every sequence in `rows` (rows of packed
     sequences, or one sequence per row without packing), in row order."""
     if run.spec.hyperparameters.packing:
-        varlen = getattr(run.model.config, "_attn_implementation", "") == "flash_attention_2"
-        batch = collate_packed(rows, run.tokenizer.pad_token_id, run.device, block_mask=not varlen)
+        batch = collate_packed(rows, run.tokenizer.pad_token_id, run.device, **packed_mask_options(run.model))
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                  "position_ids": batch.position_ids}
+                  "position_ids": batch.position_ids, "use_cache": False}
     else:
         batch = collate([row[0] for row in rows], run.tokenizer.pad_token_id, run.device)
-        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
     logits = model(**inputs).logits[:, :-1].float()
     targets = batch.labels[:, 1:]
     mask = targets != IGNORE_INDEX

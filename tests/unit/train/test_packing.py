@@ -44,7 +44,7 @@ def model_and_examples(tiny_model_dir):
 
 
 def _per_token_losses(model, batch) -> torch.Tensor:
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
     if batch.position_ids is not None:
         inputs["position_ids"] = batch.position_ids
     with torch.no_grad():
@@ -53,8 +53,17 @@ def _per_token_losses(model, batch) -> torch.Tensor:
     return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
 
 
-def test_per_example_losses_with_packing_equal_those_without(model_and_examples):
+@pytest.mark.parametrize("path", ["mask", "varlen"])
+def test_per_example_losses_with_packing_equal_those_without(model_and_examples, tiny_model_dir, path):
+    """Both ways of keeping packed examples apart: the block-diagonal mask, and the variable-length
+    attention (train/attention.py), which needs no mask at all."""
+    from tuneforge.train import attention
+
     model, tokenizer, examples = model_and_examples
+    if path == "varlen":
+        model, _ = load_base_model(tiny_model_dir, torch.device("cpu"))
+        assert attention.choose(model) == attention.VARLEN
+        model.eval()
     alone = []
     for example in examples:
         losses = _per_token_losses(model, collate([example], tokenizer.pad_token_id, torch.device("cpu")))[0]
@@ -62,7 +71,9 @@ def test_per_example_losses_with_packing_equal_those_without(model_and_examples)
         alone.append(losses[: len(example.labels) - 1][targets])
     rows = pack([len(e.input_ids) for e in examples], 160)
     assert any(len(row) > 1 for row in rows)  # some rows really hold several examples
-    batch = collate_packed([[examples[i] for i in row] for row in rows], tokenizer.pad_token_id, torch.device("cpu"))
+    batch = collate_packed([[examples[i] for i in row] for row in rows], tokenizer.pad_token_id, torch.device("cpu"),
+                           block_mask=path == "mask")
+    assert (batch.attention_mask is None) == (path == "varlen")
     losses = _per_token_losses(model, batch)
     compared = 0
     for r, row in enumerate(rows):
@@ -100,3 +111,58 @@ def test_a_packed_step_scores_like_the_unpacked_one_with_less_padding(model_and_
     assert results[True][2] == results[False][2] == sum(len(e.input_ids) for e in examples)
     assert results[True][0] == pytest.approx(results[False][0], rel=1e-5)
     assert results[True][3] < results[False][3]  # fewer computed positions: less padding
+
+
+def _model_stub(**config):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(config=SimpleNamespace(**config), dtype=torch.bfloat16)
+
+
+def test_the_block_mask_follows_the_attention_implementation_and_the_layer_windows():
+    from tuneforge.train.batches import packed_mask_options
+
+    assert packed_mask_options(_model_stub(_attn_implementation="sdpa")) == {"mask_dtype": None, "window": None}
+    # eager attention adds the mask to the scores: a float mask in the model's dtype
+    assert packed_mask_options(_model_stub(_attn_implementation="eager", sliding_window=32)) == {
+        "mask_dtype": torch.bfloat16, "window": 32}
+    assert packed_mask_options(_model_stub(_attn_implementation="flash_attention_2", sliding_window=32)) == {
+        "block_mask": False}
+    mixed = _model_stub(_attn_implementation="sdpa", sliding_window=32,
+                        layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    assert packed_mask_options(mixed) == {"mask_dtype": None,
+                                          "window": {"sliding_attention": 32, "full_attention": None}}
+    # layer types all alike: one mask (a window set in the config but used by no layer is ignored)
+    assert packed_mask_options(_model_stub(_attn_implementation="sdpa", sliding_window=32,
+                                           layer_types=["full_attention"] * 2))["window"] is None
+
+
+def test_packing_is_refused_for_layers_a_block_mask_cannot_separate():
+    from tuneforge.train.batches import packed_mask_options
+    from tuneforge.train.errors import UserInputError
+
+    hybrid = _model_stub(_attn_implementation="sdpa", layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(UserInputError) as refused:
+        packed_mask_options(hybrid)
+    assert refused.value.code == "packing_unsupported" and refused.value.param == "hyperparameters.packing"
+    assert "linear_attention" in str(refused.value)
+
+
+def test_sliding_window_and_additive_masks_of_a_packed_row():
+    examples = [TokenizedExample([5, 6, 7, 8], [5, 6, 7, 8]), TokenizedExample([9, 10], [9, 10])]
+    cpu = torch.device("cpu")
+    boolean = collate_packed([examples], 0, cpu, window=2).attention_mask[0, 0]
+    assert boolean.tolist() == [
+        [True, False, False, False, False, False],
+        [True, True, False, False, False, False],
+        [False, True, True, False, False, False],  # the window: itself and one before
+        [False, False, True, True, False, False],
+        [False, False, False, False, True, False],  # the second example starts afresh
+        [False, False, False, False, True, True],
+    ]
+    per_type = collate_packed([examples], 0, cpu, window={"full_attention": None, "sliding_attention": 2},
+                              mask_dtype=torch.float32).attention_mask
+    assert set(per_type) == {"full_attention", "sliding_attention"}
+    assert torch.equal(per_type["sliding_attention"][0, 0] == 0, boolean)
+    assert per_type["full_attention"][0, 0, 3, 0] == 0  # no window: the whole example
+    assert per_type["sliding_attention"][0, 0, 3, 0] == torch.finfo(torch.float32).min
