@@ -43,9 +43,24 @@ def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: boo
         model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype, quantization_config=quantization,
                                                      device_map={"": device.index or 0})
         return model, tokenizer
-    model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
+    model = None
+    if flash_attention_available(device, dtype):
+        try:  # transformers' variable-length kernels for packed rows (train/attention.py)
+            model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype, attn_implementation="flash_attention_2")
+        except (ValueError, ImportError) as exc:  # an architecture without flash-attention support
+            log.info("flash-attention 2 not used: %s", exc)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
     model.to(device)
     return model, tokenizer
+
+
+def flash_attention_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """A CUDA device, a half-precision dtype and the flash-attn package: what flash-attention 2 needs."""
+    import importlib.util
+
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+            and importlib.util.find_spec("flash_attn") is not None)
 
 
 def prepare_trainable(model: Any, training_type: str, lora: LoraConfig, *, seed: int,

@@ -86,3 +86,19 @@ def test_all_linear_covers_conv1d_and_fused_projections(model_type: str) -> None
     loss = peft_model(input_ids=ids, labels=ids).loss
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in peft_model.parameters() if p.requires_grad)
+
+
+def test_flash_attention_is_asked_for_only_where_it_can_run(monkeypatch) -> None:
+    import importlib.util
+
+    from tuneforge.train.model import flash_attention_available
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flash_attn" else real_find_spec(name, *a))
+    assert flash_attention_available(torch.device("cuda"), torch.bfloat16)
+    assert not flash_attention_available(torch.device("cuda"), torch.float32)  # its kernels are half precision
+    assert not flash_attention_available(torch.device("cpu"), torch.bfloat16)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flash_attn" else real_find_spec(name, *a))
+    assert not flash_attention_available(torch.device("cuda"), torch.bfloat16)

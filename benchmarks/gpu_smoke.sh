@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole workflow on a GPU host in minutes (benchmarks/gpu_smoke.py has the details):
+# tiny and ~0.5B models, LoRA, QLoRA and full, on 1 GPU and on all; prints tokens/s, MFU and
+# peak memory per job. On a machine without a CUDA GPU it says so and exits 0 (CI runs it so).
+#   bash benchmarks/gpu_smoke.sh [--model HUB_ID_OR_PATH] [--tiny-only] [--gpus N]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON="${PYTHON:-python}"
+if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu_smoke: no CUDA GPU on this machine: skipped"
+    exit 0
+fi
+"$PYTHON" -c "import torch; print('gpu_smoke:', torch.cuda.device_count(), 'x', torch.cuda.get_device_name(0))"
+exec "$PYTHON" benchmarks/gpu_smoke.py "$@"
