@@ -121,5 +121,9 @@ def make_batch(run: "Run", rows: list[list["TokenizedExample"]]) -> "MicroBatch"
     from tuneforge.train.batches import collate, collate_packed, packed_mask_options
 
     if run.spec.hyperparameters.packing:
-        return collate_packed(rows, run.tokenizer.pad_token_id, run.device, **packed_mask_options(run.model))
+        options = packed_mask_options(run.model)
+        if options == {"block_mask": False}:
+            # variable-length attention: the micro-batch's rows as one, so that nothing is padding
+            rows = [[example for row in rows for example in row]]
+        return collate_packed(rows, run.tokenizer.pad_token_id, run.device, **options)
     return collate([row[0] for row in rows], run.tokenizer.pad_token_id, run.device)
