@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -156,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
                     if job.status != "succeeded":
                         failed += 1
                         print(f"  {job.id} ({' '.join(label)}) ended {job.status}: {job.error}")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
     header = ["model", "type", "gpus", "status", "steps", "tokens/s", "MFU", "peak MB", "valid loss", "wall s"]
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
@@ -171,6 +174,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: every one visible).")
     parser.add_argument("--cpu", action="store_true", help="Run the flow on CPU slots (checks the script itself).")
     parser.add_argument("--timeout", type=float, default=1800.0, help="Seconds per job before it is cancelled.")
+    parser.add_argument("--keep", action="store_true", help="Keep the temporary home (logs, artifacts).")
     args = parser.parse_args()
     sys.exit(run(args))
 
