@@ -58,7 +58,7 @@ def build_arch_model(model_type: str, out_dir: Path, *, seed: int = 0) -> Path:
     The same arguments give the same weights; the caller's global RNG is left untouched."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from tuneforge.demo.tiny_model import build_tokenizer
+    from tuneforge.demo.tiny_model import build_tokenizer, save_model_folder
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -70,9 +70,4 @@ def build_arch_model(model_type: str, out_dir: Path, *, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
+    return save_model_folder(model, tokenizer, out_dir)

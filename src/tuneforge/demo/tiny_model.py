@@ -200,6 +200,12 @@ def build_tiny_model(
         model = LlamaForCausalLM(config)
         with torch.no_grad():
             model.lm_head.weight.normal_(0.0, lm_head_init_std)
+    return save_model_folder(model, tokenizer, out_dir)
+
+
+def save_model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> Path:
+    """`model` and `tokenizer` written as a hub model folder, the generation config's special
+    token ids taken from the tokenizer. Returns `out_dir`."""
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
