@@ -133,10 +133,19 @@ async def admitted(request: Request) -> AsyncIterator[Caller]:
     solving the TENANT dependency tree cost more CPU than the route's database read. The caller is
     the tenant's id and tier (no Tenant object), admitted by the tier's rate limits; its slot among
     the tenant's requests in flight is released when the block ends."""
-    found = caller_of(await request.app.state.key_lookups.columns(request.headers.get("authorization")))
+    async with admitted_caller(request.app.state, request.scope, request.headers.get("authorization")) as found:
+        yield found
+
+
+@asynccontextmanager
+async def admitted_caller(state: Any, scope: Any, authorization: str | None) -> AsyncIterator[Caller]:
+    """`admitted`, from the app's `state` and the request's ASGI `scope` (api/hot_path.py answers
+    before there is a Request)."""
+    found = caller_of(await state.key_lookups.columns(authorization))
     slot = Admission()
+    limiter: RequestLimiter = state.rate_limiter
     try:
-        await _admit(request, found.tenant_id, found.tier, slot)
+        await limiter.admit_request(scope, found.tenant_id, found.tier, slot)
         yield found
     finally:
         slot.release()

@@ -20,11 +20,10 @@ import re
 from collections.abc import MutableMapping
 from typing import Any
 
+from tuneforge.api.deps import admitted_caller
 from tuneforge.api.errors import respond
-from tuneforge.api.ratelimits import Admission, RequestLimiter
 from tuneforge.domain.errors import ApiError
 from tuneforge.services import jobs as job_service
-from tuneforge.services.tenants import caller_of
 
 JOB_PATH = re.compile(r"/v1/fine_tuning/jobs/([^/\x00]+)")
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -40,14 +39,8 @@ def authorization_of(scope: MutableMapping[str, Any]) -> str | None:
 async def job_answer(state: Any, scope: MutableMapping[str, Any], job_id: str) -> bytes:
     """GET job: the job object as JSON for the caller of `scope` (the app's `state`: its key
     look-ups, rate limiter and job bodies). Raises the API's errors: 401, 429, 404."""
-    caller = caller_of(await state.key_lookups.columns(authorization_of(scope)))
-    limiter: RequestLimiter = state.rate_limiter
-    slot = Admission()
-    try:
-        await limiter.admit_request(scope, caller.tenant_id, caller.tier, slot)
+    async with admitted_caller(state, scope, authorization_of(scope)) as caller:
         body = await state.job_bodies.read(caller.tenant_id, job_id)
-    finally:
-        slot.release()
     if body is None:
         raise job_service.not_found_job(job_id)
     return body
