@@ -83,7 +83,8 @@ def test_ray_trainer_processes_get_the_allow_listed_environment(planted, capture
     assert len(captured.envs) == 2
     for env in captured.envs:
         _no_plant(env)
-        assert env["TUNEFORGE_S3_REGION"] == "eu" and env["TUNEFORGE_WORLD_SIZE"] == "2"
+        assert env["TUNEFORGE_S3_REGION"] == "eu" and env["WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "29500" and env["LOCAL_WORLD_SIZE"] == "2"
 
 
 def test_data_check_workers_get_the_allow_listed_environment(planted, captured):

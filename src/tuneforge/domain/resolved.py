@@ -38,6 +38,8 @@ class ResolvedResources:
     """Memory of one GPU the job was planned for."""
     gradient_checkpointing: bool = False
     """The trainer recomputes activations so that a step fits (QLoRA, or a job that needs it to fit)."""
+    strategy: str = ""
+    """How several GPUs share the job: "ddp" (each holds the model) or "fsdp" (sharded); "" on one GPU."""
 
 
 @dataclass(frozen=True)

@@ -92,14 +92,14 @@ class TrainerHost:
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(spec, indent=2, sort_keys=True))
+        from tuneforge.train.distributed import rendezvous_env  # torchrun's variables
+
         hook = parent_death_hook()
         pids = []
         for local_rank, rank in enumerate(ranks):
             extra = {"TOKENIZERS_PARALLELISM": "false", **env, "TUNEFORGE_NODE": self.node_id}
             if world > 1:  # every rank is started here, so rank 0 starts no workers of its own
-                extra.update({"TUNEFORGE_RANK": str(rank), "TUNEFORGE_WORLD_SIZE": str(world),
-                              "TUNEFORGE_LOCAL_RANK": str(local_rank),
-                              "TUNEFORGE_DIST_ADDR": master_address, "TUNEFORGE_DIST_PORT": str(master_port)})
+                extra.update(rendezvous_env(rank, world, local_rank, len(ranks), master_address, master_port))
             log_path = self.workdir / f"rank-{rank}.log"
             with open_private(log_path, "ab") as log:
                 proc = subprocess.Popen(

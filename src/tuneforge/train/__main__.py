@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, preempted)
     code = _main(args.spec, stop)
-    if os.environ.get("TUNEFORGE_RANK", "0") == "0":  # rank 0 speaks for a multi-process attempt
+    if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process attempt
         _write_exit_file(args.spec, code)
     return code
 

@@ -6,10 +6,12 @@ LAST. Object stores have no rename, so the manifest is the commit record: a
 folder without a manifest, or whose files do not match it, is not a checkpoint
 and is skipped when resuming.
 
-`pack_training_state` / `restore_training_state` decide what goes in: adapter
-weights (safetensors) and config, optimizer, LR scheduler, RNG states and the
-trainer state (step, epoch, data position, history), everything exact resume
-needs.
+`save_training_state` / `restore_training_state` decide what goes in: the
+trainable weights and the optimizer state through torch.distributed.checkpoint
+(`state-*`, written by every rank together and readable on any number of
+processes), an adapter's weights and config whole (safetensors), LR scheduler,
+every rank's RNG state and the trainer state (step, epoch, data position,
+history): everything exact resume needs.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import io
 import json
 import logging
 import random
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,8 +40,9 @@ log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-MODEL_WEIGHTS = "model.safetensors"  # full fine-tunes
-OPTIMIZER = "optimizer.pt"
+STATE_PREFIX = "state-"  # weights and optimizer: torch.distributed.checkpoint's files, named with this prefix
+MODEL_WEIGHTS = "model.safetensors"  # full fine-tunes, checkpoints of earlier releases
+OPTIMIZER = "optimizer.pt"  # checkpoints of earlier releases
 SCHEDULER = "scheduler.pt"
 RNG_STATE = "rng_state.pt"
 TRAINER_STATE = layout.TRAINER_STATE_NAME
@@ -62,11 +67,20 @@ def write_checkpoint(store: ObjectStore, prefix: str, files: Mapping[str, bytes]
     # A leftover from an earlier attempt at this step must not vouch for new files.
     store.delete(layout.checkpoint_manifest_key(prefix))
     store.delete_prefix(prefix)
+    return _write_manifest(store, prefix, _upload(store, prefix, files), step)
+
+
+def _upload(store: ObjectStore, prefix: str, files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:
+    """Put `files` under `prefix`; their manifest entries."""
     entries = {}
     for name in sorted(files):
         data = files[name]
         store.put_bytes(layout.checkpoint_file_key(prefix, name), data)
         entries[name] = {"sha256": _sha256(data), "size_bytes": len(data)}
+    return entries
+
+
+def _write_manifest(store: ObjectStore, prefix: str, entries: dict[str, dict[str, Any]], step: int) -> dict[str, Any]:
     manifest = {"format": MANIFEST_FORMAT, "step": int(step), "created_at": time.time(), "files": entries}
     store.put_bytes(layout.checkpoint_manifest_key(prefix), json.dumps(manifest, indent=2, sort_keys=True).encode())
     return manifest
@@ -189,52 +203,112 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot store {type(value).__name__} in a checkpoint config")
 
 
-def _full_weights(model: Any) -> dict[str, torch.Tensor]:
-    """Every weight once: tensors that share storage (tied embeddings) are saved under their first name."""
-    seen: dict[tuple[int, int], str] = {}
-    weights = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key in seen:
-            continue
-        seen[key] = name
-        weights[name] = tensor.detach().cpu().contiguous()
-    return weights
+def _model_and_optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What `torch.distributed.checkpoint` saves and loads: the trainable weights and the
+    optimizer state, keyed by parameter name (not position), whole or sharded as the model
+    is — which is what lets a checkpoint load on another number of processes."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_state_options())
+    return {"model": model_state, "optimizer": optimizer_state}
 
 
-def pack_training_state(
-    model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, trainer_state: dict[str, Any],
-    rng_states: list[dict[str, Any]] | None = None,
-) -> dict[str, bytes]:
-    """The checkpoint files of a model in training: the adapter of a PEFT model, or
-    (full fine-tune) every weight; then optimizer, schedule, RNG and trainer state."""
-    if hasattr(model, "peft_config"):
-        from peft import get_peft_model_state_dict
+def _state_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        adapter = {name: tensor.detach().cpu().contiguous()
-                   for name, tensor in get_peft_model_state_dict(model).items()}
-        weights = {
-            ADAPTER_WEIGHTS: safetensors.torch.save(adapter),
-            ADAPTER_CONFIG: json.dumps(model.peft_config["default"].to_dict(), default=_jsonable,
-                                       sort_keys=True).encode(),
-        }
-    else:
-        weights = {MODEL_WEIGHTS: safetensors.torch.save(_full_weights(model))}
-    return {
-        **weights,
-        OPTIMIZER: torch_bytes(optimizer.state_dict()),
-        SCHEDULER: torch_bytes(scheduler.state_dict()),
-        # one process: its RNG state; several (data parallel): every rank's, in rank order
-        RNG_STATE: torch_bytes(capture_rng_state() if rng_states is None else {"ranks": rng_states}),
-        TRAINER_STATE: json.dumps(trainer_state, sort_keys=True).encode(),
-    }
+    # the frozen base of an adapter is not saved: it comes from the base model again
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def save_training_state(
+    store: ObjectStore, prefix: str, *, step: int, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
+    trainer_state: dict[str, Any], dist: Any,
+) -> None:
+    """Write the checkpoint of a model in training at `prefix`; every rank of `dist` calls it.
+
+    `state-*`: weights and optimizer through `torch.distributed.checkpoint`, each rank writing
+    its own shards (`state-__{rank}_0.distcp`) and rank 0 the `state-.metadata` that maps every tensor
+    to where its pieces lie. Beside it, from rank 0: an adapter's weights and config whole
+    (what serving a checkpoint reads), the LR schedule, every rank's RNG state and the
+    trainer state. The manifest, with every rank's files, is written last."""
+    import torch.distributed.checkpoint as dcp
+
+    with tempfile.TemporaryDirectory(prefix="tuneforge-checkpoint-") as folder:
+        dcp.save(_model_and_optimizer_state(model, optimizer), storage_writer=dcp.FileSystemWriter(folder),
+                 no_dist=not dist.enabled)
+        files = {STATE_PREFIX + path.name: path.read_bytes() for path in sorted(Path(folder).iterdir())
+                 if path.is_file()}
+    adapter = dist.full_state(model, trainable_only=True) if hasattr(model, "peft_config") else None
+    rng_states = dist.gather(capture_rng_state())
+    if dist.main:
+        if adapter is not None:
+            from peft import get_peft_model_state_dict
+
+            weights = get_peft_model_state_dict(unwrap_model(model), state_dict=adapter)
+            files[ADAPTER_WEIGHTS] = safetensors.torch.save({name: tensor.contiguous() for name, tensor in weights.items()})
+            files[ADAPTER_CONFIG] = json.dumps(model.peft_config["default"].to_dict(), default=_jsonable,
+                                               sort_keys=True).encode()
+        files[SCHEDULER] = torch_bytes(scheduler.state_dict())
+        files[RNG_STATE] = torch_bytes({"ranks": rng_states})  # in rank order
+        files[TRAINER_STATE] = json.dumps(trainer_state, sort_keys=True).encode()
+        # A leftover from an earlier attempt at this step must not vouch for new files.
+        store.delete(layout.checkpoint_manifest_key(prefix))
+        store.delete_prefix(prefix)
+    dist.barrier()
+    entries = _upload(store, prefix, files)
+    every_rank = dist.gather(entries)
+    if dist.main:
+        _write_manifest(store, prefix, {name: entry for part in every_rank for name, entry in part.items()}, step)
+    dist.barrier()
+
+
+def unwrap_model(model: Any) -> Any:
+    from tuneforge.train.distributed import unwrap
+
+    return unwrap(model)
 
 
 def restore_training_state(
     files: Mapping[str, bytes], model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0,
     world: int = 1,
-) -> dict[str, Any]:
-    """Load a checkpoint's files into the live objects; returns the trainer state."""
+) -> tuple[dict[str, Any], bool]:
+    """Load a checkpoint's files into the live objects: the trainer state, and whether this
+    rank's RNG state was in it (not when the checkpoint was written by another number of
+    processes: the caller then seeds the rank afresh)."""
+    if STATE_PREFIX + ".metadata" in files:
+        _load_model_and_optimizer(files, model, optimizer, distributed=world > 1)
+    else:  # written by a release before torch.distributed.checkpoint
+        _load_legacy(files, model, optimizer)
+    scheduler.load_state_dict(torch_from_bytes(files[SCHEDULER]))
+    rng = torch_from_bytes(files[RNG_STATE])
+    ranks = rng.get("ranks", [rng])
+    restored = len(ranks) == world
+    if restored:
+        restore_rng_state(ranks[rank])
+    else:
+        log.info("checkpoint written by %d process(es), resumed on %d: RNG states seeded afresh", len(ranks), world)
+    return json.loads(files[TRAINER_STATE]), restored
+
+
+def _load_model_and_optimizer(files: Mapping[str, bytes], model: Any, optimizer: torch.optim.Optimizer, *,
+                              distributed: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _model_and_optimizer_state(model, optimizer)
+    with tempfile.TemporaryDirectory(prefix="tuneforge-checkpoint-") as folder:
+        for name, data in files.items():
+            if name.startswith(STATE_PREFIX):
+                (Path(folder) / name[len(STATE_PREFIX):]).write_bytes(data)
+        try:
+            dcp.load(state, storage_reader=dcp.FileSystemReader(folder), no_dist=not distributed)
+        except Exception as exc:  # noqa: BLE001 - DCP raises its own CheckpointException for a missing key
+            raise ValueError(f"checkpoint state does not fit the model: {str(exc)[:300]}") from exc
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=_state_options())
+
+
+def _load_legacy(files: Mapping[str, bytes], model: Any, optimizer: torch.optim.Optimizer) -> None:
     if MODEL_WEIGHTS in files:
         saved = safetensors.torch.load(files[MODEL_WEIGHTS])
         result = model.load_state_dict(saved, strict=False)
@@ -250,12 +324,3 @@ def restore_training_state(
         if unexpected:
             raise ValueError(f"checkpoint adapter does not fit the model: {unexpected[:3]}")
     optimizer.load_state_dict(torch_from_bytes(files[OPTIMIZER]))
-    scheduler.load_state_dict(torch_from_bytes(files[SCHEDULER]))
-    rng = torch_from_bytes(files[RNG_STATE])
-    if "ranks" in rng or world > 1:
-        ranks = rng.get("ranks", [rng])
-        if len(ranks) != world:
-            raise ValueError(f"checkpoint was written by {len(ranks)} process(es); this attempt runs {world}")
-        rng = ranks[rank]
-    restore_rng_state(rng)
-    return json.loads(files[TRAINER_STATE])

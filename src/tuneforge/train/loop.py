@@ -88,7 +88,7 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
         raise ValueError(f"unknown lr_scheduler_type {hp.lr_scheduler_type!r}")
     seed_everything(spec.seed)
     device = pick_device(spec.gpus, distributed.local_rank_from_env())
-    dist = distributed.join(device)
+    dist = distributed.join(device, spec.distributed_strategy or distributed.default_strategy(spec.training_type))
     try:
         run = load(spec, store, reporter, stop, objective, device, dist)
         run.hooks = hooks
@@ -149,6 +149,7 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
         log.info("packed rows attend with %s", attention.choose(model))
     if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
         seed_everything(spec.seed * 1009 + 7919 * dist.rank)
+    model = dist.wrap(model)  # DDP, or FSDP2 shards (train/distributed.py); as is alone
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
@@ -170,8 +171,11 @@ def resume_or_start(run: Run) -> TrainerState:
             _report_skipped(run, [step for step, _ in broken], None)
         run.dist.barrier()  # no rank may still be reading what rank 0 deletes
         return TrainerState(num_examples=len(run.train_set))
-    state = TrainerState(**ckpt.restore_training_state(found.files, run.model, run.optimizer, run.scheduler,
-                                                       run.dist.rank, run.dist.world))
+    saved, rng_restored = ckpt.restore_training_state(found.files, run.model, run.optimizer, run.scheduler,
+                                                      run.dist.rank, run.dist.world)
+    state = TrainerState(**saved)
+    if not rng_restored:  # written by another number of processes: each rank a new dropout stream
+        seed_everything(run.spec.seed * 1009 + 7919 * run.dist.rank + 104729 * state.step)
     if state.num_examples != len(run.train_set):
         raise RuntimeError(
             f"checkpoint {found.prefix} was trained on {state.num_examples} examples, "
@@ -248,36 +252,45 @@ def rewind(run: Run, mark: StepMark) -> None:
 
 
 def train_step(run: Run, indices: list[int]) -> StepStats:
-    hp = run.spec.hyperparameters
+    hp, dist = run.spec.hyperparameters, run.dist
     started = time.perf_counter()
     step = [run.train_set[index] for index in indices]
     step_units = max(1, run.objective.units(step))  # of the whole step, whichever rank scores which example
-    examples = run.dist.share(step)
+    chunks = run.objective.chunks(dist.share(step), hp)
+    # every rank runs as many micro-batches as the busiest (the strategies communicate in the
+    # forward and backward passes); a rank short of examples runs fillers that count zero
+    rounds = dist.max(len(chunks))
+    filler = run.objective.chunks(step[:1], hp)[0] if rounds > len(chunks) else None
     loss_sum, correct, counted, num_tokens, num_slots = 0.0, 0, 0, 0, 0
-    chunks = run.objective.chunks(examples, hp)
-    for done, chunk in enumerate(chunks):
+    for done in range(rounds):
+        real = done < len(chunks)
         run.hooks.before_micro_batch(run, done)
-        scores = run.objective.forward(run, chunk)
-        if not torch.isfinite(scores.loss_sum):
-            raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
-                                   learning_rate=run.scheduler.get_last_lr()[0])
-        (scores.loss_sum / step_units).backward()
-        loss_sum += float(scores.loss_sum.detach())
-        correct, counted = correct + scores.correct, counted + scores.count
-        num_tokens += scores.num_tokens
-        num_slots += scores.num_slots
+        with dist.accumulating(run.model, last=done == rounds - 1):
+            scores = run.objective.forward(run, chunks[done] if real else filler)
+            if not dist.enabled and not torch.isfinite(scores.loss_sum):
+                raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
+                                       learning_rate=run.scheduler.get_last_lr()[0])
+            weight = dist.loss_scale / step_units if real else 0.0
+            (scores.loss_sum * weight).backward()
+        if real:
+            loss_sum += float(scores.loss_sum.detach())
+            correct, counted = correct + scores.correct, counted + scores.count
+            num_tokens += scores.num_tokens
+            num_slots += scores.num_slots
         ensure_current(run)
         run.hooks.after_micro_batch(run, done)
-        if run.stop.is_set() and not run.dist.enabled and done + 1 < len(chunks) and \
+        if run.stop.is_set() and not dist.enabled and done + 1 < len(chunks) and \
                 _would_overrun(run, started, done + 1, len(chunks)):
             raise StepAbandoned()  # (a group of ranks always finishes its step together)
-    if run.dist.enabled:
-        run.dist.all_reduce_gradients(run.params)
-        loss_sum, correct, counted, num_tokens, num_slots = run.dist.sum(
+    if dist.enabled:
+        loss_sum, correct, counted, num_tokens, num_slots = dist.sum(
             [loss_sum, correct, counted, num_tokens, num_slots])
         correct, counted, num_tokens, num_slots = int(correct), int(counted), int(num_tokens), int(num_slots)
+        if not math.isfinite(loss_sum):  # every rank sees the same sum: the group stops together
+            raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
+                                   learning_rate=run.scheduler.get_last_lr()[0])
     max_norm = hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
+    grad_norm = dist.clip_grad_norm(run.params, max_norm)
     if not math.isfinite(grad_norm):
         raise TrainingDiverged(run.state.step + 1, "the gradient norm is not finite",
                                learning_rate=run.scheduler.get_last_lr()[0])
@@ -354,10 +367,9 @@ def save_checkpoint(run: Run) -> str:
     ensure_current(run)  # a fenced attempt must not overwrite the current attempt's checkpoints
     spec, state = run.spec, run.state
     prefix = layout.checkpoint_prefix(spec.tenant_id, spec.job_id, state.step)
-    rng_states = run.dist.gather(ckpt.capture_rng_state()) if run.dist.enabled else None
+    ckpt.save_training_state(run.store, prefix, step=state.step, model=run.model, optimizer=run.optimizer,
+                             scheduler=run.scheduler, trainer_state=asdict(state), dist=run.dist)
     if run.dist.main:
-        files = ckpt.pack_training_state(run.model, run.optimizer, run.scheduler, asdict(state), rng_states)
-        ckpt.write_checkpoint(run.store, prefix, files, step=state.step)
         ckpt.prune_checkpoints(
             run.store, layout.checkpoints_prefix(spec.tenant_id, spec.job_id), spec.checkpoint.keep_last
         )
@@ -392,8 +404,10 @@ def save_final(run: Run) -> TrainerExit:
     evaluating = evaluate.eval_config(spec) is not None
     if evaluating and run.last_checkpoint_step != state.step:
         save_checkpoint(run)  # a preemption during the eval then loses no training
-    if not run.dist.main:  # rank 0 writes the artifacts, evaluates and reports
+    model = whole_model(run)
+    if model is None:  # rank 0 writes the artifacts, evaluates and reports
         return TrainerExit.SUCCESS
+    run.model = model
     if is_adapter(run.model):
         adapter_prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
         upload_adapter(run.model, spec.base_model, spec.job_id, run.store, adapter_prefix)
@@ -414,3 +428,29 @@ def save_final(run: Run) -> TrainerExit:
     })
     log.info("finished: %d steps, %d trained tokens, adapter at %s", state.step, state.trained_tokens, adapter_prefix)
     return TrainerExit.SUCCESS
+
+
+def whole_model(run: Run) -> Any:
+    """The trained model in one piece on rank 0, for the artifacts and the eval (None on the
+    other ranks). Sharded (FSDP): every rank sends its shards, and rank 0 loads the gathered
+    weights into the base model loaded afresh — inference needs a fraction of the memory
+    training needed (no gradients, no optimizer states)."""
+    dist = run.dist
+    if not dist.sharded:
+        return distributed.unwrap(run.model) if dist.main else None
+    spec = run.spec
+    adapter = is_adapter(run.model)
+    weights = dist.full_state(run.model, trainable_only=adapter)
+    if not dist.main:
+        return None
+    run.model, run.optimizer, run.params = None, None, []  # the shards go before the whole model comes
+    if run.device.type == "cuda":
+        torch.cuda.empty_cache()
+    base_dir = fetch_base_model(run.store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
+    model, _tokenizer = load_base_model(base_dir, run.device)
+    model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed)
+    result = model.load_state_dict(weights, strict=False)
+    if result.unexpected_keys:
+        raise RuntimeError(f"gathered weights do not fit the model: {result.unexpected_keys[:3]}")
+    log.info("gathered %d sharded tensors into one model on rank 0", len(weights))
+    return model

@@ -1,12 +1,17 @@
-"""Data-parallel training in two real processes (gloo on CPU), as the executor runs it:
-`python -m tuneforge.train SPEC` with `gpus: 2` starts a second rank itself.
+"""Training in two real processes (gloo on CPU), as the executor runs it:
+`python -m tuneforge.train SPEC` with `gpus: 2` starts a second rank itself, in
+torchrun's environment.
 
-- Two ranks compute the same steps as one process (each takes half of every
-  step's examples; gradients are summed): per-step losses and the final adapter
-  agree to floating-point tolerance (no dropout, so no RNG difference).
-- A two-rank attempt stopped at a step and resumed by another two-rank attempt
-  gives bit-identical per-step losses and adapter to an uninterrupted two-rank
-  run, with dropout on: each rank's RNG state is in the checkpoint.
+- DDP (LoRA) and FSDP2 (full fine-tune, and LoRA sharded) compute the same steps as
+  one process (each rank takes half of every step's examples; gradients are averaged
+  with the loss scaled to match): per-step losses and the final weights agree to
+  floating-point tolerance (no dropout, so no RNG difference).
+- A two-rank attempt stopped at a step and resumed by another two-rank attempt gives
+  bit-identical per-step losses and weights to an uninterrupted two-rank run, with
+  dropout on: each rank's RNG state is in the checkpoint.
+- 2 -> 1 -> 2: a checkpoint written by two sharded ranks resumes in one process, whose
+  checkpoint resumes in two again (torch.distributed.checkpoint reshards); the steps
+  match an uninterrupted run to floating-point tolerance.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ def test_two_ranks_train_the_same_steps_as_one_process(tmp_path: Path, tiny_mode
     two, store2 = stage_job(tmp_path / "two", tiny_model_dir, lora={"dropout": 0.0}, **OPTIONS)
     code, double, err = _run(replace(two, gpus=2), tmp_path / "two.json")
     assert code == TrainerExit.SUCCESS, err[-3000:]
-    assert "rank 0 of 2 joined (gloo)" in err and "rank 1 of 2 joined (gloo)" in err
+    assert "rank 0 of 2 joined (gloo, ddp)" in err and "rank 1 of 2 joined (gloo, ddp)" in err
     assert double.keys() == single.keys() and len(single) == 2 * 2  # 12 examples, 6 a step, 2 epochs
     for step in single:
         assert abs(double[step] - single[step]) <= 1e-4 * abs(single[step]), step
@@ -83,3 +88,91 @@ def test_a_two_rank_attempt_resumes_exactly(tmp_path: Path, tiny_model_dir: Path
     assert {**before, **after} == reference  # bit for bit
     a, b = _adapter(store, whole), _adapter(store2, first)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _model(store, spec) -> dict[str, torch.Tensor]:
+    prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "model")
+    weights = {}
+    for key in store.list(prefix):
+        if key.endswith(".safetensors"):
+            weights.update(safetensors.torch.load(store.get_bytes(key)))
+    return weights
+
+
+def _close(a: dict[str, float], b: dict[str, float], rel: float = 2e-4) -> bool:
+    return a.keys() == b.keys() and all(abs(a[k] - b[k]) <= rel * abs(b[k]) for k in b)
+
+
+FULL = {**OPTIONS, "hyperparameters": {**OPTIONS["hyperparameters"], "learning_rate": 1e-3}}
+
+
+def test_fsdp_full_fine_tune_trains_the_same_steps_as_one_process(tmp_path: Path, tiny_model_dir: Path) -> None:
+    one, store1 = stage_job(tmp_path / "one", tiny_model_dir, **FULL)
+    one = replace(one, training_type="full", gpus=1)
+    code, single, err = _run(one, tmp_path / "one.json")
+    assert code == TrainerExit.SUCCESS, err[-3000:]
+    two, store2 = stage_job(tmp_path / "two", tiny_model_dir, **FULL)
+    two = replace(two, training_type="full", gpus=2, distributed_strategy="fsdp")
+    code, double, err = _run(two, tmp_path / "two.json")
+    assert code == TrainerExit.SUCCESS, err[-3000:]
+    assert "rank 1 of 2 joined (gloo, fsdp)" in err and "sharded 2 layers" in err
+    assert _close(double, single) and len(single) == 4
+    a, b = _model(store1, one), _model(store2, two)
+    assert a.keys() == b.keys() and len(a) > 5
+    assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+    # each rank wrote its own shards of every checkpoint
+    names = {key.rsplit("/", 1)[-1] for key in store2.list(layout.checkpoint_prefix(two.tenant_id, two.job_id, 4))}
+    assert {"state-__0_0.distcp", "state-__1_0.distcp", "state-.metadata"} <= names and "model.safetensors" not in names
+
+
+def test_lora_sharded_with_fsdp_matches_ddp(tmp_path: Path, tiny_model_dir: Path) -> None:
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        spec, store = stage_job(tmp_path / strategy, tiny_model_dir, lora={"dropout": 0.0}, **OPTIONS)
+        spec = replace(spec, gpus=2, distributed_strategy=strategy)
+        code, losses, err = _run(spec, tmp_path / f"{strategy}.json")
+        assert code == TrainerExit.SUCCESS, err[-3000:]
+        runs[strategy] = (losses, _adapter(store, spec))
+    (ddp_losses, ddp_adapter), (fsdp_losses, fsdp_adapter) = runs["ddp"], runs["fsdp"]
+    assert _close(fsdp_losses, ddp_losses, rel=1e-4)
+    assert ddp_adapter.keys() == fsdp_adapter.keys()
+    assert all(torch.allclose(ddp_adapter[k], fsdp_adapter[k], atol=1e-5, rtol=1e-4) for k in ddp_adapter)
+
+
+def test_a_sharded_attempt_resumes_exactly_and_on_another_number_of_processes(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Two ranks stop after step 2, one process takes over and stops after step 3 (its
+    checkpoint written alone), two ranks finish: the steps match an uninterrupted two-rank
+    run. And two ranks resuming two ranks' checkpoint match it bit for bit."""
+    whole, store = stage_job(tmp_path / "whole", tiny_model_dir, **FULL)
+    whole = replace(whole, training_type="full", gpus=2, distributed_strategy="fsdp")
+    code, reference, err = _run(whole, tmp_path / "whole.json")
+    assert code == TrainerExit.SUCCESS, err[-3000:]
+
+    first, store2 = stage_job(tmp_path / "resharded", tiny_model_dir, extra={"stop_after_step": 2}, **FULL)
+    first = replace(first, training_type="full", gpus=2, distributed_strategy="fsdp")
+    code, part1, err = _run(first, tmp_path / "first.json")
+    assert code == TrainerExit.PREEMPTED and max(part1) == 2, err[-3000:]
+    second = next_attempt(first, gpus=1, extra={"stop_after_step": 3})
+    code, part2, err = _run(second, tmp_path / "second.json")
+    assert code == TrainerExit.PREEMPTED, err[-3000:]
+    assert "resumed from the checkpoint at step 2" in err or min(part2) == 3
+    assert "RNG states seeded afresh" in err and sorted(part2) == [3]
+    names = {key.rsplit("/", 1)[-1] for key in store2.list(layout.checkpoint_prefix(first.tenant_id, first.job_id, 3))}
+    assert "state-__0_0.distcp" in names and "state-__1_0.distcp" not in names  # written by one process
+    third = next_attempt(second, gpus=2)
+    code, part3, err = _run(third, tmp_path / "third.json")
+    assert code == TrainerExit.SUCCESS and sorted(part3) == [4], err[-3000:]
+    assert _close({**part1, **part2, **part3}, reference)
+    a, b = _model(store, whole), _model(store2, first)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+
+    same, store3 = stage_job(tmp_path / "same", tiny_model_dir, extra={"stop_after_step": 2}, **FULL)
+    same = replace(same, training_type="full", gpus=2, distributed_strategy="fsdp")
+    code, before, err = _run(same, tmp_path / "same1.json")
+    assert code == TrainerExit.PREEMPTED, err[-3000:]
+    code, after, err = _run(next_attempt(same), tmp_path / "same2.json")
+    assert code == TrainerExit.SUCCESS, err[-3000:]
+    assert {**before, **after} == reference  # bit for bit
+    c = _model(store3, same)
+    assert all(torch.equal(a[k], c[k]) for k in a)
