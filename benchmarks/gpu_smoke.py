@@ -5,8 +5,9 @@ starts the control plane on the embedded defaults in a temporary home (SQLite, a
 folder, the local executor with one slot per GPU), registers two base models — the demo's
 tiny random model, built here, and a ~0.5B instruct model (`--model`: a hub id, fetched once,
 or a local folder) — and then, as a tenant would with the official `openai` SDK, uploads the
-demo's data and runs one job per (model, training type, GPU count): LoRA, QLoRA and full, on
-1 GPU and on all of them. Each job runs alone, to its end.
+demo's data and runs one job per (model, training type, GPU count, strategy): LoRA, QLoRA and
+full, on 1 GPU and on all of them — LoRA with DDP and with FSDP2, QLoRA with DDP, full with
+FSDP2. Each job runs alone, to its end.
 
 Printed per job: its status (or the API's refusal, e.g. a full fine-tune that does not fit the
 GPU), steps, real tokens/s (median over its steps), MFU and peak GPU memory as the trainer
@@ -91,6 +92,14 @@ def _figure(values: list[float], fmt: str) -> str:
     return format(statistics.median(values), fmt) if values else "—"
 
 
+def _layouts(kind: str, counts: list[int]) -> list[tuple[int, str | None]]:
+    """(GPUs, strategy) to run a training type on: alone, then on every GPU with each strategy it takes
+    (QLoRA cannot be sharded; a full fine-tune is sharded)."""
+    shared = {"lora": ["ddp", "fsdp"], "qlora": ["ddp"], "full": ["fsdp"]}[kind]
+    return [(count, None) if count == 1 else (count, strategy) for count in counts
+            for strategy in ([None] if count == 1 else shared)]
+
+
 def run(args: argparse.Namespace) -> int:
     import openai
 
@@ -128,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
         for name in models:
             hyperparameters = dict(DEMO_HYPERPARAMETERS) if name == "tiny" else {"n_epochs": 1, "batch_size": 8}
             for kind in TYPES:
-                for count in counts:
-                    label = [name, kind, str(count)]
+                for count, strategy in _layouts(kind, counts):
+                    label = [name, kind, str(count), strategy or "—"]
                     if kind == "qlora" and (args.cpu or not bnb):
                         rows.append(label + ["skipped: " + ("needs CUDA" if args.cpu else "bitsandbytes not installed")]
                                     + [""] * 6)
@@ -141,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                             model=name, training_file=training.id, validation_file=validation.id, seed=0,
                             suffix=f"smoke-{kind}-{count}",
                             method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
-                            extra_body={"training_type": training_type, "resources": {"gpus": count}})
+                            extra_body={"training_type": training_type, "resources": {"gpus": count},
+                                        **({"distributed": {"strategy": strategy}} if strategy else {})})
                     except openai.APIStatusError as exc:
                         rows.append(label + [f"refused {exc.status_code}: {exc.message[:80]}"] + [""] * 6)
                         continue
@@ -159,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
                         print(f"  {job.id} ({' '.join(label)}) ended {job.status}: {job.error}")
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
-    header = ["model", "type", "gpus", "status", "steps", "tokens/s", "MFU", "peak MB", "valid loss", "wall s"]
+    header = ["model", "type", "gpus", "strategy", "status", "steps", "tokens/s", "MFU", "peak MB", "valid loss", "wall s"]
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")

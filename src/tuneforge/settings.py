@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -196,6 +197,10 @@ class Settings(BaseSettings):
         default=60.0, description="An attempt whose last heartbeat is older than this is lost."
     )
     heartbeat_interval_s: float = Field(default=5.0, description="Trainer heartbeat period.")
+    fused_loss: Literal["auto", "off", "chunked", "liger"] = Field(
+        default="auto", description="Token losses without the B x S x V logits (train/fused_loss.py): 'chunked' "
+                                    "(pure torch, any device), 'liger' (Liger's fused kernel: CUDA and the "
+                                    "liger-kernel package), 'auto' (liger where it runs, else chunked), 'off'.")
     start_timeout_s: float = Field(
         default=300.0, description="An attempt that has not sent its first heartbeat this long after launch "
                                    "is lost (imports and start-up on a busy host take a while).")

@@ -120,6 +120,14 @@ class Resources(_Strict):
                                         "TUNEFORGE_GPUS_PER_NODE GPUs, whole nodes of that size above.")
 
 
+class Distributed(_Strict):
+    strategy: Literal["ddp", "fsdp"] | None = Field(
+        None, description='How several GPUs share the job: "ddp" (each GPU holds the whole model, gradients '
+                          'are all-reduced) or "fsdp" (weights, gradients and optimizer states sharded with '
+                          'FSDP2); default: "fsdp" for full fine-tunes and bases that do not fit one GPU, else '
+                          '"ddp". QLoRA cannot be sharded.')
+
+
 class DataOptions(_Strict):
     format: Literal["jsonl", "csv", "parquet", "hf_dataset"] | None = Field(
         None, description="Force the file format instead of detecting it.")
@@ -190,6 +198,7 @@ class JobRequest(_Strict):
     divergence: Divergence | None = None
     data: DataOptions | None = None
     resources: Resources | None = None
+    distributed: Distributed | None = None
     eval: EvalConfig | None = Field(None, description="Post-training evaluation and gates (docs/eval.md).")
 
     @property

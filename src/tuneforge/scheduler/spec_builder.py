@@ -53,6 +53,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         cache_dir=str(layout.home_base_model_cache_dir(settings.home).resolve()),
         gradient_checkpointing=resolved.resources.gradient_checkpointing,
         distributed_strategy=resolved.resources.strategy,
+        fused_loss=settings.fused_loss,
         eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
         extra=dict(resolved.extra),
     )

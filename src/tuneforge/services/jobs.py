@@ -34,7 +34,7 @@ from tuneforge.scheduler.validation import validate_job
 from tuneforge.services import artifacts, base_models, estimates, evaluation, hyperparams
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
-from tuneforge.services.planning import plan_job
+from tuneforge.services.planning import check_strategy, plan_job
 from tuneforge.services.transitions import is_terminal, transition
 from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
@@ -91,6 +91,8 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
     if training_type not in SUPPORTED_TRAINING_TYPES:
         raise invalid(f"training_type.type {training_type!r} is not supported; use one of "
                       f"{', '.join(SUPPORTED_TRAINING_TYPES)}", param="training_type.type")
+    if request.distributed is not None:
+        check_strategy(request.distributed.strategy, training_type)
     if training_type == "qlora" and not qlora_available(settings):
         raise invalid(
             "training_type.type 'qlora' needs trainers with an NVIDIA GPU (CUDA) and the bitsandbytes package for "

@@ -144,9 +144,46 @@ def resolve_resources(settings: Settings, request: JobRequest, base: BaseModelRo
         while gpus * memory_gb * _MEMORY_HEADROOM < need_gb:
             gpus *= 2
     per_node = _gpus_per_node(settings, gpus, asked.nodes if asked else None)
+    if shape is not None:
+        unsharded = memory.estimate(shape, training_type=training_type, micro_batch_size=1, seq_len=seq_len,
+                                    lora_rank=lora_rank, gradient_checkpointing=checkpointing)
+        fits_one_gpu = unsharded.total_bytes <= 0.9 * memory_gb * memory.GIB
+    else:
+        params = base.num_parameters or base.size_bytes // 2
+        fits_one_gpu = params * _BYTES_PER_PARAM.get(training_type, 2.0) / 1e9 <= memory_gb * _MEMORY_HEADROOM
+    asked_strategy = request.distributed.strategy if request.distributed else None
+    strategy = choose_strategy(asked_strategy, training_type, gpus, fits_one_gpu=fits_one_gpu)
     return ResolvedResources(gpus=gpus, gpus_per_node=per_node,
                              gpu_type=(asked and asked.gpu_type) or settings.gpu_type,
-                             gpu_memory_gb=memory_gb, gradient_checkpointing=checkpointing)
+                             gpu_memory_gb=memory_gb, gradient_checkpointing=checkpointing, strategy=strategy)
+
+
+def check_strategy(asked: str | None, training_type: str) -> None:
+    """What is refused whatever the model: sharding a QLoRA job."""
+    if training_type == "qlora" and asked == "fsdp":
+        raise invalid("distributed.strategy \"fsdp\" cannot shard a QLoRA job: its 4-bit base weights "
+                      "(bitsandbytes) are not shardable here; use \"ddp\", or training_type \"lora\" "
+                      "to shard the base", param="distributed.strategy")
+
+
+def choose_strategy(asked: str | None, training_type: str, gpus: int, *, fits_one_gpu: bool) -> str:
+    """How `gpus` GPUs share the job ("" for one): as asked, else FSDP (sharded) for a full
+    fine-tune or a job whose model, gradients and optimizer states do not fit one GPU, DDP
+    (replicated) for the rest. QLoRA is never sharded."""
+    check_strategy(asked, training_type)
+    if training_type == "qlora":
+        if gpus > 1 and not fits_one_gpu:
+            raise invalid("the QLoRA job does not fit one GPU and QLoRA cannot be sharded over several: use "
+                          "training_type \"lora\" (sharded with FSDP), GPUs with more memory or a shorter "
+                          "max_seq_length", param="resources.gpus", code="resources_unavailable")
+    if gpus <= 1:
+        return ""
+    if asked == "ddp" and not fits_one_gpu:
+        raise invalid("distributed.strategy \"ddp\" keeps the whole model on every GPU, and this job does not "
+                      "fit one; use \"fsdp\"", param="distributed.strategy", code="resources_unavailable")
+    if asked:
+        return asked
+    return "fsdp" if training_type == "full" or not fits_one_gpu else "ddp"
 
 
 def _gpus_per_node(settings: Settings, gpus: int, nodes: int | None) -> int:

@@ -19,7 +19,7 @@ from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_exa
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import attention
+from tuneforge.train import attention, fused_loss
 from tuneforge.train.errors import UserInputError
 
 
@@ -292,8 +292,9 @@ class TokenScores:
     count: int
 
 
-def score_tokens(model: Any, batch: MicroBatch) -> TokenScores:
-    """Next-token cross-entropy summed over target tokens, and argmax hits.
+def score_tokens(model: Any, batch: MicroBatch, *, fused: str = "off") -> TokenScores:
+    """Next-token cross-entropy summed over target tokens, and argmax hits. `fused`
+    ("chunked", "liger"): without the logits, where the model allows (`train/fused_loss.py`).
 
     Summing (not averaging) per micro-batch lets the caller divide by the
     target tokens of the whole optimizer step, so gradient accumulation weighs
@@ -302,6 +303,15 @@ def score_tokens(model: Any, batch: MicroBatch) -> TokenScores:
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
     if batch.position_ids is not None:
         inputs["position_ids"] = batch.position_ids
+    head = fused_loss.head_of(model) if fused != "off" else None
+    if head is not None:  # the output layer and the loss a chunk at a time (train/fused_loss.py)
+        with fused_loss.hidden_states_instead_of_logits(model) as captured:
+            model(**inputs)
+        hidden = captured[-1][:, :-1]
+        targets = batch.labels[:, 1:]
+        score = fused_loss.liger_token_loss if fused == "liger" else fused_loss.chunked_token_loss
+        loss_sum, correct = score(hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1), head)
+        return TokenScores(loss_sum=loss_sum, correct=correct, count=int((targets != IGNORE_INDEX).sum()))
     logits = model(**inputs).logits
     logits = logits[:, :-1].float()
     targets = batch.labels[:, 1:]

@@ -62,7 +62,7 @@ from tuneforge.storage.store import ObjectStore
 from tuneforge.train import attention
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train import distributed
-from tuneforge.train import evaluate
+from tuneforge.train import evaluate, fused_loss
 from tuneforge.train.artifacts import MODEL_CARD, model_card, results_csv, upload_adapter, upload_full_model
 from tuneforge.train.batches import epoch_order
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
@@ -155,7 +155,8 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(hp, total_steps))
     return Run(spec, store, reporter, stop, model, tokenizer, optimizer, scheduler, params,
-               train_set, valid_set, device, total_steps, objective=objective, dist=dist)
+               train_set, valid_set, device, total_steps, objective=objective, dist=dist,
+               fused_loss=fused_loss.resolve_mode(spec.fused_loss, device))
 
 
 # -- resume --------------------------------------------------------------------

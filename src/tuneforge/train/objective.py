@@ -112,7 +112,7 @@ def token_scores(run: "Run", chunk: list[list["TokenizedExample"]]) -> Scores:
     from tuneforge.train.batches import score_tokens
 
     batch = make_batch(run, chunk)
-    scores = score_tokens(run.model, batch)
+    scores = score_tokens(run.model, batch, fused=run.fused_loss)
     return Scores(scores.loss_sum, scores.correct, scores.count, batch.num_tokens, batch.num_slots)
 
 

@@ -51,6 +51,7 @@ class Run:
     total_steps: int
     objective: "Objective"
     dist: distributed.Dist = field(default_factory=distributed.Dist)
+    fused_loss: str = "off"  # how token losses are computed (train/fused_loss.py): off, chunked or liger
     hooks: Hooks = NO_HOOKS
     state: TrainerState = field(default_factory=TrainerState)
     last_checkpoint_step: int = -1

@@ -50,6 +50,8 @@ def test_create_job_with_extensions_and_read_it_back(world):
          "method.supervised.hyperparameters.n_epochs"),
         ({"frobnicate": True}, "frobnicate"),
         ({"training_type": {"type": "lora", "rnak": 4}}, "training_type.rnak"),
+        ({"training_type": {"type": "qlora"}, "distributed": {"strategy": "fsdp"}}, "distributed.strategy"),
+        ({"distributed": {"strategy": "zero3"}}, "distributed.strategy"),
     ],
 )
 def test_bad_create_answers_400_naming_the_param_and_creates_nothing(world, change, param):
@@ -166,6 +168,7 @@ def test_the_default_lora_rank_follows_the_model_size():
 def test_gpu_requests_and_micro_batches_come_from_the_memory_model():
     from types import SimpleNamespace
 
+    from tuneforge.domain.errors import ApiError
     from tuneforge.domain.job_config import JobRequest
     from tuneforge.services import memory
     from tuneforge.services.planning import resolve_resources
@@ -187,6 +190,22 @@ def test_gpu_requests_and_micro_batches_come_from_the_memory_model():
     assert full_8b.gpus > lora_8b.gpus
     assert full_70b.gpus >= 16 and full_70b.gpus_per_node == 8  # whole nodes
     assert not lora_8b.gradient_checkpointing and full_70b.gradient_checkpointing  # only where needed
+    # several GPUs: sharded for a full fine-tune, replicated for an adapter whose base fits one GPU
+    assert (lora_8b.strategy, full_8b.strategy, full_70b.strategy) == ("", "fsdp", "fsdp")
+    four = JobRequest(model="m", training_file="file-x", resources={"gpus": 4})
+    assert resolve_resources(settings, four, base, "lora", llama_8b, seq_len=2048).strategy == "ddp"
+    assert resolve_resources(settings, four, base, "qlora", llama_70b, seq_len=2048).strategy == "ddp"
+    lora_70b = resolve_resources(settings, request, base, "lora", llama_70b, seq_len=2048)
+    assert lora_70b.gpus >= 2 and lora_70b.strategy == "fsdp"  # 140 GB of bf16 weights: sharded
+    asked = JobRequest(model="m", training_file="file-x", resources={"gpus": 4}, distributed={"strategy": "fsdp"})
+    assert resolve_resources(settings, asked, base, "lora", llama_8b, seq_len=2048).strategy == "fsdp"
+    replicated = JobRequest(model="m", training_file="file-x", distributed={"strategy": "ddp"})
+    with pytest.raises(ApiError) as refused:
+        resolve_resources(settings, replicated, base, "full", llama_70b, seq_len=2048)
+    assert refused.value.param == "distributed.strategy" and "fsdp" in refused.value.message
+    with pytest.raises(ApiError) as refused:  # a 4-bit 70B base with its activations is over one 24 GB GPU
+        resolve_resources(Settings(gpu_memory_gb=24), four, base, "qlora", llama_70b, seq_len=2048)
+    assert refused.value.param == "resources.gpus" and "cannot be sharded" in refused.value.message
     choice = memory.choose_micro_batch(llama_8b, training_type="lora", seq_len=1024,
                                        memory_bytes=80 * memory.GIB, batch_size=32, max_micro_batch=8)
     assert choice.fits and choice.micro_batch_size * choice.gradient_accumulation_steps == 32

@@ -183,7 +183,7 @@ def test_a_full_fine_tune_trains_every_weight_resumes_exactly_and_loads_in_trans
     [result] = reference.of_kind("result")
     assert result["adapter_prefix"].endswith("/artifacts/model")
     step3 = layout.checkpoint_prefix(whole.tenant_id, whole.job_id, 9)
-    assert store.exists(f"{step3}/model.safetensors") and not store.exists(f"{step3}/adapter_model.safetensors")
+    assert store.exists(f"{step3}/state-.metadata") and not store.exists(f"{step3}/adapter_model.safetensors")
 
     first, store2 = stage_job(tmp_path / "split", tiny_model_dir, extra={"stop_after_step": 7}, **options)
     first = replace(first, training_type="full")

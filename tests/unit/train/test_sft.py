@@ -144,7 +144,7 @@ def test_interrupted_and_resumed_run_is_bit_identical(
     assert [c["step"] for c in first_reporter.of_kind("checkpoints")] == [3, 4]
     if corrupt_newest:
         step4 = layout.checkpoint_prefix(TENANT_ID, first.job_id, 4)
-        store.put_bytes(f"{step4}/optimizer.pt", b"garbage")
+        store.put_bytes(f"{step4}/state-__0_0.distcp", b"garbage")  # the optimizer's and weights' file
 
     second_reporter = RecordingReporter(attempt=2)
     assert run_attempt(next_attempt(first), store, second_reporter) == TrainerExit.SUCCESS
