@@ -39,7 +39,14 @@ from tuneforge.data.tokenize import IGNORE_INDEX
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "off", "chunked", "liger")
-CHUNK_TOKENS = 1024
+CHUNK_LOGITS = 1 << 25  # logits alive at a time (fp32: 128 MiB): 1,024 tokens at a 32k vocabulary, 220 at 152k
+MIN_CHUNK_TOKENS = 16
+
+
+def chunk_tokens(vocab: int) -> int:
+    """Tokens a chunk: as many as keep its logits within `CHUNK_LOGITS` (each chunk reads the
+    whole output weight, so not fewer than `MIN_CHUNK_TOKENS`)."""
+    return max(MIN_CHUNK_TOKENS, CHUNK_LOGITS // max(1, vocab))
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             correct += ((logits.argmax(dim=-1) == wanted) & valid).sum()
             if not (want_hidden or want_weight):
                 continue
-            grad = torch.exp(logits - log_z.unsqueeze(1))  # softmax
+            grad = logits.sub_(log_z.unsqueeze(1)).exp_()  # the softmax, in the logits' own memory
             grad.scatter_add_(1, safe, -torch.ones_like(safe, dtype=grad.dtype))
             grad *= valid.unsqueeze(1)
             if capped_slope is not None:
@@ -175,19 +182,21 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def chunked_token_loss(hidden: torch.Tensor, targets: torch.Tensor, head: Head,
-                       chunk: int = CHUNK_TOKENS) -> tuple[torch.Tensor, int]:
-    """Summed next-token cross-entropy and argmax hits; `hidden` (N, h), `targets` (N,)."""
+                       chunk: int = 0) -> tuple[torch.Tensor, int]:
+    """Summed next-token cross-entropy and argmax hits; `hidden` (N, h), `targets` (N,);
+    `chunk` tokens at a time (0: `chunk_tokens` of the vocabulary)."""
     weight = head.weight
+    chunk = chunk or chunk_tokens(weight.shape[0])
     loss, correct = _ChunkedCrossEntropy.apply(hidden, weight, targets, head.softcap, head.scale, chunk)
     return loss, int(correct)
 
 
-def liger_token_loss(hidden: torch.Tensor, targets: torch.Tensor, head: Head,
-                     chunk: int = CHUNK_TOKENS) -> tuple[torch.Tensor, int]:
+def liger_token_loss(hidden: torch.Tensor, targets: torch.Tensor, head: Head) -> tuple[torch.Tensor, int]:
     """The same through Liger's fused linear cross-entropy kernel (CUDA); hits from a no-grad pass."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     weight = head.weight
+    chunk = chunk_tokens(weight.shape[0])
     if head.scale != 1.0:  # Liger has no logit scale: fold it into the input
         hidden = hidden * head.scale
     loss_fn = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum",
