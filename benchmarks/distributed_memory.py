@@ -6,14 +6,15 @@ Each layout runs in processes of its own, in torchrun's environment, joined and 
 trainer's own code (`train/distributed.py`: `join`, `Dist.wrap`, `Dist.accumulating`,
 `Dist.clip_grad_norm`): a random-weight Llama is built (same seed everywhere), then
 STEPS AdamW steps of MICRO micro-batches each run on random tokens, as the training loop runs
-them. Every rank reports its peak RSS above its RSS just before the model was built
-(`ru_maxrss`; glibc's mmap threshold pinned so that freed tensors leave RSS) and the mean
-step time. The baseline is the single process: its peak is what every DDP rank also holds;
+them. Every rank reports, above its RSS just before the model was built (glibc's mmap
+threshold pinned so that freed tensors leave RSS): its peak while training (RSS sampled
+every millisecond by a thread during the steps) and its peak overall (`ru_maxrss`, which
+also holds the whole model each rank builds before it is sharded), and the mean step time. The baseline is the single process: its peak is what every DDP rank also holds;
 FSDP2's should be about the sharded part (weights, gradients, optimizer states) divided by
 the ranks plus what is not sharded (activations, a gathered layer).
 
     python benchmarks/distributed_memory.py
-    python benchmarks/distributed_memory.py --hidden 768 --layers 12 --steps 3
+    python benchmarks/distributed_memory.py --hidden 512 --vocab 16000   # smaller and quicker
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 LAYOUTS = (("single", 1), ("ddp", 2), ("fsdp", 2))
@@ -38,6 +40,23 @@ def _config(args: argparse.Namespace):  # noqa: ANN202
     return LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
                        num_key_value_heads=max(1, args.hidden // 256), intermediate_size=args.hidden * 11 // 4,
                        vocab_size=args.vocab, max_position_embeddings=args.seq_len)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+class _Sampler(threading.Thread):
+    """The highest RSS seen while it runs, read every millisecond."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak, self.done = 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.001):
+            self.peak = max(self.peak, _rss_kib())
 
 
 def child(args: argparse.Namespace) -> dict:
@@ -61,6 +80,8 @@ def child(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     generator = torch.Generator().manual_seed(1 + dist.rank)
     losses, times = [], []
+    sampler = _Sampler()
+    sampler.start()
     for _step in range(args.steps):
         started = time.perf_counter()
         total = 0.0
@@ -75,10 +96,13 @@ def child(args: argparse.Namespace) -> dict:
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - started)
         losses.append(total / args.micro)
+    sampler.done.set()
+    sampler.join()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     parameters = sum(p.numel() for p in model.parameters())
     dist.close()
     return {"rank": dist.rank, "peak_mib": round((peak - before) / 1024, 1), "parameters": parameters,
+            "training_mib": round((sampler.peak - before) / 1024, 1),
             "step_s": round(sum(times[1:] or times) / len(times[1:] or times), 3), "loss": losses[-1]}
 
 
@@ -121,9 +145,9 @@ def predicted_mib(args: argparse.Namespace, training_type: str, shards: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=16000)
+    parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--micro", type=int, default=2, help="Micro-batches (of one row) a step on each rank.")
@@ -140,17 +164,19 @@ def main() -> None:
     print(f"model: Llama, hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}; fp32 on CPU, AdamW; "
           f"{args.micro} micro-batches of 1 x {args.seq_len} tokens a step on each rank, {args.steps} steps; "
           "1 thread a rank\n")
-    print("| training | layout | peak MiB a rank (max over ranks) | vs one process | memory model MiB | step s |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| training | layout | training peak MiB a rank | vs one process | memory model MiB | "
+          "peak with loading MiB | step s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for training_type in TYPES:
         alone = None
         for strategy, world in LAYOUTS:
             ranks = measure(args, strategy, world, training_type)
-            peak = max(r["peak_mib"] for r in ranks)
-            alone = alone or peak
+            training = max(r["training_mib"] for r in ranks)
+            alone = alone or training
             shards = world if strategy == "fsdp" else 1
-            print(f"| {training_type} | {strategy} x{world} | {peak:.0f} | {peak / alone:.2f}x | "
-                  f"{predicted_mib(args, training_type, shards):.0f} | {max(r['step_s'] for r in ranks):.2f} |")
+            print(f"| {training_type} | {strategy} x{world} | {training:.0f} | {training / alone:.2f}x | "
+                  f"{predicted_mib(args, training_type, shards):.0f} | {max(r['peak_mib'] for r in ranks):.0f} | "
+                  f"{max(r['step_s'] for r in ranks):.2f} |")
 
 
 if __name__ == "__main__":

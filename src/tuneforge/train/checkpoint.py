@@ -233,6 +233,7 @@ def save_training_state(
     trainer state. The manifest, with every rank's files, is written last."""
     import torch.distributed.checkpoint as dcp
 
+    dist.reshard(model)
     with tempfile.TemporaryDirectory(prefix="tuneforge-checkpoint-") as folder:
         dcp.save(_model_and_optimizer_state(model, optimizer), storage_writer=dcp.FileSystemWriter(folder),
                  no_dist=not dist.enabled)

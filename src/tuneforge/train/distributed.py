@@ -265,6 +265,18 @@ class Dist:
         log.info("sharded %d layers and the rest of the model over %d ranks (FSDP2)", len(layers), self.world)
         return model
 
+    def reshard(self, model: Any) -> None:
+        """Put a sharded model's layers back to their shards: after a forward pass without
+        gradients (a check, a validation) FSDP keeps the outermost unit gathered, and the
+        optimizer and checkpoints know the parameters by their sharded form."""
+        if not self.sharded:
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
     @contextlib.contextmanager
     def accumulating(self, model: Any, last: bool) -> Iterator[None]:
         """Around one micro-batch's forward and backward: gradients are only exchanged with

@@ -165,7 +165,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             grad = grad.to(part.dtype)
             if want_hidden:
                 grad_hidden[start:start + chunk] = grad @ weight
-            if want_weight:
+            if want_weight and part.dtype == torch.float32:
+                grad_weight.addmm_(grad.t(), part)  # no temporary the size of the output weight
+            elif want_weight:
                 grad_weight += (grad.t() @ part).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype

@@ -95,6 +95,7 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
         # ------------------------------------------------------------------ resume
         run.state = resume_or_start(run)
         objective.prepare(run)
+        run.dist.reshard(run.model)  # (a method's reference pass leaves a sharded model gathered)
         # ------------------------------------------------------------------ steps
         run.model.train()
         while run.state.step < run.total_steps:
@@ -123,7 +124,9 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     cache_dir = Path(spec.cache_dir) if spec.cache_dir else None
     cached = model_cache.is_cached(spec.base_model, cache_dir)
     base_dir = fetch_base_model(store, spec.base_model, cache_dir)
-    model, tokenizer = load_base_model(base_dir, device, quantize_4bit=spec.training_type == "qlora")
+    # sharded: the whole model never goes to one GPU; FSDP moves it there a layer at a time
+    model, tokenizer = load_base_model(base_dir, device, quantize_4bit=spec.training_type == "qlora",
+                                       place=not dist.sharded)
     threads = configure_threads(device, model.num_parameters(), spec.cpu_threads or None)
     node = os.environ.get("TUNEFORGE_NODE", "")
     reporter.report("events", message_event(
@@ -145,11 +148,14 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
         dist.barrier()
     model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed,
                               gradient_checkpointing=spec.gradient_checkpointing)
-    if hp.packing:  # packed rows without an L x L mask where the model allows it (train/attention.py)
-        log.info("packed rows attend with %s", attention.choose(model))
+    if hp.packing and not dist.sharded:  # packed rows without an L x L mask where the model allows it
+        log.info("packed rows attend with %s", attention.choose(model))  # (train/attention.py)
     if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
         seed_everything(spec.seed * 1009 + 7919 * dist.rank)
     model = dist.wrap(model)  # DDP, or FSDP2 shards (train/distributed.py); as is alone
+    if hp.packing and dist.sharded:  # its self-check runs on the device, every rank together
+        log.info("packed rows attend with %s", attention.choose(model))
+        dist.reshard(model)
     params = trainable_parameters(model)
     optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
@@ -361,6 +367,7 @@ def validate(run: Run) -> tuple[float, float]:
             correct, counted = correct + scores.correct, counted + scores.count
     finally:
         run.model.train()
+        run.dist.reshard(run.model)
     return loss_sum / max(1, counted), correct / max(1, counted)
 
 

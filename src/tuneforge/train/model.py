@@ -19,8 +19,11 @@ log = logging.getLogger(__name__)
 _OUTPUT_LAYER_NAMES = ("lm_head",)
 
 
-def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: bool = False) -> tuple[Any, Any]:
-    """Model (float32 on CPU, bfloat16 on a GPU that supports it) and tokenizer.
+def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: bool = False,
+                    place: bool = True) -> tuple[Any, Any]:
+    """Model (float32 on CPU, bfloat16 on a GPU that supports it) and tokenizer. `place`
+    False leaves the weights in host memory, in the device's dtype (FSDP moves them to the
+    device one sharded layer at a time).
 
     `quantize_4bit` (QLoRA): NF4 weights with double quantization and bf16
     compute, through bitsandbytes; it needs a CUDA GPU."""
@@ -51,7 +54,8 @@ def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: boo
             log.info("flash-attention 2 not used: %s", exc)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype)
-    model.to(device)
+    if place:
+        model.to(device)
     return model, tokenizer
 
 

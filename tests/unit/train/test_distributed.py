@@ -176,3 +176,24 @@ def test_a_sharded_attempt_resumes_exactly_and_on_another_number_of_processes(
     assert {**before, **after} == reference  # bit for bit
     c = _model(store3, same)
     assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_dpo_with_validation_on_two_sharded_ranks_equals_one_process(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The reference pass and the validations are forward passes without gradients on a
+    sharded model: every rank runs them together, and training goes on from the shards."""
+    from tests.unit.train.test_methods import preference_pairs
+
+    options = {"training": preference_pairs(12, seed=3), "validation": preference_pairs(4, seed=4),
+               "hyperparameters": {"n_epochs": 2, "batch_size": 6, "micro_batch_size": 2, "beta": 0.5,
+                                   "learning_rate": 5e-3},
+               "checkpoint": {"every_steps": 2, "keep_last": 5}, "lora": {"dropout": 0.0}}
+    runs = {}
+    for gpus in (1, 2):
+        spec, store = stage_job(tmp_path / str(gpus), tiny_model_dir, **options)
+        spec = replace(spec, method="dpo", gpus=gpus, distributed_strategy="fsdp" if gpus == 2 else "")
+        code, losses, err = _run(spec, tmp_path / f"{gpus}.json")
+        assert code == TrainerExit.SUCCESS, err[-3000:]
+        runs[gpus] = (losses, _adapter(store, spec))
+    assert _close(runs[2][0], runs[1][0], rel=1e-4) and len(runs[1][0]) == 4
+    one, two = runs[1][1], runs[2][1]
+    assert one.keys() == two.keys() and all(torch.allclose(one[k], two[k], atol=1e-5, rtol=1e-4) for k in one)
