@@ -108,7 +108,7 @@ class JobSpec:
     divergence_patience_steps: int = 20
     divergence_min_increase: float = 1.0  # nats: a near-zero best loss times a multiple is still near zero
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (the memory model asked)
-    fused_loss: str = "off"  # token losses without the logits: auto, chunked, liger or off (train/fused_loss.py)
+    fused_loss: str = "auto"  # token losses without the logits: auto, chunked, liger or off (train/fused_loss.py)
     distributed_strategy: str = ""  # several GPUs: "ddp" or "fsdp" (train/distributed.py); "": by training type
     cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
     eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none

@@ -247,7 +247,8 @@ class Dist:
         cls = _parallel_model_class()
         device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
         # MoE: experts no token of this micro-batch was routed to have no gradient
-        return cls(model, device_ids=device_ids, broadcast_buffers=False,
+        # gradients live in DDP's communication buckets: no second copy of them
+        return cls(model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True,
                    find_unused_parameters=_has_experts(model))
 
     def _shard(self, model: Any) -> Any:

@@ -132,7 +132,7 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     reporter.report("events", message_event(
         f"attempt {spec.attempt} started on {device.type}" + (f" on node {node}" if node else ""),
         data={"device": device.type, "threads": threads, "base_model_parameters": model.num_parameters(),
-              "node": node, "world_size": dist.world,
+              "node": node, "world_size": dist.world, "strategy": dist.strategy if dist.enabled else "",
               # "downloaded": this node fetched the base model from the object store for this attempt
               "base_model_cache": "hit" if cached else "downloaded"},
     ))
