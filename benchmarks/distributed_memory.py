@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
-import socket
 import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import free_port, torch_machine_line  # noqa: E402 - benchmarks/ is not a package
 
 LAYOUTS = (("single", 1), ("ddp", 2), ("fsdp", 2))
 TYPES = ("full", "lora")
@@ -106,16 +107,10 @@ def child(args: argparse.Namespace) -> dict:
             "step_s": round(sum(times[1:] or times) / len(times[1:] or times), 3), "loss": losses[-1]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def measure(args: argparse.Namespace, strategy: str, world: int, training_type: str) -> list[dict]:
     from tuneforge.train.distributed import rendezvous_env
 
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, __file__, "--child", strategy, training_type,
                *[f"--{name}={getattr(args, name.replace('-', '_'))}"
                  for name in ("hidden", "layers", "vocab", "seq-len", "steps", "micro")]]
@@ -156,11 +151,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args)))
         return
-    import torch
-    import transformers
-
-    print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-          f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print(torch_machine_line())
     print(f"model: Llama, hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}; fp32 on CPU, AdamW; "
           f"{args.micro} micro-batches of 1 x {args.seq_len} tokens a step on each rank, {args.steps} steps; "
           "1 thread a rank\n")

@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import torch_machine_line  # noqa: E402 - benchmarks/ is not a package
 
 PATHS = ("off", "chunked")
 
@@ -94,11 +96,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args)))
         return
-    import torch
-    import transformers
-
-    print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-          f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print(torch_machine_line())
     print(f"model: Llama, hidden {args.hidden}, {args.layers} layers, {'full fine-tune' if args.full else 'LoRA r16 all-linear'}; "
           f"micro-batch {args.rows} x {args.length} tokens; fp32; forward + loss + backward\n")
     print("| vocabulary | loss path | peak MiB above start | step s | loss |")

@@ -35,6 +35,15 @@ CLI_TIMEOUT_S = 300.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def torch_machine_line() -> str:
+    """The machine and the libraries a training benchmark's figures were measured with."""
+    import torch
+    import transformers
+
+    return (f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+            f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((LOOPBACK, 0))

@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import torch_machine_line  # noqa: E402 - benchmarks/ is not a package
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 256, 2, 4, 2, 512, 2048
 PATHS = ("mask", "varlen")
@@ -80,11 +82,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), int(args.child[2]))))
         return
-    import torch
-    import transformers
-
-    print(f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-          f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print(torch_machine_line())
     print(f"model: Llama, hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads ({KV_HEADS} kv), vocabulary {VOCAB}; "
           f"one row, {args.examples} examples of equal length; fp32, forward + loss + backward\n")
     print("| tokens a row | path | attention | peak MiB above start | step s | loss |")

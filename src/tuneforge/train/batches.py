@@ -303,10 +303,11 @@ def score_tokens(model: Any, batch: MicroBatch, *, fused: str = "off") -> TokenS
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
     if batch.position_ids is not None:
         inputs["position_ids"] = batch.position_ids
-    head = fused_loss.head_of(model) if fused != "off" else None
-    if head is not None:  # the output layer and the loss a chunk at a time (train/fused_loss.py)
+    if fused != "off" and fused_loss.head_of(model, gather=False) is not None:
+        # the output layer and the loss a chunk at a time (train/fused_loss.py)
         with fused_loss.hidden_states_instead_of_logits(model) as captured:
             model(**inputs)
+        head = fused_loss.head_of(model)  # again: a sharded model's output layer is gathered only now
         hidden = captured[-1][:, :-1]
         targets = batch.labels[:, 1:]
         score = fused_loss.liger_token_loss if fused == "liger" else fused_loss.chunked_token_loss

@@ -18,9 +18,10 @@ is computed a chunk of tokens at a time:
 Which one runs is the trainer's setting `TUNEFORGE_FUSED_LOSS` (`JobSpec.fused_loss`):
 `off`, `chunked`, `liger`, or `auto` (liger where it can run, else chunked). The path is
 taken only where its result is the plain path's: a linear output layer without bias, a model
-whose logits are only soft-capped (Gemma) or scaled by a known factor after it, not sharded
-with FSDP (the output weight is gathered only inside the model's own forward); anywhere
-else the plain path runs.
+whose logits are only soft-capped (Gemma) or scaled by a known factor after it; anywhere
+else the plain path runs. With FSDP the output layer's weight is read after the model's
+forward pass, while the outermost unit (which holds it) is still gathered; its gradient goes
+to that gathered weight, which FSDP reduce-scatters to the shards as any other.
 """
 
 from __future__ import annotations
@@ -75,14 +76,13 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     return mode
 
 
-def head_of(model: Any) -> Head | None:
+def head_of(model: Any, *, gather: bool = True) -> Head | None:
     """The output layer's weight and what the model does to its logits, or None when the fused
-    path would not give the plain path's result."""
-    from tuneforge.train.distributed import is_sharded, unwrap
+    path would not give the plain path's result. `gather` False: a sharded weight as it is
+    (only whether the path applies is asked)."""
+    from tuneforge.train.distributed import unwrap
 
     inner = unwrap(model)
-    if is_sharded(inner):
-        return None
     output = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if type(output) is not torch.nn.Linear or output.bias is not None:
         return None
@@ -94,7 +94,10 @@ def head_of(model: Any) -> Head | None:
               if getattr(config, name, None) not in (None, 0, 1, 1.0) and name not in known]
     if others:  # another post-processing of the logits: the plain path is the faithful one
         return None
-    return Head(output.weight, softcap, scale)
+    weight = output.weight
+    if gather and hasattr(weight, "full_tensor"):  # sharded and not gathered now: gathered, gradients flow back to the shards
+        weight = weight.full_tensor()
+    return Head(weight, softcap, scale)
 
 
 @contextlib.contextmanager

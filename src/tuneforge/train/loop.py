@@ -160,9 +160,10 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
     total_steps = hp.n_epochs * math.ceil(len(train_set) / hp.batch_size)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(hp, total_steps))
+    loss_path = fused_loss.resolve_mode(spec.fused_loss, device)
+    log.info("token losses: %s", loss_path if fused_loss.head_of(model, gather=False) else "off (plain)")
     return Run(spec, store, reporter, stop, model, tokenizer, optimizer, scheduler, params,
-               train_set, valid_set, device, total_steps, objective=objective, dist=dist,
-               fused_loss=fused_loss.resolve_mode(spec.fused_loss, device))
+               train_set, valid_set, device, total_steps, objective=objective, dist=dist, fused_loss=loss_path)
 
 
 # -- resume --------------------------------------------------------------------

@@ -108,14 +108,16 @@ FULL = {**OPTIONS, "hyperparameters": {**OPTIONS["hyperparameters"], "learning_r
 
 def test_fsdp_full_fine_tune_trains_the_same_steps_as_one_process(tmp_path: Path, tiny_model_dir: Path) -> None:
     one, store1 = stage_job(tmp_path / "one", tiny_model_dir, **FULL)
-    one = replace(one, training_type="full", gpus=1)
+    one = replace(one, training_type="full", gpus=1, fused_loss="off")  # logits and loss the plain way
     code, single, err = _run(one, tmp_path / "one.json")
     assert code == TrainerExit.SUCCESS, err[-3000:]
+    assert "token losses: off" in err
     two, store2 = stage_job(tmp_path / "two", tiny_model_dir, **FULL)
     two = replace(two, training_type="full", gpus=2, distributed_strategy="fsdp")
     code, double, err = _run(two, tmp_path / "two.json")
     assert code == TrainerExit.SUCCESS, err[-3000:]
     assert "rank 1 of 2 joined (gloo, fsdp)" in err and "sharded 2 layers" in err
+    assert "token losses: chunked" in err  # the output layer's weight read while gathered
     assert _close(double, single) and len(single) == 4
     a, b = _model(store1, one), _model(store2, two)
     assert a.keys() == b.keys() and len(a) > 5

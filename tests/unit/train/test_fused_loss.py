@@ -60,8 +60,9 @@ def test_chunked_loss_equals_the_plain_loss(arch: str, training_type: str, tmp_p
     assert hits == plain_hits
     assert loss == pytest.approx(plain_loss, rel=1e-5)
     assert grads.keys() == plain_grads.keys() and len(grads) > 0
-    for name in grads:
-        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    for name in grads:  # float sums in another order: within 1e-5 of the tensor's largest gradient
+        gap = float((grads[name] - plain_grads[name]).abs().max())
+        assert gap <= 1e-5 * float(plain_grads[name].abs().max()) + 1e-9, (name, gap)
     if training_type == "full":  # the output layer's own gradient comes from the chunked pass
         output = model.get_output_embeddings().weight
         assert output.grad is not None and float(output.grad.abs().sum()) > 0
