@@ -101,8 +101,10 @@ def test_a_row_written_before_the_types_reads_back_with_the_same_values():
     # written again: the same keys and values, plus the ones the types added
     written = job.to_json()
     # the same values; a method's own (beta) now sit in hyperparameters.method_options
-    assert {key: written[key] for key in ROW_BEFORE_TYPES if key != "hyperparameters"} == \
-        {key: value for key, value in ROW_BEFORE_TYPES.items() if key != "hyperparameters"}
+    assert {key: written[key] for key in ROW_BEFORE_TYPES if key not in ("hyperparameters", "resources")} == \
+        {key: value for key, value in ROW_BEFORE_TYPES.items() if key not in ("hyperparameters", "resources")}
+    # resources: the same, plus how several GPUs share the job (none was chosen then)
+    assert written["resources"] == {**ROW_BEFORE_TYPES["resources"], "strategy": ""}
     assert Hyperparameters.from_dict(written["hyperparameters"]).flat() == ROW_BEFORE_TYPES["hyperparameters"]
     assert set(written) - set(ROW_BEFORE_TYPES) == {"method", "training_type", "extra"}
 
