@@ -34,6 +34,7 @@ import torch
 
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
+from tuneforge.train.distributed import unwrap
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,7 @@ def save_training_state(
         if adapter is not None:
             from peft import get_peft_model_state_dict
 
-            weights = get_peft_model_state_dict(unwrap_model(model), state_dict=adapter)
+            weights = get_peft_model_state_dict(unwrap(model), state_dict=adapter)
             files[ADAPTER_WEIGHTS] = safetensors.torch.save({name: tensor.contiguous() for name, tensor in weights.items()})
             files[ADAPTER_CONFIG] = json.dumps(model.peft_config["default"].to_dict(), default=_jsonable,
                                                sort_keys=True).encode()
@@ -261,12 +262,6 @@ def save_training_state(
     if dist.main:
         _write_manifest(store, prefix, {name: entry for part in every_rank for name, entry in part.items()}, step)
     dist.barrier()
-
-
-def unwrap_model(model: Any) -> Any:
-    from tuneforge.train.distributed import unwrap
-
-    return unwrap(model)
 
 
 def restore_training_state(

@@ -20,7 +20,6 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -31,10 +30,9 @@ from tuneforge.domain.resolved import ResolvedEval
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal, runner, shipped
 from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError
-from tuneforge.storage.model_cache import fetch_base_model
 from tuneforge.train import credentials, methods
 from tuneforge.train.errors import UserInputError
-from tuneforge.train.model import is_adapter, load_base_model
+from tuneforge.train.model import is_adapter, load_spec_base
 from tuneforge.train.reporter import message_event
 
 log = logging.getLogger(__name__)
@@ -180,9 +178,7 @@ def _base_model(run: Any) -> Iterator[Any]:
         with run.model.disable_adapter():
             yield run.model
         return
-    base_dir = fetch_base_model(run.store, run.spec.base_model,
-                                Path(run.spec.cache_dir) if run.spec.cache_dir else None)
-    base, _tokenizer = load_base_model(base_dir, run.device)
+    base, _tokenizer = load_spec_base(run.store, run.spec, run.device)
     try:
         yield base
     finally:

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "off", "chunked", "liger")
 CHUNK_LOGITS = 1 << 25  # logits alive at a time (fp32: 128 MiB): 1,024 tokens at a 32k vocabulary, 220 at 152k
 MIN_CHUNK_TOKENS = 16
+# config fields of models that transform their logits in ways this path does not reproduce
+_OTHER_LOGIT_SCALINGS = ("output_multiplier_scale", "mup_width_multiplier", "logit_soft_cap")
 
 
 def chunk_tokens(vocab: int) -> int:
@@ -87,13 +89,10 @@ def head_of(model: Any, *, gather: bool = True) -> Head | None:
     if type(output) is not torch.nn.Linear or output.bias is not None:
         return None
     config = getattr(inner, "config", None)
-    known = {"final_logit_softcapping", "logit_scale", "logits_scaling"}
+    if any(getattr(config, name, None) not in (None, 0, 1) for name in _OTHER_LOGIT_SCALINGS):
+        return None  # another post-processing of the logits: the plain path is the faithful one
     softcap = float(getattr(config, "final_logit_softcapping", None) or 0.0)
     scale = float(getattr(config, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
-    others = [name for name in ("output_multiplier_scale", "mup_width_multiplier", "logit_soft_cap")
-              if getattr(config, name, None) not in (None, 0, 1, 1.0) and name not in known]
-    if others:  # another post-processing of the logits: the plain path is the faithful one
-        return None
     weight = output.weight
     if gather and hasattr(weight, "full_tensor"):  # sharded and not gathered now: gathered, gradients flow back to the shards
         weight = weight.full_tensor()

@@ -68,8 +68,8 @@ from tuneforge.train.batches import epoch_order
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
 from tuneforge.train.guards import check_divergence
 from tuneforge.train.hooks import NO_HOOKS, Hooks
-from tuneforge.train.model import fetch_base_model, is_adapter, load_base_model, prepare_trainable, \
-    trainable_parameters
+from tuneforge.train.model import fetch_base_model, is_adapter, load_base_model, load_spec_base, \
+    prepare_trainable, trainable_parameters
 from tuneforge.train.objective import Objective
 from tuneforge.train.reporter import Reporter, message_event, metrics_event
 from tuneforge.train.run import Run, StepAbandoned, StepMark, StepStats, TrainerState
@@ -455,8 +455,7 @@ def whole_model(run: Run) -> Any:
     run.model, run.optimizer, run.params = None, None, []  # the shards go before the whole model comes
     if run.device.type == "cuda":
         torch.cuda.empty_cache()
-    base_dir = fetch_base_model(run.store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
-    model, _tokenizer = load_base_model(base_dir, run.device)
+    model, _tokenizer = load_spec_base(run.store, spec, run.device)
     model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed)
     result = model.load_state_dict(weights, strict=False)
     if result.unexpected_keys:

@@ -59,6 +59,13 @@ def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: boo
     return model, tokenizer
 
 
+def load_spec_base(store: Any, spec: Any, device: torch.device) -> tuple[Any, Any]:
+    """The job's base model loaded again, from this node's cache (fetched when missing): beside
+    a full fine-tune for the eval, or on rank 0 for the weights gathered from a sharded run."""
+    base_dir = fetch_base_model(store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
+    return load_base_model(base_dir, device)
+
+
 def flash_attention_available(device: torch.device, dtype: torch.dtype) -> bool:
     """A CUDA device, a half-precision dtype and the flash-attn package: what flash-attention 2 needs."""
     import importlib.util
