@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -100,3 +101,15 @@ def test_objects_are_written_with_server_side_encryption_when_configured(
 def test_an_unknown_server_side_encryption_is_refused() -> None:
     with pytest.raises(ValueError, match="AES256"):
         Settings(s3_sse="rot13")
+
+
+def test_compose_of_parts_of_5_mib_and_more_stays_inside_s3(store: FsspecStore, monkeypatch) -> None:
+    parts = [os.urandom(5 * 1024 * 1024), os.urandom(5 * 1024 * 1024 + 1), b"tail"]
+    for index, data in enumerate(parts):
+        store.put_bytes(f"u/{index}", data)
+    streamed = []
+    monkeypatch.setattr(store, "put_stream", lambda *args: streamed.append(args))  # no bytes through here
+    how = store.compose("files/whole", [("u/1", len(parts[1])), ("u/0", len(parts[0])), ("u/2", len(parts[2]))])
+    assert how == "server-side" and streamed == []
+    assert store.get_bytes("files/whole") == parts[1] + parts[0] + parts[2]
+    assert store.size_bytes("files/whole") == sum(map(len, parts))

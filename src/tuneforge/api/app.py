@@ -15,8 +15,8 @@ from tuneforge.api.hot_path import HotPath
 from tuneforge.api.keys import KeyLookups
 from tuneforge.api.lean_reads import EventPages, JobBodies
 from tuneforge.api.ratelimits import RefuseWhileOver, RequestLimiter
-from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, usage,
-                                  webhooks)
+from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, uploads,
+                                  usage, webhooks)
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
@@ -58,8 +58,8 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     # the routes polled hardest come first (measured: matching /healthz against the fifty routes
     # before it was a third of its CPU).
     health.install(app, platform)
-    for router in (jobs.router, files.router, models.router, usage.router, metrics.router, admin.router,
-                   internal.router, inference.router, webhooks.router, secrets.router):
+    for router in (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
+                   admin.router, internal.router, inference.router, webhooks.router, secrets.router):
         app.include_router(router)
     openapi.install(app)
     return app

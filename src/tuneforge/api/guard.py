@@ -5,7 +5,8 @@ A pure ASGI wrapper, so that it acts on the bytes as they arrive:
 - An upload (`POST /v1/files`) is counted while it streams: past the tenant
   tier's limit (plus the multipart framing) the answer is 413 at once, before
   the rest is spooled to disk; a `Content-Length` that says so is refused
-  before a byte is read.
+  before a byte is read. An Upload's part (`POST /v1/uploads/{id}/parts`) is
+  metered the same way against the 64 MiB a part may hold.
 - Every other body is read whole up to `MAX_JSON_BODY_BYTES` (413 beyond it)
   and, when it is JSON, decoded once here: nesting deeper than
   `MAX_JSON_DEPTH`, a lone surrogate or NUL in a string, a number that is not
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import anyio
@@ -34,6 +36,7 @@ from tuneforge.api.limits import (
 from tuneforge.domain.errors import ApiError, invalid
 
 UPLOAD_PATH = "/v1/files"
+PART_PATH = re.compile(r"^/v1/uploads/[^/]+/parts/?$")
 
 
 def too_large(limit_bytes: int) -> ApiError:
@@ -56,6 +59,11 @@ class RequestGuard:
         if scope["method"] == "POST" and scope["path"].rstrip("/") == UPLOAD_PATH:
             limit = await _upload_limit(scope) + MULTIPART_OVERHEAD_BYTES
             await _MeteredUpload(self.app, limit)(scope, receive, send)
+            return
+        if scope["method"] == "POST" and PART_PATH.match(scope["path"]):
+            from tuneforge.services.uploads import MAX_PART_BYTES
+
+            await _MeteredUpload(self.app, MAX_PART_BYTES + MULTIPART_OVERHEAD_BYTES)(scope, receive, send)
             return
         body = await _read_body(scope, receive, MAX_JSON_BODY_BYTES)
         if body is None:  # the client went away

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable, Iterable
 
-from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent
+from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent, UploadPartRow, UploadRow
 
 
 def file_object(row: FileRow) -> dict[str, Any]:
@@ -18,8 +18,30 @@ def file_object(row: FileRow) -> dict[str, Any]:
         "purpose": row.purpose,
         "status": row.status,
         "status_details": row.status_details,
-        "expires_at": None,
+        "expires_at": row.expires_at,
     }
+
+
+def upload_object(row: UploadRow, file: FileRow | None) -> dict[str, Any]:
+    return {
+        "id": row.upload_id,
+        "object": "upload",
+        "bytes": row.size_bytes,
+        "created_at": row.created_at,
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": row.status,
+        "expires_at": row.expires_at,
+        "file": None if file is None else file_object(file),
+        # extensions: what arrived so far (a client resuming sends the rest)
+        "mime_type": row.mime_type,
+        "received_bytes": row.received_bytes,
+    }
+
+
+def upload_part_object(row: UploadPartRow) -> dict[str, Any]:
+    return {"id": row.part_id, "object": "upload.part", "created_at": row.created_at, "upload_id": row.upload_id,
+            "bytes": row.size_bytes}  # bytes: an extension
 
 
 def _hyperparameters(job: Job) -> dict[str, Any]:

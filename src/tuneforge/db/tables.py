@@ -118,8 +118,40 @@ class FileRow(Base):
     data_format: Mapped[str | None] = mapped_column(String(32), nullable=True)
     data_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
 
     __table_args__ = (Index("ix_files_tenant_pk", "tenant_id", "pk"),)
+
+
+class UploadRow(Base):
+    """An Upload: a file sent in parts (POST /v1/uploads), pending until completed or cancelled,
+    expired an hour after it was created."""
+
+    __tablename__ = "uploads"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    upload_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)  # as declared at create
+    received_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # the parts' bytes so far
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    file_expires_after_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    file_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
+class UploadPartRow(Base):
+    __tablename__ = "upload_parts"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    part_id: Mapped[str] = mapped_column(String(64), unique=True)
+    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.upload_id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    key: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[int] = mapped_column(BigInteger)
 
 
 class Job(Base):

@@ -1,4 +1,4 @@
-"""Public ids in OpenAI's style: `file-…`, `ftjob-…`, `ftevent-…`, `ftckpt-…`."""
+"""Public ids in OpenAI's style: `file-…`, `ftjob-…`, `ftevent-…`, `ftckpt-…`, `upload_…`, `part_…`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import string
 _ALPHABET = string.ascii_letters + string.digits
 
 
-def new_id(prefix: str, length: int = 24) -> str:
-    return f"{prefix}-" + "".join(secrets.choice(_ALPHABET) for _ in range(length))
+def new_id(prefix: str, length: int = 24, sep: str = "-") -> str:
+    """`file-…`; OpenAI's newer objects use "_" (`upload_…`, `part_…`)."""
+    return f"{prefix}{sep}" + "".join(secrets.choice(_ALPHABET) for _ in range(length))
 
 
 def short_id(length: int = 8) -> str:

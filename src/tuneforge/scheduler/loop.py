@@ -29,6 +29,8 @@ from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex
 from tuneforge.scheduler.spec_builder import build_spec
 from tuneforge.scheduler.state import ClusterState, read_state
 from tuneforge.services import artifacts, quotas
+from tuneforge.services import files as file_service
+from tuneforge.services import uploads as upload_service
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
 from tuneforge.services.reports import token_hash
@@ -68,6 +70,7 @@ class Scheduler:
             self._admit_queued_jobs()
         self._release_ended()
         self._purge_deleted_models()
+        self._expire_uploads_and_files()
         self._reap_executor()
 
     def _release_ended(self) -> None:
@@ -129,6 +132,20 @@ class Scheduler:
                 log.info("removed the artifacts of %d deleted model(s): %s", len(purged), ", ".join(purged))
         except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
             log.exception("purging deleted models failed")
+
+    def _expire_uploads_and_files(self, every_s: float = 60.0) -> None:
+        """Pending uploads past their hour (their parts deleted) and files past `expires_at`."""
+        if not self._due("expire", every_s):
+            return
+        now = time.time()
+        try:
+            with self.platform.db.session() as session:
+                uploads = upload_service.expire(session, self.platform.store, now)
+                removed = file_service.delete_expired(session, self.platform.store, now)
+            if uploads or removed:
+                log.info("expired %d upload(s) and deleted %d expired file(s)", uploads, removed)
+        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
+            log.exception("expiring uploads and files failed")
 
     def _validate_new_jobs(self) -> None:
         with self.platform.db.session() as session:

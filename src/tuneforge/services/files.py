@@ -20,6 +20,7 @@ from tuneforge.storage.store import ObjectStore
 PURPOSES = ("fine-tune", "fine-tune-results", "batch", "assistants", "user_data", "evals")
 UPLOADABLE = ("fine-tune", "batch", "assistants", "user_data", "evals")
 MAX_FILENAME_CHARS = 256  # the column holds 512; a name is shown back in listings and headers
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 24 * 3600  # expires_after.seconds, as OpenAI bounds it
 
 
 class _HashingReader:
@@ -51,33 +52,69 @@ def upload(
     max_bytes: int,
     tier: str = "standard",
     contamination=None,  # noqa: ANN001 - a ContaminationIndex of the eval sets
+    expires_after_s: int | None = None,
 ) -> FileRow:
-    if purpose not in UPLOADABLE:
-        raise invalid(f"purpose must be one of {', '.join(UPLOADABLE)}; got {purpose!r}", param="purpose")
-    if not filename:
-        raise invalid("the upload has no filename", param="file")
-    _check_filename(filename)
-    file_id = new_id("file")
-    try:
-        key = layout.file_key(tenant_id, file_id, filename)
-    except ValueError:  # ".", "..": names that are no file's
-        raise invalid(f"{filename!r} cannot be a file's name", param="file", code="invalid_filename") from None
+    check_purpose(purpose)
+    file_id, key = new_file_key(tenant_id, filename)
     reader = _HashingReader(stream, max_bytes)
     try:
         store.put_stream(key, reader)
     except ApiError:
         store.delete_prefix(layout.file_prefix(tenant_id, file_id))
         raise
+    return register(session, store, tenant_id, file_id=file_id, key=key, filename=filename, purpose=purpose,
+                    size_bytes=reader.size_bytes, sha256=reader.digest.hexdigest(), tier=tier,
+                    contamination=contamination, expires_after_s=expires_after_s)
+
+
+def check_purpose(purpose: str) -> None:
+    if purpose not in UPLOADABLE:
+        raise invalid(f"purpose must be one of {', '.join(UPLOADABLE)}; got {purpose!r}", param="purpose")
+
+
+def new_file_key(tenant_id: str, filename: str, param: str = "file") -> tuple[str, str]:
+    """A new file id and the key its bytes go to; 400 naming `param` for a name no file may have."""
+    if not filename:
+        raise invalid("the upload has no filename", param=param)
+    _check_filename(filename, param)
+    file_id = new_id("file")
+    try:
+        return file_id, layout.file_key(tenant_id, file_id, filename)
+    except ValueError:  # ".", "..": names that are no file's
+        raise invalid(f"{filename!r} cannot be a file's name", param=param, code="invalid_filename") from None
+
+
+def check_expires_after(anchor: object, seconds: object, param: str = "expires_after") -> int:
+    """OpenAI's file expiry policy: anchored at `created_at`, 1 hour to 30 days; the seconds."""
+    if anchor != "created_at":
+        raise invalid(f"{param}.anchor must be 'created_at'", param=f"{param}.anchor")
+    try:
+        value = int(seconds)  # a multipart form sends it as text
+    except (TypeError, ValueError):
+        value = None
+    if value is None or isinstance(seconds, bool) or not MIN_EXPIRY_S <= value <= MAX_EXPIRY_S:
+        raise invalid(f"{param}.seconds must be an integer between {MIN_EXPIRY_S} and {MAX_EXPIRY_S}",
+                      param=f"{param}.seconds")
+    return value
+
+
+def register(
+    session: Session, store: ObjectStore, tenant_id: str, *, file_id: str, key: str, filename: str, purpose: str,
+    size_bytes: int, sha256: str, tier: str, contamination, expires_after_s: int | None,  # noqa: ANN001
+) -> FileRow:
+    """The File of bytes already at `key`: validated when it is a fine-tune file."""
+    now = int(time.time())
     row = FileRow(
         file_id=file_id,
         tenant_id=tenant_id,
         filename=filename,
         purpose=purpose,
-        size_bytes=reader.size_bytes,
+        size_bytes=size_bytes,
         key=key,
-        sha256=reader.digest.hexdigest(),
+        sha256=sha256,
         status="uploaded",
-        created_at=int(time.time()),
+        created_at=now,
+        expires_at=None if expires_after_s is None else now + expires_after_s,
     )
     if purpose == "fine-tune":
         _validate(store, row, tier, contamination)
@@ -88,11 +125,11 @@ def upload(
     return row
 
 
-def _check_filename(filename: str) -> None:
+def _check_filename(filename: str, param: str) -> None:
     if len(filename) > MAX_FILENAME_CHARS:
-        raise invalid(f"the filename is longer than {MAX_FILENAME_CHARS} characters", param="file")
+        raise invalid(f"the filename is longer than {MAX_FILENAME_CHARS} characters", param=param)
     if any(ord(ch) < 0x20 or 0xD800 <= ord(ch) <= 0xDFFF for ch in filename):
-        raise invalid("the filename must not hold control characters or lone surrogates", param="file",
+        raise invalid("the filename must not hold control characters or lone surrogates", param=param,
                       code="invalid_filename")
 
 
@@ -130,7 +167,7 @@ def add_generated(
 
 def get(session: Session, tenant_id: str, file_id: str) -> FileRow:
     row = file_repo.get(session, tenant_id, file_id)
-    if row is None:
+    if row is None or (row.expires_at is not None and row.expires_at <= time.time()):
         raise not_found(f"No such File object: {file_id}", param="file_id")
     return row
 
@@ -141,7 +178,7 @@ def list_files(
     if order not in ("asc", "desc"):
         raise invalid("order must be 'asc' or 'desc'", param="order")
     return file_repo.page(
-        session, tenant_id, purpose=purpose, after=after, limit=limit, ascending=order == "asc"
+        session, tenant_id, purpose=purpose, after=after, limit=limit, ascending=order == "asc", now=int(time.time())
     )
 
 
@@ -152,3 +189,14 @@ def delete(session: Session, store: ObjectStore, tenant_id: str, file_id: str) -
     store.delete_prefix(layout.file_prefix(tenant_id, file_id))
     store.delete(layout.file_report_key(tenant_id, file_id))
     return row
+
+
+def delete_expired(session: Session, store: ObjectStore, now: float, limit: int = 500) -> int:
+    """Files whose `expires_at` has passed, every tenant's: rows and bytes go. How many went."""
+    rows = file_repo.expired(session, int(now), limit)
+    for row in rows:
+        session.delete(row)
+        session.flush()
+        store.delete_prefix(layout.file_prefix(row.tenant_id, row.file_id))
+        store.delete(layout.file_report_key(row.tenant_id, row.file_id))
+    return len(rows)

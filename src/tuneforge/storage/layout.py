@@ -2,6 +2,7 @@
 every folder of a host's local caches.
 
 tenants/{tenant}/files/{file_id}/{filename}
+tenants/{tenant}/uploads/{upload_id}/{part_id}       an Upload's parts, until it completes or ends
 tenants/{tenant}/datasets/{dataset_id}/...
 tenants/{tenant}/jobs/{job_id}/checkpoints/step-{n}/...
 tenants/{tenant}/jobs/{job_id}/artifacts/{adapter|merged|model}/...
@@ -49,6 +50,14 @@ def file_key(tenant_id: str, file_id: str, filename: str) -> str:
 
 def file_prefix(tenant_id: str, file_id: str) -> str:
     return f"{tenant_prefix(tenant_id)}/files/{_part(file_id)}"
+
+
+def upload_prefix(tenant_id: str, upload_id: str) -> str:
+    return f"{tenant_prefix(tenant_id)}/uploads/{_part(upload_id)}"
+
+
+def upload_part_key(tenant_id: str, upload_id: str, part_id: str) -> str:
+    return f"{upload_prefix(tenant_id, upload_id)}/{_part(part_id)}"
 
 
 def file_report_key(tenant_id: str, file_id: str) -> str:

@@ -33,9 +33,40 @@ class ObjectStore(Protocol):
     def delete_prefix(self, prefix: str) -> None: ...
     def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]: ...
     def upload_dir(self, local_dir: Path, prefix: str) -> list[str]: ...
+    def compose(self, key: str, sources: list[tuple[str, int]]) -> str: ...
 
 
 _COPY_CHUNK_BYTES = 4 * 1024 * 1024
+# S3's multipart rules: every part but the last at least 5 MiB, at most 10,000 parts
+S3_MIN_PART_BYTES = 5 * 1024 * 1024
+S3_MAX_PARTS = 10_000
+
+
+class _Concatenated:
+    """The objects `keys` read one after another, as one stream (nothing held but a chunk)."""
+
+    def __init__(self, store: FsspecStore, keys: list[str]) -> None:
+        self._store = store
+        self._keys = list(keys)
+        self._handle: IO[bytes] | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        size = _COPY_CHUNK_BYTES if size is None or size < 0 else size
+        while True:
+            if self._handle is None:
+                if not self._keys:
+                    return b""
+                self._handle = self._store.open_read(self._keys.pop(0))
+            chunk = self._handle.read(size)
+            if chunk:
+                return chunk
+            self._handle.close()
+            self._handle = None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
 
 class FsspecStore:
@@ -173,6 +204,41 @@ class FsspecStore:
             self.put_file(key, path)
             keys.append(key)
         return keys
+
+
+    def compose(self, key: str, sources: list[tuple[str, int]]) -> str:
+        """Write `key` as the objects `sources` ((key, size) pairs) one after another. On S3 the
+        bytes never leave the store when its multipart rules allow (every source but the last at
+        least 5 MiB): one multipart upload whose parts are server-side copies; anywhere else they
+        are streamed through, a chunk at a time. Returns how: "server-side" or "streamed"."""
+        keys = [source for source, _size in sources]
+        sizes = [size for _source, size in sources]
+        if (self.protocol == "s3" and keys and len(keys) <= S3_MAX_PARTS
+                and all(size >= S3_MIN_PART_BYTES for size in sizes[:-1])):
+            self._s3_multipart_copy(key, keys)
+            return "server-side"
+        stream = _Concatenated(self, keys)
+        try:
+            self.put_stream(key, stream)
+        finally:
+            stream.close()
+        return "streamed"
+
+    def _s3_multipart_copy(self, key: str, sources: list[str]) -> None:
+        bucket, target, _version = self.fs.split_path(self._path(key))
+        upload = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=target)
+        try:
+            parts = []
+            for number, source in enumerate(sources, start=1):
+                copied = self.fs.call_s3("upload_part_copy", Bucket=bucket, Key=target, UploadId=upload["UploadId"],
+                                         CopySource=self._path(source), PartNumber=number)
+                parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
+            self.fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=target, UploadId=upload["UploadId"],
+                            MultipartUpload={"Parts": parts})
+        except BaseException:
+            self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=target, UploadId=upload["UploadId"])
+            raise
+        self.fs.invalidate_cache(self._path(key))
 
 
 def open_store(url: str, storage_options: dict | None = None) -> FsspecStore:

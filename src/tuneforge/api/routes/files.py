@@ -25,6 +25,8 @@ router = APIRouter(prefix="/v1/files", tags=["files"])
 def create_file(
     file: UploadFile | None = None,
     purpose: str | None = Form(default=None, max_length=MAX_ID_CHARS),
+    expires_anchor: str | None = Form(default=None, alias="expires_after[anchor]", max_length=MAX_ID_CHARS),
+    expires_seconds: str | None = Form(default=None, alias="expires_after[seconds]", max_length=MAX_ID_CHARS),
     tenant: Tenant = Depends(deps.tenant),
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
@@ -33,11 +35,14 @@ def create_file(
         raise invalid("Missing required parameter: 'file'", param="file", code="missing_required_parameter")
     if not purpose:
         raise invalid("Missing required parameter: 'purpose'", param="purpose", code="missing_required_parameter")
+    expires_after_s = None
+    if expires_anchor is not None or expires_seconds is not None:
+        expires_after_s = file_service.check_expires_after(expires_anchor, expires_seconds)
     contamination = eval_sets.index_for(session, platform.store, tenant.tenant_id) if purpose == "fine-tune" else None
     row = file_service.upload(
         session, platform.store, tenant.tenant_id, filename=file.filename or "", purpose=purpose,
         stream=file.file, max_bytes=platform.settings.max_upload_bytes_by_tier(tenant.tier),
-        tier=tenant.tier, contamination=contamination,
+        tier=tenant.tier, contamination=contamination, expires_after_s=expires_after_s,
     )
     return file_object(row)
 
