@@ -242,6 +242,11 @@ class Settings(BaseSettings):
     default_checkpoint_keep_last: int = Field(
         default=3, description="Checkpoints kept per job when a job sets none."
     )
+    openai_strict_status: bool = Field(
+        default=True, description="A job's `status` stays within the openai SDK's values: `evaluating` shows as "
+                                  "`running` (an event says the eval began), a running job asked to pause as "
+                                  "`pausing`; `precise_status` always has tuneforge's own. Off: `status` is the "
+                                  "precise one.")
     inference_max_adapters: int = Field(
         default=8, ge=1, description="Fine-tuned adapters kept loaded on each base model for inference; "
                                      "one more evicts the least recently used.")

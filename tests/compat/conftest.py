@@ -1,5 +1,6 @@
 """A live API on 127.0.0.1 (uvicorn, no scheduler) that the official `openai` SDK talks to over
-HTTP, as a user's code would after changing `base_url`; two tenants and a registered base model."""
+HTTP, as a user's code would after changing `base_url`; two tenants and the
+tiny test model (a real tokenizer) registered as `tiny-base`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import openai
 import pytest
 
 from tests.helpers.net import free_port
-from tests.helpers.platform import fake_model_dir
 from tuneforge.server import ControlPlane
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import tenants as tenant_service
@@ -32,19 +32,19 @@ class Live:
         return self.plane.platform.store
 
 
-def start_live(tmp_path: Path, database_url: str, **overrides) -> Live:
+def start_live(tmp_path: Path, database_url: str, model_dir: Path, **overrides) -> Live:
     settings = Settings(home=tmp_path / "home", database_url=database_url, port=free_port(), **overrides)
     plane = ControlPlane(settings, run_scheduler=False).start_in_background()
     with plane.platform.db.session() as session:
         _a, key_a = tenant_service.create_tenant(session, "acme")
         _b, key_b = tenant_service.create_tenant(session, "globex")
-        base_model_service.add_base_model(session, plane.platform.store, "tiny-base",
-                                          str(fake_model_dir(tmp_path / "model")), tmp_path / "hub-cache")
+        base_model_service.add_base_model(session, plane.platform.store, "tiny-base", str(model_dir),
+                                          tmp_path / "hub-cache")
     return Live(plane, plane.url, key_a, key_b)
 
 
 @pytest.fixture
-def live(tmp_path, database_url) -> Live:
-    world = start_live(tmp_path, database_url)
+def live(tmp_path, database_url, tiny_model_dir) -> Live:
+    world = start_live(tmp_path, database_url, tiny_model_dir)
     yield world
     world.plane.close()

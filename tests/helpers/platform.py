@@ -80,3 +80,21 @@ def add_running_job(platform: Platform, tenant_name: str) -> tuple[str, str, str
                         request=JobRequest(model="tiny-base", training_file="file-train"),
                         request_hash="0" * 64, created_at=int(time.time())))
         return api_key, tenant.tenant_id, job_id
+
+
+def add_finished_job(platform: Platform, tenant_name: str) -> tuple[str, str]:
+    """A new tenant with a succeeded job and its fine-tuned model in the registry, written straight
+    to the database (no artifacts): (the tenant's API key, the model id)."""
+    import time
+
+    from tuneforge.db.tables import FineTunedModel, Job
+
+    api_key, tenant_id, job_id = add_running_job(platform, tenant_name)
+    model_id = f"ft:tiny-base:{tenant_name}::{job_id[-6:]}"
+    with platform.db.session() as session:
+        job = session.query(Job).filter_by(job_id=job_id).one()
+        job.status, job.fine_tuned_model = "succeeded", model_id
+        session.add(FineTunedModel(model_id=model_id, tenant_id=tenant_id, job_id=job_id, base_model="tiny-base",
+                                   base_model_sha256="0" * 64, artifact_prefix=f"tenants/{tenant_id}/jobs/{job_id}",
+                                   created_at=int(time.time())))
+    return api_key, model_id

@@ -59,7 +59,8 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     # before it was a third of its CPU).
     health.install(app, platform)
     for router in (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
-                   admin.router, internal.router, inference.router, webhooks.router, secrets.router):
+                   jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
+                   secrets.router):
         app.include_router(router)
     openapi.install(app)
     return app

@@ -84,7 +84,8 @@ class JobBodies:
             if known is not None and known[0] == row:
                 self._rendered.move_to_end(job_id)
                 return known[1]
-        body = orjson.dumps(job_object(JOB_ROWS.to_object(row, self.platform.db.engine)))
+        body = orjson.dumps(job_object(JOB_ROWS.to_object(row, self.platform.db.engine),
+                                       self.platform.settings.openai_strict_status))
         with self._lock:
             self._rendered[job_id] = (row, body)
             self._rendered.move_to_end(job_id)

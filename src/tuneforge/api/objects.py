@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable, Iterable
 
+from tuneforge.domain.status import JobStatus
 from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent, UploadPartRow, UploadRow
 
 
@@ -65,7 +66,18 @@ def _training_type(job: Job) -> dict[str, Any]:
     return training_type
 
 
-def job_object(job: Job) -> dict[str, Any]:
+def shown_status(job: Job, strict: bool = True) -> str:
+    """`status` as /v1 shows it. Strict (TUNEFORGE_OPENAI_STRICT_STATUS, the default): within
+    OpenAI's values (validating_files, queued, running, pausing, paused, succeeded, failed,
+    cancelled), the eval of a trained model being part of `running`."""
+    if not strict:
+        return job.status
+    if job.status in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value):
+        return "pausing" if job.pause_requested else JobStatus.RUNNING.value
+    return job.status
+
+
+def job_object(job: Job, strict: bool = True) -> dict[str, Any]:
     hp = _hyperparameters(job)
     summary = {key: hp.get(key, "auto") for key in ("batch_size", "learning_rate_multiplier", "n_epochs")}
     method = job.request.method_type
@@ -82,7 +94,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "organization_id": job.tenant_id,
         "result_files": list(job.result_files or []),
         "seed": job.seed,
-        "status": job.status,
+        "status": shown_status(job, strict),
         "trained_tokens": job.trained_tokens,
         "training_file": job.training_file,
         "validation_file": job.validation_file,
@@ -92,6 +104,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "method": {"type": method, method: {"hyperparameters": hp}},
         "user_provided_suffix": job.suffix,
         # extensions
+        "precise_status": job.status,
         "training_type": _training_type(job),
         "attempt": job.attempt,
         "checkpointing": asdict(resolved.checkpoint) if resolved is not None else None,

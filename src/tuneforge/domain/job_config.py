@@ -176,7 +176,9 @@ class Integration(_Strict):
     wandb: dict | None = None
 
 
-# methods whose hyperparameters include beta; every other method takes the supervised set
+# Together's names of the adapter's settings -> training_type's
+TOGETHER_LORA_NAMES = {"lora_r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
+                       "lora_trainable_modules": "target_modules"}
 
 
 class JobRequest(_Strict):
@@ -200,6 +202,28 @@ class JobRequest(_Strict):
     resources: Resources | None = None
     distributed: Distributed | None = None
     eval: EvalConfig | None = Field(None, description="Post-training evaluation and gates (docs/eval.md).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _together_names(cls, raw: Any) -> Any:
+        """Together's names for the adapter (`lora_r`, `lora_alpha`, `lora_dropout`,
+        `lora_trainable_modules`) become `training_type`'s; naming one both ways is refused."""
+        if not isinstance(raw, dict) or not any(name in raw for name in TOGETHER_LORA_NAMES):
+            return raw
+        raw = dict(raw)
+        training_type = raw.get("training_type")
+        merged = dict(training_type) if isinstance(training_type, dict) else {}
+        for name, ours in TOGETHER_LORA_NAMES.items():
+            if name not in raw:
+                continue
+            value = raw.pop(name)
+            if ours in merged:
+                raise ValueError(f"{name} and training_type.{ours} name the same setting; give one of them")
+            if ours == "target_modules" and isinstance(value, str) and value != "all-linear":
+                value = [module.strip() for module in value.split(",") if module.strip()]
+            merged[ours] = value
+        raw["training_type"] = merged
+        return raw
 
     @property
     def method_type(self) -> str:

@@ -32,6 +32,17 @@ def metrics_data(row: dict[str, Any], total_steps: int) -> dict[str, Any]:
     return data
 
 
+def metrics_message(data: dict[str, Any]) -> str:
+    """A `metrics` event's message in OpenAI's words: "Step 3/40: training loss=1.23" (", validation
+    loss=1.45" on a step that validated); the exact figures are in the event's data."""
+    message = f"Step {data.get('step')}/{data.get('total_steps')}"
+    losses = [(name, data.get(key)) for name, key in (("training", "train_loss"), ("validation", "valid_loss"))
+              if isinstance(data.get(key), (int, float))]
+    if losses:
+        message += ": " + ", ".join(f"{name} loss={value:.2f}" for name, value in losses)
+    return message
+
+
 def checkpoint_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint object shows under `metrics` (OpenAI's names)."""
     return {

@@ -62,16 +62,24 @@ def same_config(session: Session, tenant_id: str, config_hash: str | None, *,
 def get(session: Session, tenant_id: str, model_id: str) -> FineTunedModel:
     row = session.scalar(owned(FineTunedModel, tenant_id).where(FineTunedModel.model_id == model_id))
     if row is None or row.artifacts_deleted_at is not None:
-        raise not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+        raise model_not_found(model_id)
     return row
+
+
+def model_not_found(model_id: str) -> ApiError:
+    return not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
 
 
 def get_any(session: Session, model_id: str) -> FineTunedModel:
     """A model of any tenant (operators only)."""
     row = session.scalar(select(FineTunedModel).where(FineTunedModel.model_id == model_id))
     if row is None or row.artifacts_deleted_at is not None:
-        raise not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+        raise model_not_found(model_id)
     return row
+
+
+def model_not_found(model_id: str) -> ApiError:
+    return not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
 
 
 def listing(session: Session, tenant_id: str, *, base_model: str | None = None, stage: str | None = None,

@@ -351,7 +351,8 @@ class Scheduler:
                 placement=placement.to_dict(), heartbeat_at=now, started_at=now,
             )
             session.add(attempt)
-            transition(session, job, JobStatus.RUNNING, f"Fine-tuning job started (attempt {number})",
+            transition(session, job, JobStatus.RUNNING,
+                       "Fine-tuning job started" + (f" (attempt {number})" if number > 1 else ""),
                        data={"attempt": number})
         try:
             handle = self.executor.launch(spec, placement)

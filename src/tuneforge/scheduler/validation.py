@@ -78,11 +78,11 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
     _point_out_duplicate(session, job)
     prepared = plan.prepared
     warnings = sum(item.get("count", 0) for item in prepared.report.get("warnings", {}).values())
-    transition(session, job, JobStatus.QUEUED,
-               f"Validated training data: {prepared.train_examples} training and {prepared.valid_examples} "
-               f"validation examples, {prepared.train_tokens} tokens per epoch, {warnings} warning(s); job queued",
-               data={"dataset_id": prepared.dataset_id, "train_tokens": prepared.train_tokens,
-                     "reused_dataset": prepared.reused, "estimate": asdict(plan.estimate)})
+    # OpenAI's words; what the validation found is in the data
+    transition(session, job, JobStatus.QUEUED, "Files validated, moving job to queued state",
+               data={"dataset_id": prepared.dataset_id, "train_examples": prepared.train_examples,
+                     "valid_examples": prepared.valid_examples, "train_tokens": prepared.train_tokens,
+                     "warnings": warnings, "reused_dataset": prepared.reused, "estimate": asdict(plan.estimate)})
 
 
 def _point_out_duplicate(session: Session, job: Job) -> None:

@@ -102,6 +102,11 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
             param="training_type.type", code="unsupported_training_type")
     if request.integrations:
         raise invalid("integrations are not supported", param="integrations")
+    if request.hyperparameters is not None and request.method is not None and (
+            request.method_type != "supervised" or request.method.block is not None):
+        raise invalid("hyperparameters (deprecated) and method both set hyperparameters; give them once, in "
+                      f"method.{request.method_type}.hyperparameters", param="hyperparameters",
+                      code="conflicting_parameters")
     if request.suffix is not None and not _SUFFIX.match(request.suffix):
         raise invalid("suffix may use up to 64 letters, digits, '-', '_' and '.'", param="suffix")
     if request.metadata is not None and len(request.metadata) > 16:
@@ -157,6 +162,23 @@ def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: 
         "queue_position": estimates.queue_position(session),
         "dataset_id": plan.prepared.dataset_id,
     }
+
+
+def together_price_fields(session: Session, tenant: Tenant, estimate: dict) -> dict:
+    """Together's estimate-price answer, from an estimate: the price, whether the tenant's quota
+    lets the job in now, and the GPU-hours left this month (null without a hard cap)."""
+    from tuneforge.services import quotas
+
+    quota = quotas.limits(tenant)
+    used = quotas.billable_gpu_hours(session, tenant, time.time()) if quota.gpu_hours_hard is not None else 0.0
+    left = None if quota.gpu_hours_hard is None else max(0.0, quota.gpu_hours_hard - used)
+    try:
+        quotas.check_admission(session, tenant)
+        allowed = left is None or estimate["estimated_gpu_hours"] <= left
+    except ApiError:
+        allowed = False
+    return {"estimated_total_price": estimate["estimated_price"], "allowed_to_proceed": allowed,
+            "user_limit": left, "estimated_train_token_count": estimate["training_tokens"]}
 
 
 def submit_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest,
@@ -242,6 +264,8 @@ def create_job(
             raise
         return _replay(existing, body_hash), False
     events.add(session, job, f"Created fine-tuning job: {job.job_id}", data={"status": job.status})
+    events.add(session, job, f"Validating training file: {job.training_file}"
+               + (f" and validation file: {job.validation_file}" if job.validation_file else ""))
     return job, True
 
 
@@ -287,11 +311,17 @@ def cancel_job(session: Session, tenant_id: str, job_id: str, store: ObjectStore
 
 def pause_job(session: Session, tenant_id: str, job_id: str) -> Job:
     """Queued: paused at once. Running: the trainer is asked to checkpoint and stop; the job
-    shows `paused` once it has. Anything else cannot be paused."""
+    shows `pausing` (strict statuses), then `paused` once it has. Evaluating, or anything else,
+    cannot be paused: 400."""
     job = get_job(session, tenant_id, job_id)
     if job.status == JobStatus.QUEUED.value:
         transition(session, job, JobStatus.PAUSED, "Fine-tuning job paused")
-    elif job.status in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value):
+    elif job.status == JobStatus.EVALUATING.value:
+        # training is done and the trainer evaluates the model it wrote: nothing is left to pause
+        raise ApiError(400, f"Job {job_id} has finished training and is evaluating the fine-tuned model; it cannot "
+                            "be paused now (cancel it, or wait for it to finish)",
+                       param="fine_tuning_job_id", code="job_not_pausable")
+    elif job.status == JobStatus.RUNNING.value:
         if not job.pause_requested:
             job.pause_requested = True
             events.add(session, job, "Pause requested: the trainer checkpoints and stops")

@@ -26,7 +26,7 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Checkpoint, Job
 from tuneforge.domain import reports
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
-from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
+from tuneforge.domain.metrics import checkpoint_metrics, metrics_data, metrics_message
 from tuneforge.domain.ids import new_id, short_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub, scrub_data
@@ -185,8 +185,9 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
     have = {int((row.data or {}).get("step", -1)) for row in events.metrics_rows(session, job.tenant_id, job.job_id)}
     missing = sorted(set(history) - have)
     for number in missing:
-        events.add(session, job, f"step {number}", event_type="metrics", attempt=attempt.number,
-                   data={**metrics_data(history[number], total_steps), "recovered_from_checkpoint": True})
+        data = metrics_data(history[number], total_steps)
+        events.add(session, job, metrics_message(data), event_type="metrics", attempt=attempt.number,
+                   data={**data, "recovered_from_checkpoint": True})
     if missing:
         events.add(session, job,
                    f"metrics of {len(missing)} step(s) recovered from the checkpoint at step {step}",
@@ -218,6 +219,12 @@ def evaluating(session: Session, job: Job, attempt: Attempt, body: reports.Evalu
         transition(session, job, JobStatus.EVALUATING,
                    "Training finished; evaluating the base and the fine-tuned model on the same data",
                    data={"step": body.step})
+        # asked as the last step ended, and not yet passed on to the trainer: nothing is left to pause
+        # (once passed on, the trainer stops and the job pauses; resumed, it evaluates again)
+        if job.pause_requested and not (attempt.handle or {}).get("preempt_sent"):
+            job.pause_requested = False
+            events.add(session, job, "The pause came as training finished; the job evaluates its model and "
+                                     "ends instead", level="warn", attempt=attempt.number)
 
 
 def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, body: reports.Result) -> None:
@@ -244,6 +251,8 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
     registry.register(session, store, job, model_id=model_id, artifact_prefix=body.adapter_prefix,
                       artifact_kind=body.artifact_kind, attempts=attempt.number,
                       eval_results=eval_results, gate_report=report)
+    events.add(session, job, f"New fine-tuned model created: {model_id}", data={"fine_tuned_model": model_id},
+               attempt=attempt.number)
     transition(session, job, JobStatus.SUCCEEDED, "The job has successfully completed",
                data={"fine_tuned_model": model_id, "trained_tokens": job.trained_tokens,
                      "promotable": bool(report is None or report.get("passed"))})

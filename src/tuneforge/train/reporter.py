@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import httpx
 
 from tuneforge.domain import reports
+from tuneforge.domain.metrics import metrics_message
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def message_event(message: str, *, level: str = "info", data: dict[str, Any] | N
 
 
 def metrics_event(data: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "metrics", "level": "info", "message": f"step {data.get('step')}",
+    return {"type": "metrics", "level": "info", "message": metrics_message(data),
             "data": dict(data), "created_at": time.time()}
 
 

@@ -35,8 +35,9 @@ def test_create_job_with_extensions_and_read_it_back(world):
     assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size == "auto"
     again = sdk.fine_tuning.jobs.retrieve(job.id)
     assert again.id == job.id and again.training_file == training
-    events = sdk.fine_tuning.jobs.list_events(job.id).data
-    assert events[0].message.startswith("Created fine-tuning job")
+    events = sdk.fine_tuning.jobs.list_events(job.id).data  # newest first, in OpenAI's words
+    assert [e.message for e in events] == [f"Validating training file: {training}",
+                                           f"Created fine-tuning job: {job.id}"]
 
 
 @pytest.mark.parametrize(

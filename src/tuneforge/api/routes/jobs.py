@@ -26,6 +26,7 @@ from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
+together_router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tuning"])
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
 
 
@@ -47,7 +48,8 @@ async def create_job(
 ) -> Response:
     platform = request.app.state.platform
     return deps.json_response(await deps.in_unit_of_work(
-        request, lambda session: job_object(job_service.submit_job(session, platform, tenant, body, idempotency_key))))
+        request, lambda session: job_object(job_service.submit_job(session, platform, tenant, body, idempotency_key),
+                                            platform.settings.openai_strict_status)))
 
 
 @router.post("/estimate")
@@ -59,6 +61,18 @@ def estimate_job(
 ) -> dict:
     """Extension: tokens, steps, GPU-hours, price and queue position for this body; creates nothing."""
     return job_service.estimate_job(session, platform, tenant, body)
+
+
+@together_router.post("/estimate-price")
+def estimate_price(
+    body: JobRequest,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = deps.SESSION,
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    """Together's name for the estimate: the same body and figures, plus Together's field names."""
+    estimate = job_service.estimate_job(session, platform, tenant, body)
+    return {**estimate, **job_service.together_price_fields(session, tenant, estimate)}
 
 
 @router.get("", response_model=dict, openapi_extra=deps.lean_parameters())
@@ -74,34 +88,42 @@ async def list_jobs(
             metadata[match.group(1)] = value
     async with deps.admitted(request) as caller:
         if metadata:  # filtered pages are rare: the plain path
+            strict = request.app.state.platform.settings.openai_strict_status
             return deps.json_response(await deps.in_unit_of_work(request, _job_page, caller.tenant_id, metadata,
-                                                                 after, limit))
+                                                                 after, limit, strict))
         body = await request.app.state.job_bodies.page(caller.tenant_id, after, limit)
     return Response(body, media_type="application/json")
 
 
-def _job_page(session: Session, tenant_id: str, metadata: dict[str, str], after: str | None, limit: int) -> dict:
+def _job_page(session: Session, tenant_id: str, metadata: dict[str, str], after: str | None, limit: int,
+              strict: bool) -> dict:
     page = job_service.list_jobs(session, tenant_id, metadata=metadata, after=after, limit=limit)
-    return list_object(page.rows, job_object, page.has_more)
+    return list_object(page.rows, lambda job: job_object(job, strict), page.has_more)
 
 
 @router.post("/{job_id}/cancel")
 def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> dict:
     """Stops the job; its checkpoints are removed unless `checkpointing.keep_on_cancel`."""
-    return job_object(job_service.cancel_job(session, tenant.tenant_id, job_id, platform.store))
+    job = job_service.cancel_job(session, tenant.tenant_id, job_id, platform.store)
+    return job_object(job, platform.settings.openai_strict_status)
 
 
 @router.post("/{job_id}/pause")
-def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
-    """A running job checkpoints and stops (status `paused` once it has); a queued one pauses at once."""
-    return job_object(job_service.pause_job(session, tenant.tenant_id, job_id))
+def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
+              platform: Platform = Depends(deps.platform)) -> dict:
+    """A running job checkpoints and stops (status `pausing`, then `paused` once it has); a queued one
+    pauses at once; an evaluating one cannot (its training is done)."""
+    job = job_service.pause_job(session, tenant.tenant_id, job_id)
+    return job_object(job, platform.settings.openai_strict_status)
 
 
 @router.post("/{job_id}/resume")
-def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
+def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
+               platform: Platform = Depends(deps.platform)) -> dict:
     """A paused job is queued again and continues from its newest checkpoint."""
-    return job_object(job_service.resume_job(session, tenant.tenant_id, job_id))
+    job = job_service.resume_job(session, tenant.tenant_id, job_id)
+    return job_object(job, platform.settings.openai_strict_status)
 
 
 @router.get("/{job_id}/events", response_model=None, responses=error_responses(429),

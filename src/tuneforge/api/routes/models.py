@@ -80,12 +80,16 @@ def stage_change_object(change) -> dict:  # noqa: ANN001 - a ModelStageChange ro
 
 
 @router.get("/{model_id:path}")
-def retrieve_model(model_id: str, tenant: Tenant = Depends(deps.tenant),
-                   session: Session = deps.SESSION) -> dict:
+def retrieve_model(model_id: str, include_deprecated: bool = Query(
+                       False, description="Extension: a deleted model still in its grace period answers too."),
+                   tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     base = base_model_service.find(session, model_id)
     if base is not None:
         return base_model_object(base)
-    return fine_tuned_model_object(registry.get(session, tenant.tenant_id, model_id))
+    row = registry.get(session, tenant.tenant_id, model_id)
+    if row.deprecated_at is not None and not include_deprecated:  # deleted, as OpenAI has it: 404
+        raise registry.model_not_found(model_id)
+    return fine_tuned_model_object(row)
 
 
 @router.delete("/{model_id:path}", responses=error_responses(409))
@@ -93,5 +97,7 @@ def delete_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: 
                  platform: Platform = Depends(deps.platform)) -> dict:
     base_model_service.refuse_deleting(session, model_id)
     row = registry.get(session, tenant.tenant_id, model_id)
+    if row.deprecated_at is not None:  # deleted already: gone, as OpenAI answers a second delete
+        raise registry.model_not_found(model_id)
     registry.deprecate(session, row, grace_s=platform.settings.model_delete_grace_s, actor=_actor(tenant))
     return {"id": row.model_id, "object": "model", "deleted": True, "delete_after": row.delete_after}
