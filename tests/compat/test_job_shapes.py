@@ -164,3 +164,13 @@ def test_a_deleted_model_is_gone_for_retrieve_and_a_second_delete(live):
     response = httpx.get(f"{live.url}/v1/models/{model_id}", params={"include_deprecated": "true"},
                          headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 200 and response.json()["deprecated"] is True
+
+
+def test_checkpoint_permissions_are_not_found_as_documented(live):
+    """docs/openai-compat.md: a tenant's checkpoints are never shared with another tenant."""
+    sdk = live.sdk()
+    with pytest.raises(openai.NotFoundError):
+        sdk.fine_tuning.checkpoints.permissions.retrieve("ft:tiny-base:acme::abc:ckpt-step-3")
+    with pytest.raises(openai.NotFoundError):
+        sdk.fine_tuning.checkpoints.permissions.create("ft:tiny-base:acme::abc:ckpt-step-3",
+                                                       project_ids=["proj_1"])

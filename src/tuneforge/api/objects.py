@@ -158,6 +158,7 @@ def checkpoint_object(row: Checkpoint, job: Job) -> dict[str, Any]:
         "fine_tuning_job_id": row.job_id,
         "metrics": row.metrics,
         "step_number": row.step,
+        "epoch": row.epoch,  # extension: the epoch this checkpoint ends; null mid-epoch
     }
 
 

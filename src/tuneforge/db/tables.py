@@ -248,6 +248,7 @@ class Checkpoint(Base):
     prefix: Mapped[str] = mapped_column(String(1024))
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the epoch it ends; none mid-epoch
 
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
 

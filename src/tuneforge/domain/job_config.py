@@ -97,7 +97,10 @@ class TrainingType(_Strict):
 
 class Checkpointing(_Strict):
     every_steps: int | None = Field(None, ge=1, le=2**31 - 1, description="Checkpoint every N optimizer steps.")
-    keep_last: int | None = Field(None, ge=1, le=100, description="Checkpoints kept.")
+    keep_last: int | None = Field(None, ge=1, le=100, description="Checkpoints kept: of epoch ends when "
+                                                                      "every_epoch (plus the newest), else the newest.")
+    every_epoch: bool | None = Field(None, description="Checkpoint at the end of every epoch, as OpenAI does "
+                                                        "(default true).")
     every_minutes: float | None = Field(None, gt=0, le=1440, description="Also checkpoint every M minutes.")
     keep_on_cancel: bool | None = Field(None, description="Keep the checkpoints when the job is cancelled.")
 

@@ -45,7 +45,10 @@ def metrics_message(data: dict[str, Any]) -> str:
 
 def checkpoint_metrics(row: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint object shows under `metrics` (OpenAI's names)."""
+    # a checkpoint's validation runs on the whole validation set: valid_* and full_valid_* agree
     return {
         "train_loss": row.get("train_loss"), "train_mean_token_accuracy": row.get("train_accuracy"),
         "valid_loss": row.get("valid_loss"), "valid_mean_token_accuracy": row.get("valid_mean_token_accuracy"),
+        "full_valid_loss": row.get("valid_loss"),
+        "full_valid_mean_token_accuracy": row.get("valid_mean_token_accuracy"),
     }

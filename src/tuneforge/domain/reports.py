@@ -52,6 +52,7 @@ class CheckpointWritten(_Sequenced):
     step: int = Field(ge=0)
     prefix: str = Field(description="Object-store prefix of the checkpoint (its manifest written last).")
     metrics: dict[str, Union[float, None]] = Field(default_factory=dict)
+    epoch: int | None = Field(None, ge=1, description="The epoch this checkpoint ends (1-based); none mid-epoch.")
 
 
 class Resumed(_Sequenced):

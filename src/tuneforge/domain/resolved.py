@@ -244,7 +244,9 @@ class ResolvedJob:
             hyperparameters=Hyperparameters.from_dict(
                 {k: v for k, v in (raw.get("hyperparameters") or {}).items() if v is not None}),
             lora=_build(LoraConfig, raw.get("lora")),
-            checkpoint=_build(CheckpointPolicy, raw.get("checkpoint")),
+            # a row from before epoch checkpoints: its trainer kept the newest, whatever the epoch
+            checkpoint=_build(CheckpointPolicy, {"every_epoch": False, **raw["checkpoint"]}
+                              if isinstance(raw.get("checkpoint"), Mapping) else None),
             resources=_build(ResolvedResources, resources),
             data=_build(ResolvedData, raw.get("data")),
             estimate=_build(Estimate, raw["estimate"]) if raw.get("estimate") else None,

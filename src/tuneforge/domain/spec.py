@@ -79,6 +79,7 @@ class CheckpointPolicy:
     every_steps: int = 50
     keep_last: int = 3
     every_minutes: float = 0.0  # also checkpoint when this long has passed since the last one (0: off)
+    every_epoch: bool = True  # also checkpoint at the end of every epoch; retention then counts epochs
     keep_on_cancel: bool = False  # a cancelled job keeps its checkpoints
 
 

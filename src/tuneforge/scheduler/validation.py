@@ -63,6 +63,7 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
         keep_last=(policy and policy.keep_last) or settings.default_checkpoint_keep_last,
         every_minutes=(policy and policy.every_minutes) or 0.0,
         keep_on_cancel=bool(policy and policy.keep_on_cancel),
+        every_epoch=policy.every_epoch if policy is not None and policy.every_epoch is not None else True,
     )
     divergence_policy = DivergencePolicy(
         loss_multiple=(divergence and divergence.loss_multiple) or settings.divergence_loss_multiple,

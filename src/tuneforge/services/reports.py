@@ -24,7 +24,7 @@ from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Checkpoint, Job
-from tuneforge.domain import reports
+from tuneforge.domain import reports, retention
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data, metrics_message
 from tuneforge.domain.ids import new_id, short_id
@@ -143,11 +143,11 @@ def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: reports.C
     if row is None:
         row = Checkpoint(
             checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number,
-            prefix=body.prefix, metrics=metrics, created_at=int(time.time()),
+            prefix=body.prefix, metrics=metrics, created_at=int(time.time()), epoch=body.epoch,
         )
         session.add(row)
     else:  # an exact resume may write the same step again
-        row.prefix, row.metrics, row.attempt = body.prefix, metrics, attempt.number
+        row.prefix, row.metrics, row.attempt, row.epoch = body.prefix, metrics, attempt.number, body.epoch
     events.add(session, job, f"Checkpoint created at step {step}",
                data={"step": step, "checkpoint": row.checkpoint_id}, attempt=attempt.number, seq=seq)
     attempt.last_seq = seq
@@ -181,6 +181,7 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
         session.add(Checkpoint(
             checkpoint_id=new_id("ftckpt"), job_id=job.job_id, step=step, attempt=attempt.number, prefix=prefix,
             metrics={"step": float(step), **checkpoint_metrics(history[step])}, created_at=int(time.time()),
+            epoch=int(state.get("epoch", 0)) if step > 0 and state.get("index_in_epoch") == 0 else None,
         ))
     have = {int((row.data or {}).get("step", -1)) for row in events.metrics_rows(session, job.tenant_id, job.job_id)}
     missing = sorted(set(history) - have)
@@ -196,16 +197,18 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
 
 
 def _forget_pruned(session: Session, job: Job, newest_step: int) -> None:
-    """The trainer keeps the newest `keep_last` checkpoints and deletes older
-    ones from the store; the listing follows the same policy so every listed
-    checkpoint can be downloaded."""
-    keep_last = job.resolved.checkpoint.keep_last if job.resolved is not None else 0
-    if keep_last <= 0:
+    """The trainer deletes from the store the checkpoints `domain.retention` does not keep; the
+    listing follows the same rule so every listed checkpoint can be downloaded."""
+    policy = job.resolved.checkpoint if job.resolved is not None else None
+    if policy is None or policy.keep_last <= 0:
         return
     session.flush()
     rows = [r for r in checkpoint_repo.for_job(session, job.tenant_id, job.job_id) if r.step <= newest_step]
-    for row in rows[:-keep_last]:
-        session.delete(row)
+    kept = retention.kept_steps([(r.step, r.epoch is not None) for r in rows], policy.keep_last,
+                                policy.every_epoch)
+    for row in rows:
+        if row.step not in kept:
+            session.delete(row)
 
 
 def evaluating(session: Session, job: Job, attempt: Attempt, body: reports.Evaluating) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from tuneforge.domain import retention
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train.distributed import unwrap
@@ -137,17 +138,32 @@ def delete_checkpoint(store: ObjectStore, prefix: str) -> None:
     store.delete_prefix(prefix)
 
 
-def prune_checkpoints(store: ObjectStore, checkpoints_prefix: str, keep_last: int) -> list[str]:
-    """Delete every step folder older than the `keep_last` newest complete ones."""
+def prune_checkpoints(store: ObjectStore, checkpoints_prefix: str, keep_last: int, by_epoch: bool = False
+                      ) -> list[str]:
+    """Delete the complete checkpoints `domain.retention` does not keep (by epoch: those neither
+    the newest nor among the newest `keep_last` epoch ends), and any incomplete folder older than
+    the newest kept one."""
     dirs = checkpoint_dirs(store, checkpoints_prefix)
     complete = [(step, prefix) for step, prefix in dirs if store.exists(layout.checkpoint_manifest_key(prefix))]
-    if keep_last <= 0 or len(complete) <= keep_last:
+    if keep_last <= 0 or not complete:
         return []
-    oldest_kept_step = complete[keep_last - 1][0]
-    doomed = [prefix for step, prefix in dirs if step < oldest_kept_step]
+    ends = {step: by_epoch and _ends_epoch(store, prefix) for step, prefix in complete}
+    kept = retention.kept_steps(ends.items(), keep_last, by_epoch)
+    newest_kept = max(kept)
+    doomed = [prefix for step, prefix in dirs if step not in kept and (step in ends or step < newest_kept)]
     for prefix in doomed:
         delete_checkpoint(store, prefix)
     return doomed
+
+
+def _ends_epoch(store: ObjectStore, prefix: str) -> bool:
+    """Whether the checkpoint at `prefix` was written as an epoch ended (its data position is the
+    start of the next epoch)."""
+    try:
+        state = json.loads(store.get_bytes(layout.trainer_state_key(prefix)))
+    except (OSError, ValueError):
+        return False
+    return int(state.get("step", 0)) > 0 and int(state.get("index_in_epoch", -1)) == 0
 
 
 def delete_checkpoints_after(store: ObjectStore, checkpoints_prefix: str, step: int) -> list[str]:

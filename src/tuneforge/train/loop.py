@@ -339,8 +339,11 @@ def finish_step(run: Run, stats: StepStats) -> None:
     }
     diverged = check_divergence(run, stats)
     policy = run.spec.checkpoint
+    # the batch of this step was the epoch's last: its position wrapped to the next epoch's start
+    epoch_end = state.index_in_epoch == 0
     checkpoint_due = (policy.every_steps > 0 and state.step % policy.every_steps == 0) or (
-        policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60)
+        policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60) or (
+        policy.every_epoch and epoch_end)
     checkpoint_due = checkpoint_due and state.bad_steps == 0  # never save a state that may be diverging
     checkpoint_due = run.dist.any(checkpoint_due)  # clocks differ between ranks: one decides for all
     if checkpoint_due and run.valid_set:
@@ -379,13 +382,14 @@ def save_checkpoint(run: Run) -> str:
     ckpt.save_training_state(run.store, prefix, step=state.step, model=run.model, optimizer=run.optimizer,
                              scheduler=run.scheduler, trainer_state=asdict(state), dist=run.dist)
     if run.dist.main:
-        ckpt.prune_checkpoints(
-            run.store, layout.checkpoints_prefix(spec.tenant_id, spec.job_id), spec.checkpoint.keep_last
-        )
+        ckpt.prune_checkpoints(run.store, layout.checkpoints_prefix(spec.tenant_id, spec.job_id),
+                               spec.checkpoint.keep_last, by_epoch=spec.checkpoint.every_epoch)
     run.dist.barrier()
     run.last_checkpoint_step = state.step
     run.last_checkpoint_time = time.monotonic()
-    run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "metrics": checkpoint_metrics(state.history[-1])})
+    epoch = state.epoch if state.index_in_epoch == 0 and state.step > 0 else None  # the epoch it ends, 1-based
+    run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "epoch": epoch,
+                                        "metrics": checkpoint_metrics(state.history[-1])})
     return prefix
 
 

@@ -89,7 +89,8 @@ def test_a_row_written_before_the_types_reads_back_with_the_same_values():
     assert row == ROW_BEFORE_TYPES  # reading does not change the row
     assert job.hyperparameters == Hyperparameters.from_dict(ROW_BEFORE_TYPES["hyperparameters"])
     assert job.lora == LoraConfig(rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
-    assert job.checkpoint == CheckpointPolicy(every_steps=7, keep_last=3, every_minutes=5.0, keep_on_cancel=True)
+    assert job.checkpoint == CheckpointPolicy(every_steps=7, keep_last=3, every_minutes=5.0, keep_on_cancel=True,
+                                              every_epoch=False)  # as it ran before epoch checkpoints
     assert job.gpus == 2 and job.resources.gpus_per_node == 0 and job.resources.gpu_type == "default"
     assert job.num_examples == 17 and job.data.dataset_id == "ds-0123abcd" and job.data.valid_examples == 3
     assert job.data.validation_split == 0.2 and job.data.remove_duplicates is True
@@ -101,8 +102,11 @@ def test_a_row_written_before_the_types_reads_back_with_the_same_values():
     # written again: the same keys and values, plus the ones the types added
     written = job.to_json()
     # the same values; a method's own (beta) now sit in hyperparameters.method_options
-    assert {key: written[key] for key in ROW_BEFORE_TYPES if key not in ("hyperparameters", "resources")} == \
-        {key: value for key, value in ROW_BEFORE_TYPES.items() if key not in ("hyperparameters", "resources")}
+    typed = ("hyperparameters", "resources", "checkpoint")
+    assert {key: written[key] for key in ROW_BEFORE_TYPES if key not in typed} == \
+        {key: value for key, value in ROW_BEFORE_TYPES.items() if key not in typed}
+    # checkpoint: the same, plus that it did not checkpoint by epoch
+    assert written["checkpoint"] == {**ROW_BEFORE_TYPES["checkpoint"], "every_epoch": False}
     # resources: the same, plus how several GPUs share the job (none was chosen then)
     assert written["resources"] == {**ROW_BEFORE_TYPES["resources"], "strategy": ""}
     assert Hyperparameters.from_dict(written["hyperparameters"]).flat() == ROW_BEFORE_TYPES["hyperparameters"]

@@ -106,6 +106,19 @@ def test_prune_keeps_the_newest_complete_checkpoints(store: FsspecStore) -> None
     assert [step for step, _ in ckpt.checkpoint_dirs(store, ROOT)] == [4, 3]
 
 
+def test_prune_by_epoch_keeps_epoch_ends_and_the_newest(store: FsspecStore) -> None:
+    import json
+
+    for step, index_in_epoch in ((3, 0), (4, 4), (6, 0), (8, 8)):
+        prefix = layout.checkpoint_prefix("tenant-a", "ftjob-1", step)
+        files = {**_files(step), "trainer_state.json": json.dumps(
+            {"step": step, "epoch": step // 3, "index_in_epoch": index_in_epoch}).encode()}
+        ckpt.write_checkpoint(store, prefix, files, step=step)
+    deleted = ckpt.prune_checkpoints(store, ROOT, keep_last=1, by_epoch=True)
+    assert [layout.checkpoint_step(p) for p in deleted] == [4, 3]
+    assert [step for step, _ in ckpt.checkpoint_dirs(store, ROOT)] == [8, 6]
+
+
 def test_delete_checkpoints_after_removes_newer_folders(store: FsspecStore) -> None:
     for step in (2, 4, 6):
         _write(store, step)

@@ -88,6 +88,27 @@ def test_short_run_learns_and_writes_every_artifact(tmp_path: Path, tiny_model_d
     assert seqs == sorted(set(seqs))
 
 
+def test_a_checkpoint_ends_every_epoch_and_retention_counts_epochs(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """3 epochs of 3 steps, a checkpoint every 4 steps too: checkpoints at 3, 4, 6, 8 and 9, the
+    epoch ends marked; kept at the end: the last 2 epoch ends (OpenAI keeps its last 3)."""
+    examples = demo_examples(n_keys=12)
+    spec, store = stage_job(
+        tmp_path, tiny_model_dir, training=examples, validation=examples[:4],
+        hyperparameters={"n_epochs": 3, "batch_size": 4, "micro_batch_size": 2},
+        checkpoint={"every_steps": 4, "keep_last": 2},
+    )
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    written = reporter.of_kind("checkpoints")
+    assert [(c["step"], c["epoch"]) for c in written] == [(3, 1), (4, None), (6, 2), (8, None), (9, 3)]
+    for checkpoint in written:
+        metrics = checkpoint["metrics"]
+        assert metrics["full_valid_loss"] == metrics["valid_loss"] and metrics["valid_loss"] > 0
+        assert 0 <= metrics["full_valid_mean_token_accuracy"] <= 1
+    root = layout.checkpoints_prefix(TENANT_ID, spec.job_id)
+    assert [step for step, _ in ckpt.checkpoint_dirs(store, root)] == [9, 6]
+
+
 def _tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 

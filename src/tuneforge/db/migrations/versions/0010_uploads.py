@@ -1,8 +1,9 @@
-"""uploads sent in parts, and files that expire
+"""uploads sent in parts, files that expire, checkpoints that know their epoch
 
 `uploads` and `upload_parts` hold the Uploads API's state (a file over the
 single-request limit, sent part by part); `files.expires_at` is the optional
-expiry a file gets from `expires_after`.
+expiry a file gets from `expires_after`; `checkpoints.epoch` the epoch a
+checkpoint ends (retention counts epochs, as OpenAI's does).
 
 Revision ID: 0010
 Revises: 0009
@@ -20,6 +21,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("checkpoints") as batch:
+        batch.add_column(sa.Column("epoch", sa.Integer(), nullable=True))
     with op.batch_alter_table("files") as batch:
         batch.add_column(sa.Column("expires_at", sa.BigInteger(), nullable=True))
         batch.create_index("ix_files_expires_at", ["expires_at"])
@@ -70,3 +73,5 @@ def downgrade() -> None:
     with op.batch_alter_table("files") as batch:
         batch.drop_index("ix_files_expires_at")
         batch.drop_column("expires_at")
+    with op.batch_alter_table("checkpoints") as batch:
+        batch.drop_column("epoch")
