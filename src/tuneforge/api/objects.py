@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Any, Callable, Iterable
 
 from tuneforge.domain.status import JobStatus
+from tuneforge.registry import parents
 from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent, UploadPartRow, UploadRow
 
 
@@ -90,7 +91,7 @@ def job_object(job: Job, strict: bool = True) -> dict[str, Any]:
         "fine_tuned_model": job.fine_tuned_model,
         "finished_at": job.finished_at,
         "hyperparameters": summary,
-        "model": job.model,
+        "model": job.request.model,  # as asked: a base model, or the fine-tuned model it continues
         "organization_id": job.tenant_id,
         "result_files": list(job.result_files or []),
         "seed": job.seed,
@@ -105,6 +106,7 @@ def job_object(job: Job, strict: bool = True) -> dict[str, Any]:
         "user_provided_suffix": job.suffix,
         # extensions
         "precise_status": job.status,
+        "parent": {k: v for k, v in job.parent.items() if k != "adapter_prefix"} if job.parent else None,
         "training_type": _training_type(job),
         "attempt": job.attempt,
         "checkpointing": asdict(resolved.checkpoint) if resolved is not None else None,
@@ -148,8 +150,8 @@ def event_object(event: JobEvent) -> dict[str, Any]:
     }
 
 
-def checkpoint_object(row: Checkpoint, job: Job) -> dict[str, Any]:
-    name = f"{job.fine_tuned_model or 'ft:' + job.model}:ckpt-step-{row.step}"
+def checkpoint_object(row: Checkpoint, job: Job, tenant_name: str) -> dict[str, Any]:
+    name = parents.checkpoint_name(job, tenant_name, row.step)
     return {
         "id": row.checkpoint_id,
         "object": "fine_tuning.job.checkpoint",

@@ -187,6 +187,9 @@ class Job(Base):
     # hash of everything that determines the trained weights (services/lineage.py): duplicates are pointed out
     config_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     eval_results: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # with the gate report
+    # a job that continues a fine-tuned model or checkpoint (registry/parents.py): model, job_id, step and
+    # the prefix of the copy of its adapter the trainer starts from
+    parent: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (
         Index("ix_jobs_tenant_pk", "tenant_id", "pk"),

@@ -113,6 +113,7 @@ class JobSpec:
     distributed_strategy: str = ""  # several GPUs: "ddp" or "fsdp" (train/distributed.py); "": by training type
     cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
     eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none
+    init_adapter_prefix: str = ""  # a continued job: the adapter (its parent's) it starts from
     extra: dict[str, Any] = field(default_factory=dict)  # injected faults for tests (`train/hooks.py`)
 
     def to_json(self) -> str:

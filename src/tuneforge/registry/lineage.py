@@ -49,6 +49,8 @@ def config_hash(job: Job, training: FileRow, validation: FileRow | None) -> str:
         "hyperparameters": hyperparameters_hash(job.resolved),
         "data": request.to_json().get("data") or {},  # the data options as the tenant gave them
         "seed": job.seed,
+        # where the weights started: a continued job's parent (absent for a fresh adapter)
+        **({"parent": {k: v for k, v in job.parent.items() if k != "adapter_prefix"}} if job.parent else {}),
     })
 
 
@@ -102,4 +104,6 @@ def build_lineage(job: Job, training: FileRow | None, validation: FileRow | None
         "trained_tokens": job.trained_tokens,
         "code_version": code_version(),
         "artifact": {"prefix": artifact_prefix, "files": artifact_files},
+        # the fine-tuned model or checkpoint this job continued from (its own lineage has its parent)
+        "parent": {key: value for key, value in (job.parent or {}).items() if key != "adapter_prefix"} or None,
     }

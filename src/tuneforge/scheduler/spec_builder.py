@@ -55,5 +55,6 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         distributed_strategy=resolved.resources.strategy,
         fused_loss=settings.fused_loss,
         eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
+        init_adapter_prefix=(job.parent or {}).get("adapter_prefix", ""),
         extra=dict(resolved.extra),
     )

@@ -28,8 +28,9 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, BaseModelRow, FileRow, Job, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
-from tuneforge.domain.job_config import JobRequest
+from tuneforge.domain.job_config import JobRequest, TrainingType
 from tuneforge.domain.status import JobStatus
+from tuneforge.registry import parents
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services import artifacts, base_models, estimates, evaluation, hyperparams
 from tuneforge.services.context import Platform
@@ -121,15 +122,21 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
 
 
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request: JobRequest,
-                  store: ObjectStore | None = None) -> tuple[BaseModelRow, FileRow, FileRow | None]:
-    """`store`: where the base model's config is, to check LoRA target modules against it."""
+                  store: ObjectStore | None = None
+                  ) -> tuple[BaseModelRow, FileRow, FileRow | None, JobRequest, parents.Parent | None]:
+    """`store`: where the base model's config is, to check LoRA target modules against it. Returns
+    the request as the job takes it: a continued job's with its parent's LoRA settings."""
     _check_request(request, settings)
     base = base_model_repo.by_name(session, request.model)
+    parent = None
     if base is None:
-        raise invalid(
-            f"Model {request.model!r} is not available for fine-tuning or does not exist",
-            param="model", code="model_not_available",
-        )
+        parent = parents.find(session, tenant.tenant_id, tenant.name, request.model)
+        if parent is None:
+            raise invalid(
+                f"Model {request.model!r} is not available for fine-tuning or does not exist",
+                param="model", code="model_not_available",
+            )
+        base, request = _continued(session, request, parent)
     if store is not None:
         base_models.check_target_modules(store, base, request.training_type)
     method = request.method_type
@@ -140,12 +147,46 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
         validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1,
                                  method)
     evaluation.check_request(session, settings, tenant.tenant_id, request)
-    return base, training, validation
+    return base, training, validation, request, parent
+
+
+def _continued(session: Session, request: JobRequest, parent: parents.Parent) -> tuple[BaseModelRow, JobRequest]:
+    """A job that continues `parent`: its base (the parent's, the same weights) and the request with
+    the parent's adapter settings; what cannot continue it answers 400 naming the field."""
+    if parent.kind != "adapter":
+        raise invalid(f"{request.model} is a full fine-tune; continuing one is not supported yet (continue an "
+                      "adapter, or fine-tune its base)", param="model", code="unsupported_parent")
+    if parent.step is None and parent.job.status != JobStatus.SUCCEEDED.value:
+        raise invalid(f"{request.model} is not finished", param="model", code="model_not_available")
+    base = base_model_repo.by_name(session, parent.job.model)
+    if base is None or base.sha256 != parent.job.base_model_sha256:
+        raise invalid(f"{request.model} was trained on {parent.job.model} as it was then; that base model has "
+                      "been removed or replaced since", param="model", code="parent_base_changed")
+    asked = request.training_type
+    if asked is not None and asked.type == "full":
+        raise invalid("training_type.type 'full' cannot continue an adapter; leave training_type out (the "
+                      "adapter's settings are kept) or use 'lora'/'qlora'", param="training_type.type")
+    lora = parent.job.resolved.lora if parent.job.resolved is not None else None
+    if lora is None:
+        raise invalid(f"{request.model} has no adapter settings to continue from", param="model",
+                      code="model_not_available")
+    kept = {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
+            "target_modules": lora.target_modules if isinstance(lora.target_modules, str)
+            else list(lora.target_modules)}
+    given = asked.model_dump(exclude_unset=True) if asked is not None else {}
+    for key, value in kept.items():
+        if key in given and given[key] != "auto" and given[key] != value:
+            raise invalid(f"training_type.{key} is {given[key]!r}, but {request.model}'s adapter has {value!r}: a "
+                          "continued adapter keeps its shape (leave it out)", param=f"training_type.{key}",
+                          code="parent_mismatch")
+    training_type = TrainingType(type=asked.type if asked is not None else "lora", **kept)
+    return base, request.model_copy(update={"training_type": training_type})
 
 
 def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest) -> dict:
     """The figures a job with this body would get, without creating it."""
-    base, training, validation = _check_inputs(session, platform.settings, tenant, request, platform.store)
+    base, training, validation, request, _parent = _check_inputs(session, platform.settings, tenant, request,
+                                                                 platform.store)
     try:
         plan = plan_job(session, platform, tenant, request, seed=request.seed or 0, training=training,
                         validation=validation, base=base)
@@ -228,7 +269,7 @@ def create_job(
         existing = job_repo.by_idempotency_key(session, tenant.tenant_id, idempotency_key)
         if existing is not None:
             return _replay(existing, body_hash), False
-    base, _training, _validation = _check_inputs(session, settings, tenant, request, store)
+    base, _training, _validation, request, parent = _check_inputs(session, settings, tenant, request, store)
     from tuneforge.services import quotas
 
     # the tenant's row stays locked until this request commits: creates racing each other are
@@ -253,6 +294,11 @@ def create_job(
         request_hash=body_hash,
         created_at=int(time.time()),
     )
+    if parent is not None:
+        if store is None:
+            raise RuntimeError("a continued job needs the object store to copy its parent's adapter")
+        job.parent = {**parent.lineage(), "adapter_prefix": parents.copy_adapter(store, parent, tenant.tenant_id,
+                                                                                 job.job_id)}
     try:
         with savepoint(session):
             session.add(job)

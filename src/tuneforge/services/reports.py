@@ -27,10 +27,11 @@ from tuneforge.db.tables import Attempt, Checkpoint, Job
 from tuneforge.domain import reports, retention
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data, metrics_message
-from tuneforge.domain.ids import new_id, short_id
+from tuneforge.domain.ids import new_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub, scrub_data
 from tuneforge.registry import models as registry
+from tuneforge.registry import parents
 from tuneforge.services import evaluation
 from tuneforge.services import files as file_service
 from tuneforge.services.transitions import transition
@@ -247,7 +248,7 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
             purpose="fine-tune-results", data=store.get_bytes(results_key),
         )
         job.result_files = [results.file_id]
-    model_id = f"ft:{job.model}:{tenant.name if tenant else job.tenant_id}:{job.suffix or ''}:{short_id()}"
+    model_id = parents.model_id(job, tenant.name if tenant else job.tenant_id)
     job.fine_tuned_model = model_id
     job.trained_tokens = body.trained_tokens
     eval_results, report = _gate(session, job, body.eval)

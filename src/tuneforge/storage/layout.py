@@ -105,6 +105,11 @@ def job_prefix(tenant_id: str, job_id: str) -> str:
     return f"{tenant_prefix(tenant_id)}/jobs/{_part(job_id)}"
 
 
+def parent_adapter_prefix(tenant_id: str, job_id: str) -> str:
+    """The copy of the adapter a job continues from (its parent's, taken when the job was created)."""
+    return f"{job_prefix(tenant_id, job_id)}/parent-adapter"
+
+
 def checkpoints_prefix(tenant_id: str, job_id: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/checkpoints"
 

@@ -68,8 +68,8 @@ from tuneforge.train.batches import epoch_order
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
 from tuneforge.train.guards import check_divergence
 from tuneforge.train.hooks import NO_HOOKS, Hooks
-from tuneforge.train.model import fetch_base_model, is_adapter, load_base_model, load_spec_base, \
-    prepare_trainable, trainable_parameters
+from tuneforge.train.model import fetch_base_model, is_adapter, load_adapter_weights, load_base_model, \
+    load_spec_base, prepare_trainable, trainable_parameters
 from tuneforge.train.objective import Objective
 from tuneforge.train.reporter import Reporter, message_event, metrics_event
 from tuneforge.train.run import Run, StepAbandoned, StepMark, StepStats, TrainerState
@@ -148,6 +148,10 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
         dist.barrier()
     model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed,
                               gradient_checkpointing=spec.gradient_checkpointing)
+    if spec.init_adapter_prefix:  # a continued job: its parent's adapter, not a fresh one (a resume then loads
+        loaded = load_adapter_weights(store, model, spec.init_adapter_prefix)  # its own checkpoint over it)
+        reporter.report("events", message_event(f"the adapter starts from the parent's ({loaded} tensors)",
+                                                data={"tensors": loaded}))
     if hp.packing and not dist.sharded:  # packed rows without an L x L mask where the model allows it
         log.info("packed rows attend with %s", attention.choose(model))  # (train/attention.py)
     if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
@@ -339,8 +343,11 @@ def finish_step(run: Run, stats: StepStats) -> None:
     }
     diverged = check_divergence(run, stats)
     policy = run.spec.checkpoint
-    # the batch of this step was the epoch's last: its position wrapped to the next epoch's start
-    epoch_end = state.index_in_epoch == 0
+    # the batch of this step was the epoch's last: its position wrapped to the next epoch's start. Only
+    # the epoch ends retention keeps at the end are written (the last keep_last): an earlier one would
+    # be pruned anyway, and preemption is covered by every_steps / every_minutes and the SIGTERM save
+    epoch_end = state.index_in_epoch == 0 and (
+        policy.keep_last <= 0 or state.epoch > run.spec.hyperparameters.n_epochs - policy.keep_last)
     checkpoint_due = (policy.every_steps > 0 and state.step % policy.every_steps == 0) or (
         policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60) or (
         policy.every_epoch and epoch_end)

@@ -171,5 +171,21 @@ def build_lora_model(model: Any, lora: LoraConfig, *, seed: int) -> Any:
         ) from exc
 
 
+def load_adapter_weights(store: Any, model: Any, prefix: str) -> int:
+    """Start the adapter from the one at `prefix` (a continued job's parent's): every LoRA weight
+    of the model must get one of its tensors, of the same shape. How many tensors were loaded."""
+    import safetensors.torch
+    from peft import set_peft_model_state_dict
+
+    weights = safetensors.torch.load(store.get_bytes(f"{prefix.rstrip('/')}/adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, weights)
+    unexpected = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
+    missing = [key for key in getattr(result, "missing_keys", []) if "lora_" in key]
+    if unexpected or missing:
+        raise ValueError(f"the parent's adapter does not fit this model: unexpected {unexpected[:3]}, "
+                         f"missing {missing[:3]}")
+    return len(weights)
+
+
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [param for param in model.parameters() if param.requires_grad]

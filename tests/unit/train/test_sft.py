@@ -89,8 +89,9 @@ def test_short_run_learns_and_writes_every_artifact(tmp_path: Path, tiny_model_d
 
 
 def test_a_checkpoint_ends_every_epoch_and_retention_counts_epochs(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """3 epochs of 3 steps, a checkpoint every 4 steps too: checkpoints at 3, 4, 6, 8 and 9, the
-    epoch ends marked; kept at the end: the last 2 epoch ends (OpenAI keeps its last 3)."""
+    """3 epochs of 3 steps, a checkpoint every 4 steps too, keep_last 2: checkpoints at 4, 6, 8 and 9,
+    the ends of the last 2 epochs marked (the first epoch's end would be pruned: it is not written);
+    kept at the end: those 2 (OpenAI keeps its last 3)."""
     examples = demo_examples(n_keys=12)
     spec, store = stage_job(
         tmp_path, tiny_model_dir, training=examples, validation=examples[:4],
@@ -100,7 +101,7 @@ def test_a_checkpoint_ends_every_epoch_and_retention_counts_epochs(tmp_path: Pat
     reporter = RecordingReporter()
     assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
     written = reporter.of_kind("checkpoints")
-    assert [(c["step"], c["epoch"]) for c in written] == [(3, 1), (4, None), (6, 2), (8, None), (9, 3)]
+    assert [(c["step"], c["epoch"]) for c in written] == [(4, None), (6, 2), (8, None), (9, 3)]
     for checkpoint in written:
         metrics = checkpoint["metrics"]
         assert metrics["full_valid_loss"] == metrics["valid_loss"] and metrics["valid_loss"] > 0

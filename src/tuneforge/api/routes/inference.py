@@ -151,7 +151,7 @@ def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session 
 
 
 def _target(session: Session, tenant: Tenant, model: str) -> ModelTarget:
-    target = resolve_target(session, tenant.tenant_id, model)
+    target = resolve_target(session, tenant.tenant_id, model, tenant.name)
     # Hand the database connection back before a generation that can take seconds:
     # requests waiting for the model must not hold the pool.
     session.commit()

@@ -189,7 +189,7 @@ def list_checkpoints(
 ) -> dict:
     job = job_service.get_job(session, tenant.tenant_id, job_id)
     page = job_service.list_checkpoints(session, job, after=after, limit=limit)
-    return list_object(page.rows, lambda row: checkpoint_object(row, job), page.has_more)
+    return list_object(page.rows, lambda row: checkpoint_object(row, job, tenant.name), page.has_more)
 
 
 @router.get("/{job_id}/download", responses=error_responses(409))

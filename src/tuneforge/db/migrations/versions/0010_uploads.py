@@ -1,9 +1,11 @@
-"""uploads sent in parts, files that expire, checkpoints that know their epoch
+"""uploads sent in parts, files that expire, checkpoints that know their epoch, jobs that continue
+another model
 
 `uploads` and `upload_parts` hold the Uploads API's state (a file over the
 single-request limit, sent part by part); `files.expires_at` is the optional
 expiry a file gets from `expires_after`; `checkpoints.epoch` the epoch a
-checkpoint ends (retention counts epochs, as OpenAI's does).
+checkpoint ends (retention counts epochs, as OpenAI's does); `jobs.parent` the
+fine-tuned model or checkpoint a job continues from.
 
 Revision ID: 0010
 Revises: 0009
@@ -21,6 +23,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("parent", sa.JSON(), nullable=True))
     with op.batch_alter_table("checkpoints") as batch:
         batch.add_column(sa.Column("epoch", sa.Integer(), nullable=True))
     with op.batch_alter_table("files") as batch:
@@ -75,3 +79,5 @@ def downgrade() -> None:
         batch.drop_column("expires_at")
     with op.batch_alter_table("checkpoints") as batch:
         batch.drop_column("epoch")
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("parent")

@@ -1,0 +1,110 @@
+"""Fine-tuned models and checkpoints by name: what a job may continue from, and what chat may run.
+
+Names, as OpenAI's:
+
+- a fine-tuned model: `ft:{base}:{tenant}:{suffix}:{tag}`, `tag` the last 8 characters of its
+  job's id (`model_id`), fixed when the job is created, so a checkpoint is named before the
+  job ends;
+- a checkpoint: `{model}:ckpt-step-{N}`.
+
+A job whose `model` is one of these continues from those weights (adapters only for now): the
+adapter's files are copied under the new job when it is created (`copy_adapter`), so the parent's
+later deletion or checkpoint pruning cannot take them away, and the new adapter has the parent's
+LoRA settings. The new job trains on the parent's base model (the same SHA), and its lineage
+names the parent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import checkpoints as checkpoint_repo
+from tuneforge.db.repos import models as model_repo
+from tuneforge.db.tables import Checkpoint, FineTunedModel, Job
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
+
+_CHECKPOINT = re.compile(r"^(?P<model>ft:.+):ckpt-step-(?P<step>\d{1,10})$")
+TAG_CHARS = 8
+# a checkpoint folder holds the optimizer and trainer state too: only these make the adapter
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def model_id(job: Job, tenant_name: str) -> str:
+    """The fine-tuned model a job makes, named before it runs."""
+    return f"ft:{job.model}:{tenant_name}:{job.suffix or ''}:{job.job_id[-TAG_CHARS:]}"
+
+
+def checkpoint_name(job: Job, tenant_name: str, step: int) -> str:
+    return f"{job.fine_tuned_model or model_id(job, tenant_name)}:ckpt-step-{step}"
+
+
+@dataclass(frozen=True)
+class Parent:
+    """Weights a name points at: a registered model, or one checkpoint of a job."""
+
+    name: str
+    job: Job
+    step: int | None  # None: the job's final model
+    model: FineTunedModel | None  # the registry row, for a final model
+    checkpoint: Checkpoint | None
+
+    @property
+    def kind(self) -> str:
+        if self.model is not None:
+            return self.model.artifact_kind
+        return "model" if self.job.request.training_type_kind == "full" else "adapter"
+
+    @property
+    def weights_prefix(self) -> str:
+        return self.model.artifact_prefix if self.model is not None else self.checkpoint.prefix  # type: ignore[union-attr]
+
+    def lineage(self) -> dict:
+        return {"model": self.name, "job_id": self.job.job_id, "step": self.step}
+
+
+def find(session: Session, tenant_id: str, tenant_name: str, name: str) -> Parent | None:
+    """The tenant's fine-tuned model or checkpoint called `name`; None when there is none (another
+    tenant's is none too). A deleted model is none; its checkpoints are too."""
+    if not name.startswith("ft:"):
+        return None
+    match = _CHECKPOINT.match(name)
+    if match is None:
+        row = model_repo.get(session, tenant_id, name)
+        if row is None or row.deprecated_at is not None or row.artifacts_deleted_at is not None:
+            return None
+        job = session.scalar(select(Job).where(Job.job_id == row.job_id, Job.tenant_id == tenant_id))
+        return None if job is None else Parent(name, job, None, row, None)
+    job = _job_named(session, tenant_id, tenant_name, match.group("model"))
+    if job is None:
+        return None
+    step = int(match.group("step"))
+    checkpoint = checkpoint_repo.at_step(session, tenant_id, job.job_id, step)
+    return None if checkpoint is None else Parent(name, job, step, None, checkpoint)
+
+
+def _job_named(session: Session, tenant_id: str, tenant_name: str, name: str) -> Job | None:
+    registered = model_repo.get(session, tenant_id, name)
+    if registered is not None:
+        if registered.deprecated_at is not None or registered.artifacts_deleted_at is not None:
+            return None
+        return session.scalar(select(Job).where(Job.job_id == registered.job_id, Job.tenant_id == tenant_id))
+    tag = name.rsplit(":", 1)[-1]
+    if len(tag) != TAG_CHARS:
+        return None
+    candidates = session.scalars(select(Job).where(Job.tenant_id == tenant_id, Job.job_id.endswith(tag)))
+    return next((job for job in candidates if model_id(job, tenant_name) == name), None)
+
+
+def copy_adapter(store: ObjectStore, parent: Parent, tenant_id: str, job_id: str) -> str:
+    """The parent's adapter files copied under the new job; their prefix."""
+    target = layout.parent_adapter_prefix(tenant_id, job_id)
+    source = parent.weights_prefix.rstrip("/")
+    for name in ADAPTER_FILES:
+        with store.open_read(f"{source}/{name}") as handle:
+            store.put_stream(f"{target}/{name}", handle)
+    return target
