@@ -63,7 +63,8 @@ def test_pause_checkpoints_and_resume_continues(setup):  # noqa: F811
     job_id = create_job()
     scheduler.tick()
     paused = http.post(f"/v1/fine_tuning/jobs/{job_id}/pause", headers=auth)
-    assert paused.status_code == 200 and paused.json()["status"] == "running"  # stopping
+    assert paused.status_code == 200 and paused.json()["status"] == "pausing"  # stopping
+    assert paused.json()["precise_status"] == "running"
     scheduler.tick()
     scheduler.tick()
     assert executor.signals == [(1, "preempt")]  # once

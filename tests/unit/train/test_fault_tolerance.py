@@ -100,13 +100,13 @@ def test_a_normal_run_never_trips_the_divergence_guard(tmp_path: Path, tiny_mode
 
 def test_time_based_checkpoints(tmp_path: Path, tiny_model_dir: Path) -> None:
     spec, store = stage_job(tmp_path, tiny_model_dir, checkpoint={"every_steps": 0, "every_minutes": 1e-6,
-                                                                  "keep_last": 2})
+                                                                  "keep_last": 2, "every_epoch": False})
     reporter = RecordingReporter()
     assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
     steps = [c["step"] for c in reporter.of_kind("checkpoints")]
     assert steps == list(range(1, 7))  # every step, as the minutes elapsed each time
     kept = ckpt.checkpoint_dirs(store, layout.checkpoints_prefix(TENANT_ID, spec.job_id))
-    assert sorted(step for step, _ in kept) == [5, 6]  # keep_last still applies
+    assert sorted(step for step, _ in kept) == [5, 6]  # keep_last still applies (by count: not by epoch)
 
 
 def test_simulated_oom_exits_out_of_memory(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -122,7 +122,8 @@ def test_simulated_oom_exits_out_of_memory(tmp_path: Path, tiny_model_dir: Path)
 
 
 def test_a_corrupt_newest_checkpoint_is_reported_on_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
-    first, store = stage_job(tmp_path, tiny_model_dir, checkpoint={"every_steps": 2}, extra={"stop_after_step": 4})
+    first, store = stage_job(tmp_path, tiny_model_dir, checkpoint={"every_steps": 2, "every_epoch": False},
+                             extra={"stop_after_step": 4})
     reporter = RecordingReporter()
     assert run_attempt(first, store, reporter) == TrainerExit.PREEMPTED
     step2 = layout.checkpoint_prefix(TENANT_ID, first.job_id, 2)
