@@ -21,6 +21,7 @@ from tuneforge.db.tenancy import owned
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.registry import lineage
 from tuneforge.registry.stages import GATED, STAGES, can_move
+from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
 
@@ -46,6 +47,36 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
                                  f"(job {twin.job_id}): same base model, data, method, hyperparameters "
                                  "and seed", level="warn",
                    data={"code": "duplicate_config", "config_hash": job.config_hash, "same_as": twin.model_id})
+    return row
+
+
+def register_checkpoint(session: Session, store: ObjectStore, job: Job, *, model_id: str, step: int,
+                        source_prefix: str, adapter_files: tuple[str, ...]) -> FineTunedModel:
+    """A checkpoint registered as a model, to be promoted like a final one: its adapter copied
+    where pruning cannot reach it. It was never evaluated: a job with eval gates gets a model that
+    cannot reach staging or production without an admin override."""
+    target = layout.checkpoint_model_prefix(job.tenant_id, job.job_id, step)
+    for name in adapter_files:
+        with store.open_read(f"{source_prefix.rstrip('/')}/{name}") as handle:
+            store.put_stream(f"{target}/{name}", handle)
+    training = file_repo.get(session, job.tenant_id, job.training_file)
+    validation = file_repo.get(session, job.tenant_id, job.validation_file) if job.validation_file else None
+    evaluation = job.resolved.eval if job.resolved is not None else None
+    gated = bool(evaluation is not None and evaluation.enabled and evaluation.gates)
+    report = {"passed": not gated, "suggestions": [], "gates": [
+        {"metric": "eval", "passed": False, "reason": f"checkpoint at step {step} was not evaluated against the "
+                                                      "job's gates"}] if gated else []}
+    row = FineTunedModel(
+        model_id=model_id, tenant_id=job.tenant_id, job_id=job.job_id, base_model=job.model,
+        base_model_sha256=job.base_model_sha256, artifact_prefix=target, created_at=int(time.time()),
+        artifact_kind="adapter", stage="dev", promotable=not gated, eval_results=None, gate_report=report,
+        config_hash=None,  # not the job's final weights: not a twin of anything
+        lineage={**lineage.build_lineage(job, training, validation, attempts=job.attempt, artifact_prefix=target,
+                                         artifact_files=lineage.artifact_digests(store, target)),
+                 "checkpoint_step": step},
+    )
+    session.add(row)
+    session.flush()
     return row
 
 

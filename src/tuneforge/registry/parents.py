@@ -73,12 +73,13 @@ def find(session: Session, tenant_id: str, tenant_name: str, name: str) -> Paren
     if not name.startswith("ft:"):
         return None
     match = _CHECKPOINT.match(name)
-    if match is None:
-        row = model_repo.get(session, tenant_id, name)
+    row = model_repo.get(session, tenant_id, name)  # a final model, or a checkpoint registered as one
+    if row is not None or match is None:
         if row is None or row.deprecated_at is not None or row.artifacts_deleted_at is not None:
             return None
         job = session.scalar(select(Job).where(Job.job_id == row.job_id, Job.tenant_id == tenant_id))
-        return None if job is None else Parent(name, job, None, row, None)
+        step = int(match.group("step")) if match is not None else None
+        return None if job is None else Parent(name, job, step, row, None)
     job = _job_named(session, tenant_id, tenant_name, match.group("model"))
     if job is None:
         return None

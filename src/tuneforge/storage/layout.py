@@ -145,6 +145,11 @@ def artifact_prefix(tenant_id: str, job_id: str, kind: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/artifacts/{kind}"
 
 
+def checkpoint_model_prefix(tenant_id: str, job_id: str, step: int) -> str:
+    """The adapter of a checkpoint registered as a model: a copy, since checkpoints are pruned."""
+    return f"{job_prefix(tenant_id, job_id)}/artifacts/checkpoint-models/step-{int(step)}"
+
+
 def merged_prefix(tenant_id: str, job_id: str, dtype: str) -> str:
     """Base + adapter merged into full weights of `dtype` (built on first download, then kept)."""
     if dtype not in ("bf16", "fp16", "fp32"):

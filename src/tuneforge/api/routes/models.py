@@ -20,7 +20,9 @@ from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import base_model_object, fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import Tenant
+from tuneforge.domain.errors import ApiError
 from tuneforge.registry import models as registry
+from tuneforge.registry import parents
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services.context import Platform
 
@@ -56,8 +58,17 @@ def list_models(
 
 @router.post("/{model_id:path}/promote", responses=error_responses(409))
 def promote_model(model_id: str, body: PromoteBody, tenant: Tenant = Depends(deps.tenant),
-                  session: Session = deps.SESSION) -> dict:
-    row = registry.get(session, tenant.tenant_id, model_id)
+                  session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
+    """A checkpoint's name (`…:ckpt-step-N`) registers the checkpoint as a model first."""
+    try:
+        row = registry.get(session, tenant.tenant_id, model_id)
+    except ApiError:
+        checkpoint = parents.find(session, tenant.tenant_id, tenant.name, model_id)
+        if checkpoint is None or checkpoint.checkpoint is None or checkpoint.kind != "adapter":
+            raise
+        row = registry.register_checkpoint(session, platform.store, checkpoint.job, model_id=model_id,
+                                           step=checkpoint.step, source_prefix=checkpoint.checkpoint.prefix,
+                                           adapter_files=parents.ADAPTER_FILES)
     return fine_tuned_model_object(registry.promote(session, row, body.stage, actor=_actor(tenant)))
 
 
