@@ -173,7 +173,8 @@ CHAT_ERRORS = [
     ({"temperature": 2.5}, "temperature"),
     ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0}, "top_p"),
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),
+    ({"n": 0}, "n"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_completion_tokens": -3}, "max_completion_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
@@ -270,8 +271,29 @@ def test_the_openai_sdk_works_unchanged_against_a_real_server(tmp_path, database
         with pytest.raises(openai.NotFoundError) as not_found:
             globex.chat.completions.create(model=model, messages=MESSAGES)
         assert not_found.value.code == "model_not_found"
+        # n choices: greedy, all the same text; the prompt counted once in the usage
+        several = acme.chat.completions.create(model=model, messages=MESSAGES, max_tokens=10, temperature=0, n=3)
+        assert [c.index for c in several.choices] == [0, 1, 2]
+        assert {c.message.content for c in several.choices} == {expected}
+        assert several.usage.prompt_tokens == chat.usage.prompt_tokens
+        assert several.usage.completion_tokens == 3 * chat.usage.completion_tokens
+        # sampled with a seed: choice i is what seed + i gives alone
+        sampled = acme.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, seed=5, n=2)
+        alone = [acme.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, seed=seed)
+                 .choices[0].message.content for seed in (5, 6)]
+        assert [c.message.content for c in sampled.choices] == alone
+        streamed_n = list(acme.chat.completions.create(model=model, messages=MESSAGES, max_tokens=10,
+                                                       temperature=0, n=2, stream=True,
+                                                       stream_options={"include_usage": True}))
+        for index in (0, 1):
+            assert "".join(c.choices[0].delta.content or "" for c in streamed_n
+                           if c.choices and c.choices[0].index == index) == expected
+        assert streamed_n[-1].usage.completion_tokens == 2 * chat.usage.completion_tokens
+        texts = acme.completions.create(model=model, prompt="def load_data(path):", max_tokens=6, temperature=0,
+                                        n=2)
+        assert [c.text for c in texts.choices] == [completion.choices[0].text] * 2
         with pytest.raises(openai.BadRequestError) as bad:
-            acme.chat.completions.create(model=model, messages=MESSAGES, n=2)
+            acme.chat.completions.create(model=model, messages=MESSAGES, n=9)
         assert bad.value.param == "n"
         assert plane.platform.inference.stats()["base_loads"] == 1
     finally:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
+from dataclasses import replace
+from functools import partial
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
@@ -37,7 +39,7 @@ from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.domain.ids import new_id
 from tuneforge.serve import engine_for
-from tuneforge.serve.params import Chunk, ModelTarget, Prompt, SamplingParams
+from tuneforge.serve.params import Chunk, Completion, ModelTarget, Prompt, SamplingParams, Usage
 from tuneforge.serve.targets import resolve_target
 from tuneforge.services.context import Platform
 
@@ -45,6 +47,7 @@ router = APIRouter(prefix="/v1", tags=["inference"])
 _log = logging.getLogger(__name__)
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
+MAX_CHOICES = 8  # n: choices per request, generated one after another
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
 
@@ -70,7 +73,8 @@ class _Sampling(_Body):
     max_tokens: int | None = Field(None, ge=1, le=MAX_GENERATED_TOKENS, description="Most tokens to generate.")
     temperature: float | None = Field(None, ge=0, le=2, description="0: greedy; default 1.")
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling mass; default 1.")
-    n: Int64 | None = Field(None, description="Choices per request: only 1.")
+    n: Int64 | None = Field(None, description="Choices per request (1-8), generated one after another; with a "
+                                              "seed, choice i samples with seed + i.")
     stop: Any = Field(None, description="Up to 4 strings; the output ends before the first one.")
     seed: Int64 | None = Field(None, description="Makes sampling repeatable.")
     stream: bool | None = False
@@ -115,16 +119,20 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
     params = _sampling(body, max_tokens, platform.settings.inference_default_max_tokens)
     target = _target(session, tenant, body.model)
     reply_id, created = new_id("chatcmpl"), int(time.time())
+    n = _choices(body)  # checked before the engine exists: a bad request loads nothing
+    engine = engine_for(platform)
     if body.stream:
-        chunks = engine_for(platform).stream(target, prompt, params)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(_chat_events(chunks, reply_id, created, target, include_usage), platform)
-    completion = engine_for(platform).complete(target, prompt, params)
+        head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
+                "system_fingerprint": None}
+        return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, _chat_events),
+                    platform)
+    completions = [engine.complete(target, prompt, _nth(params, index)) for index in range(n)]
     return {
         "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": completion.text, "refusal": None},
-                     "finish_reason": completion.finish_reason, "logprobs": None}],
-        "usage": completion.usage.as_dict(), "system_fingerprint": None,
+        "choices": [{"index": index, "message": {"role": "assistant", "content": c.text, "refusal": None},
+                     "finish_reason": c.finish_reason, "logprobs": None} for index, c in enumerate(completions)],
+        "usage": _total_usage(completions), "system_fingerprint": None,
     }
 
 
@@ -137,17 +145,56 @@ def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session 
     target = _target(session, tenant, body.model)
     reply_id, created = new_id("cmpl"), int(time.time())
     echoed = prompt.text if body.echo and prompt.text is not None else ""
+    n = _choices(body)  # checked before the engine exists: a bad request loads nothing
+    engine = engine_for(platform)
     if body.stream:
-        chunks = engine_for(platform).stream(target, prompt, params)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(_completion_events(chunks, reply_id, created, target, include_usage, echoed), platform)
-    completion = engine_for(platform).complete(target, prompt, params)
+        head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
+                "system_fingerprint": None}
+        events = partial(_completion_events, echoed=echoed)
+        return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, events), platform)
+    completions = [engine.complete(target, prompt, _nth(params, index)) for index in range(n)]
     return {
         "id": reply_id, "object": "text_completion", "created": created, "model": target.name,
-        "choices": [{"text": echoed + completion.text, "index": 0, "finish_reason": completion.finish_reason,
-                     "logprobs": None}],
-        "usage": completion.usage.as_dict(), "system_fingerprint": None,
+        "choices": [{"text": echoed + c.text, "index": index, "finish_reason": c.finish_reason, "logprobs": None}
+                    for index, c in enumerate(completions)],
+        "usage": _total_usage(completions), "system_fingerprint": None,
     }
+
+
+def _choices(body: _Sampling) -> int:
+    if body.n is None:
+        return 1
+    if not 1 <= body.n <= MAX_CHOICES:
+        raise invalid(f"n must be between 1 and {MAX_CHOICES}", param="n")
+    return int(body.n)
+
+
+def _nth(params: SamplingParams, index: int) -> SamplingParams:
+    """The sampling of choice `index`: with a seed, seed + index (repeatable, and the choices differ)."""
+    return params if params.seed is None or index == 0 else replace(params, seed=params.seed + index)
+
+
+def _total_usage(completions: list[Completion]) -> dict[str, int]:
+    """One prompt, `n` completions: the prompt counted once, every choice's tokens."""
+    return Usage(completions[0].usage.prompt_tokens, sum(c.usage.completion_tokens for c in completions)).as_dict()
+
+
+def _streamed_choices(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams, n: int,
+                      head: dict[str, Any], include_usage: bool, events: Callable[..., Iterator[dict[str, Any]]]
+                      ) -> Iterator[dict[str, Any]]:
+    """Each choice's chunks in turn (each tagged with its index; one generation at a time), then the
+    usage of them all when asked."""
+    usage: list[Usage] = []
+    for index in range(n):
+        chunks = engine.stream(target, prompt, _nth(params, index))
+        for event in events(chunks, head, index, include_usage, usage):
+            yield event
+            if "error" in event:
+                return
+    if include_usage and usage:
+        yield head | {"choices": [], "usage": Usage(usage[0].prompt_tokens,
+                                                    sum(u.completion_tokens for u in usage)).as_dict()}
 
 
 def _target(session: Session, tenant: Tenant, model: str) -> ModelTarget:
@@ -161,8 +208,6 @@ def _target(session: Session, tenant: Tenant, model: str) -> ModelTarget:
 # -- request checks --------------------------------------------------------------------------------
 
 def _sampling(body: _Sampling, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
-    if body.n not in (None, 1):
-        raise invalid("n: only 1 choice per request is supported", param="n")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name) not in (None, 0):
             raise invalid(f"{name}: only 0 is supported", param=name)
@@ -279,14 +324,13 @@ def _guarded(chunks: Iterator[Chunk]) -> Iterator[Chunk | ApiError]:
             close()
 
 
-def _chat_events(chunks: Iterator[Chunk], reply_id: str, created: int, target: ModelTarget,
-                 include_usage: bool) -> Iterator[dict[str, Any]]:
-    head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
-            "system_fingerprint": None}
+def _chat_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, include_usage: bool,
+                 usage: list[Usage]) -> Iterator[dict[str, Any]]:
+    """Choice `index`'s chunks; its usage is appended to `usage` (sent by the caller once for all)."""
     extra = {"usage": None} if include_usage else {}
 
     def event(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return head | {"choices": [{"index": 0, "delta": delta, "logprobs": None,
+        return head | {"choices": [{"index": index, "delta": delta, "logprobs": None,
                                     "finish_reason": finish_reason}]} | extra
 
     yield event({"role": "assistant", "content": ""})
@@ -298,18 +342,16 @@ def _chat_events(chunks: Iterator[Chunk], reply_id: str, created: int, target: M
             yield event({"content": chunk.text})
         if chunk.finish_reason is not None:
             yield event({}, chunk.finish_reason)
-            if include_usage and chunk.usage is not None:
-                yield head | {"choices": [], "usage": chunk.usage.as_dict()}
+            if chunk.usage is not None:
+                usage.append(chunk.usage)
 
 
-def _completion_events(chunks: Iterator[Chunk], reply_id: str, created: int, target: ModelTarget,
-                       include_usage: bool, echoed: str) -> Iterator[dict[str, Any]]:
-    head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
-            "system_fingerprint": None}
+def _completion_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, include_usage: bool,
+                       usage: list[Usage], echoed: str) -> Iterator[dict[str, Any]]:
     extra = {"usage": None} if include_usage else {}
 
     def event(text: str, finish_reason: str | None = None) -> dict[str, Any]:
-        return head | {"choices": [{"text": text, "index": 0, "logprobs": None,
+        return head | {"choices": [{"text": text, "index": index, "logprobs": None,
                                     "finish_reason": finish_reason}]} | extra
 
     if echoed:
@@ -320,5 +362,7 @@ def _completion_events(chunks: Iterator[Chunk], reply_id: str, created: int, tar
             return
         if chunk.text or chunk.finish_reason is not None:
             yield event(chunk.text, chunk.finish_reason)
+        if chunk.finish_reason is not None and chunk.usage is not None:
+            usage.append(chunk.usage)
         if chunk.finish_reason is not None and include_usage and chunk.usage is not None:
             yield head | {"choices": [], "usage": chunk.usage.as_dict()}
