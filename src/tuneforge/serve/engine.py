@@ -143,12 +143,14 @@ class InferenceEngine:
     def complete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Completion:
         prepared = self._prepare(target, prompt, params)
         pieces: list[str] = []
+        logprobs: list[dict] = []
         last: Chunk | None = None
         for chunk in self._run(prepared):
             pieces.append(chunk.text)
+            logprobs.extend(chunk.logprobs)
             last = chunk
         assert last is not None and last.finish_reason is not None and last.usage is not None
-        return Completion("".join(pieces), last.finish_reason, last.usage)
+        return Completion("".join(pieces), last.finish_reason, last.usage, tuple(logprobs))
 
     def stream(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Iterator[Chunk]:
         """Chunks as they are generated. Loading and prompt checks happen in this call,

@@ -67,9 +67,12 @@ def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 def sample_tokens(model: Any, prompt_ids: Sequence[int], params: SamplingParams, *, device: torch.device,
                   eos_ids: frozenset[int], cancelled: threading.Event | None = None,
-                  logits_to_keep: bool = False) -> Iterator[int]:
+                  logits_to_keep: bool = False, scores: list | None = None) -> Iterator[int]:
     """Token ids, one per forward pass over the new token (the KV cache holds the rest);
-    ends after an EOS id, after `max_new_tokens`, or once `cancelled` is set."""
+    ends after an EOS id, after `max_new_tokens`, or once `cancelled` is set. With `scores`
+    and `params.logprobs`: before each id is yielded, (its log probability, [(rival id, log
+    probability)] of the `params.logprobs` likeliest) is appended, from the model's own
+    distribution (before temperature and top-p)."""
     generator = torch.Generator(device=device)
     if params.seed is None:
         generator.seed()
@@ -87,6 +90,11 @@ def sample_tokens(model: Any, prompt_ids: Sequence[int], params: SamplingParams,
             output = model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
             cache = output.past_key_values
             token_id = pick_token(output.logits[0, -1], params, generator)
+            if scores is not None and params.logprobs is not None:
+                logprobs = torch.log_softmax(output.logits[0, -1].float(), dim=-1)
+                top = torch.topk(logprobs, params.logprobs) if params.logprobs else None
+                rivals = [] if top is None else [(int(i), float(v)) for v, i in zip(top.values, top.indices)]
+                scores.append((float(logprobs[token_id]), rivals))
         yield token_id
         if token_id in eos_ids:
             return
@@ -166,18 +174,32 @@ def generate_chunks(model: Any, tokenizer: Any, prompt_ids: Sequence[int], param
     assembler = TextAssembler(tokenizer, params.stop)
     produced = 0
     finish_reason = "length"
+    scores: list | None = [] if params.logprobs is not None else None
+    pending: list[dict] = []  # log probabilities of tokens whose text is not out yet
     tokens = sample_tokens(model, prompt_ids, params, device=device, eos_ids=eos_ids, cancelled=cancelled,
-                           logits_to_keep=logits_to_keep)
+                           logits_to_keep=logits_to_keep, scores=scores)
     for token_id in tokens:
         produced += 1
         if token_id in eos_ids:
             finish_reason = "stop"
             break
+        if scores:
+            pending.append(token_logprob(tokenizer, token_id, *scores[-1]))
         piece = assembler.push(token_id)
         if piece:
-            yield Chunk(piece)
+            yield Chunk(piece, logprobs=tuple(pending))
+            pending = []
         if assembler.stopped:
             finish_reason = "stop"
             break
     tokens.close()
-    yield Chunk(assembler.flush(), finish_reason, Usage(len(prompt_ids), produced))
+    yield Chunk(assembler.flush(), finish_reason, Usage(len(prompt_ids), produced), logprobs=tuple(pending))
+
+
+def token_logprob(tokenizer: Any, token_id: int, logprob: float, rivals: list[tuple[int, float]]) -> dict:
+    """One token's entry in OpenAI's `logprobs.content` shape."""
+    def shown(token: int, value: float) -> dict:
+        text = tokenizer.decode([token])
+        return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+    return {**shown(token_id, logprob), "top_logprobs": [shown(token, value) for token, value in rivals]}

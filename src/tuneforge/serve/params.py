@@ -46,6 +46,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    logprobs: int | None = None  # None: none; k >= 0: each token's log probability and its k likeliest rivals
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class Chunk:
     text: str
     finish_reason: str | None = None  # "stop" (EOS or a stop string) | "length"
     usage: Usage | None = None
+    # with SamplingParams.logprobs: the tokens whose text this chunk releases (or held back before it),
+    # each {"token", "logprob", "bytes", "top_logprobs"} as OpenAI's chat answers show them
+    logprobs: tuple[dict, ...] = ()
 
 
 @dataclass
@@ -76,3 +80,4 @@ class Completion:
     text: str
     finish_reason: str
     usage: Usage
+    logprobs: tuple[dict, ...] = ()

@@ -180,7 +180,8 @@ CHAT_ERRORS = [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": 7}, "stop"),
     ({"stop": [""]}, "stop"),
-    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
@@ -292,6 +293,20 @@ def test_the_openai_sdk_works_unchanged_against_a_real_server(tmp_path, database
         texts = acme.completions.create(model=model, prompt="def load_data(path):", max_tokens=6, temperature=0,
                                         n=2)
         assert [c.text for c in texts.choices] == [completion.choices[0].text] * 2
+        # log probabilities: greedy, so each token is its position's likeliest
+        scored = acme.chat.completions.create(model=model, messages=MESSAGES, max_tokens=10, temperature=0,
+                                              logprobs=True, top_logprobs=3)
+        content = scored.choices[0].logprobs.content
+        assert "".join(entry.token for entry in content) == scored.choices[0].message.content == expected
+        for entry in content:
+            assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+            assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
+            assert entry.bytes == list(entry.token.encode())
+        streamed_scores = [e for c in acme.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=10, temperature=0, logprobs=True, top_logprobs=3,
+            stream=True) if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        assert [(e.token, e.logprob) for e in streamed_scores] == [(e.token, e.logprob) for e in content]
+        assert chat.choices[0].logprobs is None  # not asked: none
         with pytest.raises(openai.BadRequestError) as bad:
             acme.chat.completions.create(model=model, messages=MESSAGES, n=9)
         assert bad.value.param == "n"

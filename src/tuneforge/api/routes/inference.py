@@ -48,6 +48,7 @@ _log = logging.getLogger(__name__)
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_CHOICES = 8  # n: choices per request, generated one after another
+MAX_TOP_LOGPROBS = 20  # as OpenAI
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
 
@@ -89,8 +90,8 @@ class ChatCompletionBody(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_GENERATED_TOKENS,
                                               description="Most tokens to generate (wins over max_tokens).")
-    logprobs: bool | None = Field(None, description="Only false.")
-    top_logprobs: Int64 | None = Field(None, description="Not supported.")
+    logprobs: bool | None = Field(None, description="Each generated token's log probability (choices[].logprobs).")
+    top_logprobs: Int64 | None = Field(None, description="With logprobs: the 0-20 likeliest tokens at each position.")
     response_format: dict[str, Any] | None = Field(None, description="Only {type: 'text'}.")
     tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_LIST_ITEMS, description="Not supported.")
     tool_choice: Any = Field(None, description="Only 'none'.")
@@ -117,6 +118,8 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
                                    for index, m in enumerate(body.messages)))
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = _sampling(body, max_tokens, platform.settings.inference_default_max_tokens)
+    if body.logprobs:
+        params = replace(params, logprobs=int(body.top_logprobs or 0))
     target = _target(session, tenant, body.model)
     reply_id, created = new_id("chatcmpl"), int(time.time())
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
@@ -131,7 +134,9 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
     return {
         "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
         "choices": [{"index": index, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                     "finish_reason": c.finish_reason, "logprobs": None} for index, c in enumerate(completions)],
+                     "finish_reason": c.finish_reason,
+                     "logprobs": {"content": list(c.logprobs), "refusal": None} if body.logprobs else None}
+                    for index, c in enumerate(completions)],
         "usage": _total_usage(completions), "system_fingerprint": None,
     }
 
@@ -238,9 +243,11 @@ def _stop_sequences(stop: Any) -> tuple[str, ...]:
 
 
 def _check_chat_extras(body: ChatCompletionBody) -> None:
-    if body.logprobs or body.top_logprobs is not None:
-        param = "logprobs" if body.logprobs else "top_logprobs"
-        raise invalid(f"{param}: log probabilities are not supported", param=param)
+    if body.top_logprobs is not None:
+        if not body.logprobs:
+            raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
+        if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise invalid(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     if body.response_format is not None and body.response_format.get("type") != "text":
         raise invalid("response_format: only {\"type\": \"text\"} is supported", param="response_format")
     if body.tools:
@@ -329,8 +336,9 @@ def _chat_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, incl
     """Choice `index`'s chunks; its usage is appended to `usage` (sent by the caller once for all)."""
     extra = {"usage": None} if include_usage else {}
 
-    def event(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return head | {"choices": [{"index": index, "delta": delta, "logprobs": None,
+    def event(delta: dict[str, Any], finish_reason: str | None = None, logprobs: tuple = ()) -> dict[str, Any]:
+        shown = {"content": list(logprobs), "refusal": None} if logprobs else None
+        return head | {"choices": [{"index": index, "delta": delta, "logprobs": shown,
                                     "finish_reason": finish_reason}]} | extra
 
     yield event({"role": "assistant", "content": ""})
@@ -338,8 +346,8 @@ def _chat_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, incl
         if isinstance(chunk, ApiError):
             yield chunk.envelope()
             return
-        if chunk.text:
-            yield event({"content": chunk.text})
+        if chunk.text or chunk.logprobs:
+            yield event({"content": chunk.text}, logprobs=chunk.logprobs)
         if chunk.finish_reason is not None:
             yield event({}, chunk.finish_reason)
             if chunk.usage is not None:
