@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from tuneforge.domain.errors import invalid
+from tuneforge.serve.constrained import JsonConstraint
 from tuneforge.serve.params import Chunk, Prompt, SamplingParams, Usage
 
 # A byte-level tokenizer decodes half a multi-byte character as U+FFFD; that
@@ -67,7 +68,8 @@ def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 def sample_tokens(model: Any, prompt_ids: Sequence[int], params: SamplingParams, *, device: torch.device,
                   eos_ids: frozenset[int], cancelled: threading.Event | None = None,
-                  logits_to_keep: bool = False, scores: list | None = None) -> Iterator[int]:
+                  logits_to_keep: bool = False, scores: list | None = None,
+                  constraint: JsonConstraint | None = None) -> Iterator[int]:
     """Token ids, one per forward pass over the new token (the KV cache holds the rest);
     ends after an EOS id, after `max_new_tokens`, or once `cancelled` is set. With `scores`
     and `params.logprobs`: before each id is yielded, (its log probability, [(rival id, log
@@ -89,7 +91,13 @@ def sample_tokens(model: Any, prompt_ids: Sequence[int], params: SamplingParams,
         with torch.inference_mode():  # per step: grad mode is per thread, a generator may move
             output = model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
             cache = output.past_key_values
-            token_id = pick_token(output.logits[0, -1], params, generator)
+            if constraint is None:
+                token_id = pick_token(output.logits[0, -1], params, generator)
+            else:  # JSON mode: the likeliest token that keeps the output a JSON object; none: it is whole
+                picked = constraint.pick(output.logits[0, -1], params, generator)
+                if picked is None:
+                    return
+                token_id = picked
             if scores is not None and params.logprobs is not None:
                 logprobs = torch.log_softmax(output.logits[0, -1].float(), dim=-1)
                 top = torch.topk(logprobs, params.logprobs) if params.logprobs else None
@@ -176,8 +184,9 @@ def generate_chunks(model: Any, tokenizer: Any, prompt_ids: Sequence[int], param
     finish_reason = "length"
     scores: list | None = [] if params.logprobs is not None else None
     pending: list[dict] = []  # log probabilities of tokens whose text is not out yet
+    constraint = JsonConstraint(tokenizer, eos_ids) if params.json_mode else None
     tokens = sample_tokens(model, prompt_ids, params, device=device, eos_ids=eos_ids, cancelled=cancelled,
-                           logits_to_keep=logits_to_keep, scores=scores)
+                           logits_to_keep=logits_to_keep, scores=scores, constraint=constraint)
     for token_id in tokens:
         produced += 1
         if token_id in eos_ids:
@@ -193,6 +202,8 @@ def generate_chunks(model: Any, tokenizer: Any, prompt_ids: Sequence[int], param
             finish_reason = "stop"
             break
     tokens.close()
+    if constraint is not None and constraint.complete:
+        finish_reason = "stop"  # the object is whole: nothing may follow it
     yield Chunk(assembler.flush(), finish_reason, Usage(len(prompt_ids), produced), logprobs=tuple(pending))
 
 

@@ -47,6 +47,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: int | None = None  # None: none; k >= 0: each token's log probability and its k likeliest rivals
+    json_mode: bool = False  # the output is one JSON object (serve/constrained.py)
 
 
 @dataclass(frozen=True)

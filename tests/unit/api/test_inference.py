@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import openai
+
+from tuneforge.serve.constrained import INVALID, json_prefix
 import pytest
 from fastapi.testclient import TestClient
 
@@ -185,7 +187,7 @@ CHAT_ERRORS = [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
     ({"model": None}, "model"),
 ]
@@ -307,6 +309,38 @@ def test_the_openai_sdk_works_unchanged_against_a_real_server(tmp_path, database
             stream=True) if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
         assert [(e.token, e.logprob) for e in streamed_scores] == [(e.token, e.logprob) for e in content]
         assert chat.choices[0].logprobs is None  # not asked: none
+        # JSON mode: the output is a JSON object, whatever the (random-weight) model would say
+        ask_json = [{"role": "user", "content": "Answer in JSON: what is the code for velmorix?"}]
+        for seed in (1, 2, 3):
+            shaped = acme.chat.completions.create(model=model, messages=ask_json, max_tokens=48, seed=seed,
+                                                  response_format={"type": "json_object"})
+            text = shaped.choices[0].message.content
+            if shaped.choices[0].finish_reason == "stop":
+                assert isinstance(json.loads(text), dict), text
+            else:  # cut by max_tokens: still the start of an object
+                assert json_prefix(text) != INVALID, text
+        with pytest.raises(openai.BadRequestError) as bad:  # OpenAI's rule: the messages say JSON
+            acme.chat.completions.create(model=model, messages=MESSAGES, response_format={"type": "json_object"})
+        assert bad.value.param == "messages"
+        # json_schema: the object is checked, and drawn again when it does not match
+        loose = {"type": "json_schema", "json_schema": {"name": "any_object", "schema": {"type": "object"}}}
+        matched = acme.chat.completions.create(model=model, messages=ask_json, max_tokens=48, seed=1,
+                                               response_format=loose)
+        assert isinstance(json.loads(matched.choices[0].message.content), dict)
+        strict = {"type": "json_schema", "json_schema": {"name": "code", "strict": True, "schema": {
+            "type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}},
+            "required": ["code"], "additionalProperties": False}}}
+        with pytest.raises(openai.UnprocessableEntityError) as unmet:  # this random model never writes one
+            acme.chat.completions.create(model=model, messages=ask_json, max_tokens=32, seed=1,
+                                         response_format=strict)
+        assert unmet.value.code == "response_format_unsatisfied" and "3 attempt(s)" in unmet.value.message
+        broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}
+        with pytest.raises(openai.BadRequestError) as bad:
+            acme.chat.completions.create(model=model, messages=ask_json, response_format=broken)
+        assert bad.value.param == "response_format.json_schema.schema"
+        with pytest.raises(openai.BadRequestError) as bad:
+            acme.chat.completions.create(model=model, messages=ask_json, response_format=loose, stream=True)
+        assert bad.value.param == "stream"
         with pytest.raises(openai.BadRequestError) as bad:
             acme.chat.completions.create(model=model, messages=MESSAGES, n=9)
         assert bad.value.param == "n"

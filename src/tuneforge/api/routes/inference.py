@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
@@ -49,6 +50,8 @@ _log = logging.getLogger(__name__)
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_CHOICES = 8  # n: choices per request, generated one after another
 MAX_TOP_LOGPROBS = 20  # as OpenAI
+SCHEMA_ATTEMPTS = 3  # json_schema: answers drawn before the request gives up
+_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
 
@@ -92,7 +95,8 @@ class ChatCompletionBody(_Sampling):
                                               description="Most tokens to generate (wins over max_tokens).")
     logprobs: bool | None = Field(None, description="Each generated token's log probability (choices[].logprobs).")
     top_logprobs: Int64 | None = Field(None, description="With logprobs: the 0-20 likeliest tokens at each position.")
-    response_format: dict[str, Any] | None = Field(None, description="Only {type: 'text'}.")
+    response_format: dict[str, Any] | None = Field(None, description="text, json_object (constrained decoding) or "
+                                                                     "json_schema (constrained, then checked).")
     tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_LIST_ITEMS, description="Not supported.")
     tool_choice: Any = Field(None, description="Only 'none'.")
     parallel_tool_calls: bool | None = None
@@ -120,6 +124,9 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
     params = _sampling(body, max_tokens, platform.settings.inference_default_max_tokens)
     if body.logprobs:
         params = replace(params, logprobs=int(body.top_logprobs or 0))
+    schema = _response_format(body)
+    if _wants_json(body):
+        params = replace(params, json_mode=True)
     target = _target(session, tenant, body.model)
     reply_id, created = new_id("chatcmpl"), int(time.time())
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
@@ -130,7 +137,10 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
                 "system_fingerprint": None}
         return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, _chat_events),
                     platform)
-    completions = [engine.complete(target, prompt, _nth(params, index)) for index in range(n)]
+    if schema is not None:
+        completions = [_schema_answer(engine, target, prompt, _nth(params, index), schema) for index in range(n)]
+    else:
+        completions = [engine.complete(target, prompt, _nth(params, index)) for index in range(n)]
     return {
         "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
         "choices": [{"index": index, "message": {"role": "assistant", "content": c.text, "refusal": None},
@@ -248,12 +258,79 @@ def _check_chat_extras(body: ChatCompletionBody) -> None:
             raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
         if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
             raise invalid(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
-    if body.response_format is not None and body.response_format.get("type") != "text":
-        raise invalid("response_format: only {\"type\": \"text\"} is supported", param="response_format")
+    _response_format(body)
     if body.tools:
         raise invalid("tools are not supported", param="tools")
     if body.tool_choice not in (None, "none"):
         raise invalid("tool_choice: only 'none' is supported", param="tool_choice")
+
+
+def _wants_json(body: ChatCompletionBody) -> bool:
+    return body.response_format is not None and body.response_format.get("type") in ("json_object", "json_schema")
+
+
+def _response_format(body: ChatCompletionBody) -> dict | None:
+    """Checks `response_format`; the JSON schema the answer must match, if one is given.
+
+    `json_object`: decoding is constrained to one JSON object (serve/constrained.py). `json_schema`:
+    the same, then the object is checked against the schema; one that does not match is drawn
+    again (seed + 1000 * k), up to SCHEMA_ATTEMPTS times, before the request answers 422."""
+    shape = body.response_format
+    if shape is None:
+        return None
+    kind = shape.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        if not any("json" in _message_text(m, i).lower() for i, m in enumerate(body.messages)):
+            raise invalid("'messages' must contain the word 'json' in some form, to use 'response_format' of type "
+                          "'json_object'.", param="messages")
+        return None
+    if kind != "json_schema":
+        raise invalid("response_format.type must be 'text', 'json_object' or 'json_schema'",
+                      param="response_format.type")
+    spec = shape.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not _SCHEMA_NAME.match(spec["name"]):
+        raise invalid("response_format.json_schema needs a name of 1-64 letters, digits, '_' or '-'",
+                      param="response_format.json_schema.name")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid("response_format.json_schema.schema must be a JSON Schema object",
+                      param="response_format.json_schema.schema")
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise invalid(f"response_format.json_schema.schema is not a valid JSON Schema: {exc.message[:200]}",
+                      param="response_format.json_schema.schema") from None
+    if body.stream:
+        raise invalid("json_schema answers are checked against the schema before they are sent, so they cannot "
+                      "be streamed; stream with json_object, or leave stream out", param="stream")
+    return schema
+
+
+def _schema_answer(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams,
+                   schema: dict) -> Completion:
+    """A completion whose JSON object matches `schema`, drawn again when one does not."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    problems = []
+    for attempt in range(SCHEMA_ATTEMPTS):
+        seed = None if params.seed is None else params.seed + 1000 * attempt
+        completion = engine.complete(target, prompt, replace(params, seed=seed))
+        try:
+            errors = [error.message for error in validator.iter_errors(json.loads(completion.text))]
+        except ValueError:
+            errors = [f"not one whole JSON object (finish_reason {completion.finish_reason})"]
+        if not errors:
+            return completion
+        problems.append(errors[0][:200])
+        if params.temperature == 0:
+            break  # greedy: another draw is the same answer
+    raise ApiError(422, f"The model's answers did not match the schema ({len(problems)} attempt(s)); the last: "
+                        f"{problems[-1]}", param="response_format", code="response_format_unsatisfied")
 
 
 def _check_completion_extras(body: CompletionBody) -> None:
