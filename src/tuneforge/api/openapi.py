@@ -28,6 +28,7 @@ DESCRIPTIONS = {
     404: "No such resource (or another tenant's).",
     409: "The resource is not in a state that allows this.",
     413: "The request body is larger than the limit.",
+    422: "The model produced no answer of the asked shape (response_format json_schema, a forced tool call).",
     429: "Too many requests or jobs right now; retry later.",
     503: "The model cannot be served right now.",
 }

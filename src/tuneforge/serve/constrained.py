@@ -3,8 +3,10 @@
 At each step the candidates are tried in the order the request's sampling would pick them
 (greedy: by logit; sampled: a draw without replacement from the tempered top-p distribution),
 and the first whose text keeps the output a viable JSON prefix wins. End-of-sequence is allowed
-only once the object is complete, and a complete object ends the generation. The budget of new
-tokens may still run out first: the answer is then cut (`finish_reason` "length"), as OpenAI's.
+only once the object is complete, and a complete object ends the generation. Once the tokens
+left are about as many as the characters still needed to close the object (`closing`), only
+tokens that shorten that need are taken, so the object is finished within `max_tokens`: a
+string the model would have gone on with is closed, a missing value written as null.
 
 `json_prefix` is the checker: a scanner of the JSON grammar (RFC 8259) that tells a text that
 cannot begin a JSON value from one that can, and one that is a whole value.
@@ -29,6 +31,44 @@ _CANDIDATES = 64  # drawn per step before the rest of the vocabulary is tried in
 def json_prefix(text: str, *, object_only: bool = True) -> str:
     """INVALID, PARTIAL (a prefix of some JSON text) or COMPLETE (one whole value, then maybe
     whitespace). `object_only`: the value must be an object."""
+    return _scan(text, object_only)[0]
+
+
+def closing(text: str) -> str | None:
+    """The shortest text that makes the viable prefix `text` one whole JSON object (None: it is
+    not viable); a missing value is written as null."""
+    verdict, stack, state, key, literal, number = _scan(text, True)
+    if verdict == INVALID:
+        return None
+    if verdict == COMPLETE:
+        return ""
+    if not stack and state == "value":
+        return "{}"
+    after_string = ":null" if key else ""
+    if state == "string":
+        tail = '"' + after_string
+    elif state == "escape":
+        tail = 'n"' + after_string
+    elif state == "unicode":
+        tail = "0" * (4 - len(literal)) + '"' + after_string
+    elif state == "colon":
+        tail = ":null"
+    elif state == "value":
+        tail = "null"
+    elif state == "key":
+        tail = '"":null'
+    elif state == "literal":
+        tail = _LITERALS[literal[0]][len(literal):]
+    elif state == "number":
+        tail = "" if _number_complete(number) else "0"
+    else:  # after a value, or where a container may end
+        tail = ""
+    return tail + "".join("}" if opened == "{" else "]" for opened in reversed(stack))
+
+
+def _scan(text: str, object_only: bool) -> tuple[str, list[str], str, bool, str, str]:
+    """The scanner behind json_prefix and closing: (verdict, open containers, state, reading a key,
+    the literal or \\u digits so far, the number so far)."""
     stack: list[str] = []
     state, key = "value", False  # key: the string being read is an object's key
     literal, number = "", ""
@@ -39,7 +79,7 @@ def json_prefix(text: str, *, object_only: bool = True) -> str:
             if ch in _WHITESPACE:
                 pass
             elif object_only and not stack and ch != "{":
-                return INVALID
+                return INVALID, stack, state, key, literal, number
             elif ch == "{":
                 stack.append("{")
                 state = "key_or_end"
@@ -53,7 +93,7 @@ def json_prefix(text: str, *, object_only: bool = True) -> str:
             elif ch in _LITERALS:
                 state, literal = "literal", ch
             else:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
         elif state in ("key_or_end", "key"):
             if ch in _WHITESPACE:
                 pass
@@ -63,7 +103,7 @@ def json_prefix(text: str, *, object_only: bool = True) -> str:
                 stack.pop()
                 state = "after"
             else:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
         elif state == "value_or_end":
             if ch in _WHITESPACE:
                 pass
@@ -77,35 +117,35 @@ def json_prefix(text: str, *, object_only: bool = True) -> str:
             if ch == ":":
                 state = "value"
             elif ch not in _WHITESPACE:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
         elif state == "after":
             if ch in _WHITESPACE:
                 pass
             elif not stack:
-                return INVALID  # something after the one value
+                return INVALID, stack, state, key, literal, number  # something after the one value
             elif ch == ",":
                 state = "key" if stack[-1] == "{" else "value"
             elif (ch == "}" and stack[-1] == "{") or (ch == "]" and stack[-1] == "["):
                 stack.pop()
             else:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
         elif state == "string":
             if ch == "\\":
                 state = "escape"
             elif ch == '"':
                 state = "colon" if key else "after"
             elif ord(ch) < 0x20:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
         elif state == "escape":
             if ch == "u":
                 state, literal = "unicode", ""
             elif ch in _ESCAPES:
                 state = "string"
             else:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
         elif state == "unicode":
             if ch not in _HEX:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
             literal += ch
             if len(literal) == 4:
                 state = "string"
@@ -113,7 +153,7 @@ def json_prefix(text: str, *, object_only: bool = True) -> str:
             word = _LITERALS[literal[0]]
             literal += ch
             if not word.startswith(literal):
-                return INVALID
+                return INVALID, stack, state, key, literal, number
             if literal == word:
                 state = "after"
         elif state == "number":
@@ -123,13 +163,13 @@ def json_prefix(text: str, *, object_only: bool = True) -> str:
                 state = "after"
                 continue  # the number ended; the character belongs to what follows
             else:
-                return INVALID
+                return INVALID, stack, state, key, literal, number
         i += 1
     if state == "after" and not stack:
-        return COMPLETE
+        return COMPLETE, stack, state, key, literal, number
     if state == "number" and not stack and _number_complete(number):
-        return COMPLETE
-    return PARTIAL
+        return COMPLETE, stack, state, key, literal, number
+    return PARTIAL, stack, state, key, literal, number
 
 
 def _number_prefix(text: str) -> bool:
@@ -168,7 +208,7 @@ def _number_prefix(text: str) -> bool:
 
 
 def _number_complete(text: str) -> bool:
-    return _number_prefix(text) and text[-1].isdigit()
+    return bool(text) and _number_prefix(text) and text[-1].isdigit()
 
 
 class JsonConstraint:
@@ -185,10 +225,18 @@ class JsonConstraint:
         the vocabulary keeps the output viable)."""
         if self.complete:
             return None
+        # Near the end of the budget, each token must bring the object nearer to whole: the
+        # object is then finished within the budget, however long the model would have gone on.
+        need = closing(self.tokenizer.decode(self.ids, skip_special_tokens=True)) or ""
+        urgent = params.max_new_tokens - len(self.ids) <= len(need) + 1
         for token_id in self._candidates(logits, params, generator):
             if token_id in self.eos_ids:
                 continue  # an unfinished object may not end
             text = self.tokenizer.decode(self.ids + [token_id], skip_special_tokens=True)
+            if urgent:
+                after = closing(text)
+                if after is None or len(after) >= len(need):
+                    continue
             if not text.strip():
                 continue
             if text.endswith("\ufffd"):  # half a character: fine inside a string (only there can one stand)

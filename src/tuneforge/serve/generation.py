@@ -19,6 +19,7 @@ import torch
 
 from tuneforge.domain.errors import invalid
 from tuneforge.serve.constrained import JsonConstraint
+from tuneforge.serve.tools import plain_messages
 from tuneforge.serve.params import Chunk, Prompt, SamplingParams, Usage
 
 # A byte-level tokenizer decodes half a multi-byte character as U+FFFD; that
@@ -43,8 +44,15 @@ def prompt_token_ids(tokenizer: Any, prompt: Prompt, model_name: str) -> list[in
         raise invalid(f"{model_name} has no chat template; use /v1/completions with a prompt", param="model")
     from jinja2 import TemplateError
 
+    messages, extra = list(prompt.messages), {}
+    uses_tools = bool(prompt.tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    if uses_tools:
+        if "tool" in str(tokenizer.chat_template):  # the template renders tools and calls its own way
+            extra = {"tools": [dict(tool) for tool in prompt.tools]} if prompt.tools else {}
+        else:
+            messages = plain_messages(messages, prompt.tools)
     try:
-        text = tokenizer.apply_chat_template(list(prompt.messages), tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     except TemplateError as exc:
         raise invalid(f"The chat template of {model_name} refused these messages: {exc}", param="messages") from exc
     # The rendered template already holds the special tokens (BOS, turn markers).

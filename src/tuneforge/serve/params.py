@@ -4,6 +4,7 @@ the model to run, the prompt, the sampling parameters, and what comes back."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tuneforge.domain.spec import BaseModelRef
 
@@ -29,9 +30,10 @@ class ModelTarget:
 class Prompt:
     """A chat conversation (rendered with the model's chat template) or a plain text prompt."""
 
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
     text: str | None = None
     token_ids: tuple[int, ...] | None = None  # a completions prompt given as token ids
+    tools: tuple[dict[str, Any], ...] = ()  # function tools the chat template is given (serve/tools.py)
 
     @property
     def param(self) -> str:

@@ -184,7 +184,8 @@ CHAT_ERRORS = [
     ({"stop": [""]}, "stop"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools.0.function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
@@ -341,6 +342,31 @@ def test_the_openai_sdk_works_unchanged_against_a_real_server(tmp_path, database
         with pytest.raises(openai.BadRequestError) as bad:
             acme.chat.completions.create(model=model, messages=ask_json, response_format=loose, stream=True)
         assert bad.value.param == "stream"
+        # tools: a forced call's arguments are one JSON object matching the function's parameters
+        lookup = {"type": "function", "function": {"name": "lookup_code", "parameters": {
+            "type": "object", "properties": {"key": {"type": "string"}}}}}
+        forced = acme.chat.completions.create(
+            model=model, messages=ask_json, max_tokens=48, seed=1, tools=[lookup],
+            tool_choice={"type": "function", "function": {"name": "lookup_code"}})
+        [call] = forced.choices[0].message.tool_calls
+        assert forced.choices[0].finish_reason == "tool_calls" and forced.choices[0].message.content is None
+        assert call.function.name == "lookup_code" and isinstance(json.loads(call.function.arguments), dict)
+        assert call.id.startswith("call_") and call.type == "function"
+        streamed_call = [c for c in acme.chat.completions.create(
+            model=model, messages=ask_json, max_tokens=48, seed=1, tools=[lookup], stream=True,
+            tool_choice={"type": "function", "function": {"name": "lookup_code"}}) if c.choices]
+        [delta_call] = [call for c in streamed_call for call in (c.choices[0].delta.tool_calls or [])]
+        assert (delta_call.index, delta_call.function.name, delta_call.function.arguments) == \
+            (0, "lookup_code", call.function.arguments)
+        assert streamed_call[-1].choices[0].finish_reason == "tool_calls"
+        # the conversation goes on: the call and its result are rendered for the model
+        followed = acme.chat.completions.create(model=model, max_tokens=8, temperature=0, tools=[lookup], messages=[
+            *MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "QT-583"}])
+        assert followed.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        with pytest.raises(openai.BadRequestError) as bad:
+            acme.chat.completions.create(model=model, messages=[*MESSAGES, {"role": "tool", "content": "x"}])
+        assert bad.value.param == f"messages.{len(MESSAGES)}.tool_call_id"
         with pytest.raises(openai.BadRequestError) as bad:
             acme.chat.completions.create(model=model, messages=MESSAGES, n=9)
         assert bad.value.param == "n"

@@ -50,3 +50,12 @@ def test_any_value_when_not_restricted_to_objects():
     assert json_prefix("12", object_only=False) == COMPLETE
     assert json_prefix("12.", object_only=False) == PARTIAL
     assert json_prefix('"ab', object_only=False) == PARTIAL
+
+
+@pytest.mark.parametrize("prefix", ['{', '{"a', '{"a"', '{"a":', '{"a": [1, {"b": tr', '{"a": "x\\', '{"a": -',
+                                    '{"a": "\\u00', '{"a": [', '{"a": 1,', '{"a": {"b": 2.5'])
+def test_closing_makes_any_viable_prefix_a_whole_object(prefix):
+    from tuneforge.serve.constrained import closing
+
+    whole = prefix + closing(prefix)
+    assert json_prefix(whole) == COMPLETE and isinstance(json.loads(whole), dict), whole

@@ -203,8 +203,9 @@ def test_chat_prompts_use_the_chat_template_and_the_context_limit_is_enforced(wo
     completion = engine.complete(targets["b"], Prompt(messages=messages), SamplingParams(max_new_tokens=3))
     assert completion.usage.prompt_tokens == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
-    with pytest.raises(ApiError) as bad_role:
-        engine.complete(base, Prompt(messages=({"role": "tool", "content": "x"},)), SamplingParams(max_new_tokens=3))
+    with pytest.raises(ApiError) as bad_role:  # a role the template refuses (a tool result is written out)
+        engine.complete(base, Prompt(messages=({"role": "narrator", "content": "x"},)),
+                        SamplingParams(max_new_tokens=3))
     assert (bad_role.value.status_code, bad_role.value.param) == (400, "messages")
 
     context = engine._model(base).context_tokens

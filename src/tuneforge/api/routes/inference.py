@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -40,6 +40,7 @@ from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.domain.ids import new_id
 from tuneforge.serve import engine_for
+from tuneforge.serve import tools as tool_calls
 from tuneforge.serve.params import Chunk, Completion, ModelTarget, Prompt, SamplingParams, Usage
 from tuneforge.serve.targets import resolve_target
 from tuneforge.services.context import Platform
@@ -65,9 +66,13 @@ class StreamOptions(_Body):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     # Checked by hand (`_message_text`): a union here would put pydantic's branch names in the error.
-    content: Any = Field(description="The text, or a list of {type: 'text', text} parts.")
+    content: Any = Field(None, description="The text, or a list of {type: 'text', text} parts; an assistant "
+                                           "message with tool_calls may have none.")
+    tool_calls: list[dict[str, Any]] | None = Field(None, max_length=MAX_LIST_ITEMS,
+                                                    description="An assistant's earlier calls.")
+    tool_call_id: str | None = Field(None, max_length=MAX_ID_CHARS, description="The call a tool message answers.")
     name: str | None = Field(None, max_length=MAX_NAME_CHARS,
                              description="Accepted; the chat template decides whether it is shown.")
 
@@ -97,8 +102,10 @@ class ChatCompletionBody(_Sampling):
     top_logprobs: Int64 | None = Field(None, description="With logprobs: the 0-20 likeliest tokens at each position.")
     response_format: dict[str, Any] | None = Field(None, description="text, json_object (constrained decoding) or "
                                                                      "json_schema (constrained, then checked).")
-    tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_LIST_ITEMS, description="Not supported.")
-    tool_choice: Any = Field(None, description="Only 'none'.")
+    tools: list[dict[str, Any]] | None = Field(None, max_length=tool_calls.MAX_TOOLS,
+                                               description="Functions the model may call (serve/tools.py).")
+    tool_choice: Any = Field(None, description="none, auto (the default with tools), required, or a named "
+                                               "function.")
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = Field(None, max_length=MAX_LIST_ITEMS)
     store: bool | None = None
@@ -114,41 +121,129 @@ class CompletionBody(_Sampling):
     suffix: str | None = Field(None, description="Not supported.")
 
 
-@router.post("/chat/completions", responses=error_responses(404, 503))
+@router.post("/chat/completions", responses=error_responses(404, 422, 503))
 def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                      platform: Platform = PLATFORM) -> Any:
     _check_chat_extras(body)
-    prompt = Prompt(messages=tuple({"role": _role(m.role), "content": _message_text(m, index)}
-                                   for index, m in enumerate(body.messages)))
+    tools = tool_calls.check_tools(body.tools)
+    choice = tool_calls.check_tool_choice(body.tool_choice, tools)
+    shown = tools if choice != "none" else ()
+    prompt = Prompt(messages=tuple(_chat_message(m, index) for index, m in enumerate(body.messages)), tools=shown)
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = _sampling(body, max_tokens, platform.settings.inference_default_max_tokens)
     if body.logprobs:
         params = replace(params, logprobs=int(body.top_logprobs or 0))
     schema = _response_format(body)
-    if _wants_json(body):
+    if choice not in ("none", "auto"):  # a call is forced: its arguments are decoded as a JSON object
+        if _wants_json(body):
+            raise invalid("a forced tool call cannot be combined with a JSON response_format", param="tool_choice")
+        schema = tool_calls.forced_schema(tools, choice)
+    if _wants_json(body) or schema is not None:
         params = replace(params, json_mode=True)
     target = _target(session, tenant, body.model)
     reply_id, created = new_id("chatcmpl"), int(time.time())
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
     engine = engine_for(platform)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
-                "system_fingerprint": None}
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
+            "system_fingerprint": None}
+    if body.stream and not shown:
         return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, _chat_events),
                     platform)
-    if schema is not None:
-        completions = [_schema_answer(engine, target, prompt, _nth(params, index), schema) for index in range(n)]
-    else:
-        completions = [engine.complete(target, prompt, _nth(params, index)) for index in range(n)]
+    answers = [_chat_choice(engine, target, prompt, _nth(params, index), schema, shown, choice)
+               for index in range(n)]
+    if body.stream:  # with tools: whole answers (a call is known once it is complete), sent as chunks
+        return _sse(_replayed(answers, head, include_usage, bool(body.logprobs)), platform)
     return {
         "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
-        "choices": [{"index": index, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                     "finish_reason": c.finish_reason,
-                     "logprobs": {"content": list(c.logprobs), "refusal": None} if body.logprobs else None}
-                    for index, c in enumerate(completions)],
-        "usage": _total_usage(completions), "system_fingerprint": None,
+        "choices": [{"index": index, "message": _reply_message(answer), "finish_reason": answer.finish_reason,
+                     "logprobs": {"content": list(answer.completion.logprobs), "refusal": None}
+                     if body.logprobs else None} for index, answer in enumerate(answers)],
+        "usage": _total_usage([answer.completion for answer in answers]), "system_fingerprint": None,
     }
+
+
+@dataclass(frozen=True)
+class _Answer:
+    completion: Completion
+    content: str | None
+    calls: list[dict]
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.calls else self.completion.finish_reason
+
+
+def _chat_choice(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams, schema: dict | None,
+                 tools: tuple[dict, ...], choice: str) -> _Answer:
+    if schema is not None:
+        completion = _schema_answer(engine, target, prompt, params, schema)
+    else:
+        completion = engine.complete(target, prompt, params)
+    if not tools:
+        return _Answer(completion, completion.text, [])
+    if choice == "auto":
+        content, calls = tool_calls.parse_calls(completion.text, tools)
+        return _Answer(completion, content, calls)
+    return _Answer(completion, None, tool_calls.forced_call(completion.text, choice))
+
+
+def _reply_message(answer: _Answer) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
+    if answer.calls:
+        message["tool_calls"] = answer.calls
+    return message
+
+
+def _replayed(answers: list[_Answer], head: dict[str, Any], include_usage: bool,
+              logprobs: bool) -> Iterator[dict[str, Any]]:
+    extra = {"usage": None} if include_usage else {}
+    for index, answer in enumerate(answers):
+        def event(delta: dict[str, Any], finish_reason: str | None = None, scores: tuple = ()) -> dict[str, Any]:
+            shown = {"content": list(scores), "refusal": None} if logprobs and scores else None
+            return head | {"choices": [{"index": index, "delta": delta, "logprobs": shown,
+                                        "finish_reason": finish_reason}]} | extra
+
+        yield event({"role": "assistant", "content": ""})
+        if answer.content:
+            yield event({"content": answer.content}, scores=answer.completion.logprobs)
+        if answer.calls:
+            yield event({"tool_calls": [{"index": number, **call} for number, call in enumerate(answer.calls)]})
+        yield event({}, answer.finish_reason)
+    if include_usage:
+        yield head | {"choices": [], "usage": _total_usage([answer.completion for answer in answers])}
+
+
+def _chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    """A request message as the chat template reads it (a call's arguments as an object)."""
+    shown: dict[str, Any] = {"role": _role(message.role)}
+    if message.role == "assistant" and message.tool_calls:
+        shown["content"] = "" if message.content is None else _message_text(message, index)
+        shown["tool_calls"] = [_earlier_call(call, f"messages.{index}.tool_calls.{number}")
+                               for number, call in enumerate(message.tool_calls)]
+    else:
+        shown["content"] = _message_text(message, index)
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise invalid(f"messages.{index}.tool_call_id is missing: a tool message answers a call",
+                          param=f"messages.{index}.tool_call_id")
+        shown["tool_call_id"] = message.tool_call_id
+    return shown
+
+
+def _earlier_call(call: Any, param: str) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise invalid(f"{param} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                      "\"arguments\"}}}}", param=param)
+    arguments = function.get("arguments", "{}")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        raise invalid(f"{param}.function.arguments must be a JSON object as a string",
+                      param=f"{param}.function.arguments") from None
+    return {"id": str(call.get("id", "")), "type": "function",
+            "function": {"name": function["name"], "arguments": parsed}}
 
 
 @router.post("/completions", responses=error_responses(404, 503))
@@ -259,10 +354,6 @@ def _check_chat_extras(body: ChatCompletionBody) -> None:
         if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
             raise invalid(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     _response_format(body)
-    if body.tools:
-        raise invalid("tools are not supported", param="tools")
-    if body.tool_choice not in (None, "none"):
-        raise invalid("tool_choice: only 'none' is supported", param="tool_choice")
 
 
 def _wants_json(body: ChatCompletionBody) -> bool:
@@ -282,7 +373,8 @@ def _response_format(body: ChatCompletionBody) -> dict | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        if not any("json" in _message_text(m, i).lower() for i, m in enumerate(body.messages)):
+        if not any(isinstance(m.content, (str, list)) and "json" in _message_text(m, i).lower()
+                   for i, m in enumerate(body.messages)):
             raise invalid("'messages' must contain the word 'json' in some form, to use 'response_format' of type "
                           "'json_object'.", param="messages")
         return None
