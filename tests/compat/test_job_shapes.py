@@ -174,3 +174,18 @@ def test_checkpoint_permissions_are_not_found_as_documented(live):
     with pytest.raises(openai.NotFoundError):
         sdk.fine_tuning.checkpoints.permissions.create("ft:tiny-base:acme::abc:ckpt-step-3",
                                                        project_ids=["proj_1"])
+
+
+def test_integrations_tensorboard_is_taken_and_shown_the_others_refused_by_name(live):
+    sdk = live.sdk()
+    training = _training_file(sdk)
+    job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training,
+                                      integrations=[{"type": "tensorboard"}])
+    assert [item.type for item in job.integrations] == ["tensorboard"]
+    for integrations, param in (
+            ([{"type": "wandb", "wandb": {"project": "p"}}], "integrations.0.type"),
+            ([{"type": "tensorboard"}, {"type": "tensorboard"}], "integrations.1.type"),
+            ([{"type": "comet"}], "integrations.0.type")):
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training, integrations=integrations)
+        assert err.value.param == param

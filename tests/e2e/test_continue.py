@@ -42,9 +42,9 @@ def _first_step_loss(sdk, job_id: str) -> float:
     return min(metrics, key=lambda e: e.data["step"]).data["train_loss"]
 
 
-def _job(sdk, model: str, training: str, **hyperparameters):
+def _job(sdk, model: str, training: str, integrations: list | None = None, **hyperparameters):
     return sdk.fine_tuning.jobs.create(
-        model=model, training_file=training, suffix="codes", seed=0,
+        model=model, training_file=training, suffix="codes", seed=0, **({"integrations": integrations} if integrations else {}),
         method={"type": "supervised", "supervised": {"hyperparameters": {**DEMO_HYPERPARAMETERS, **hyperparameters}}},
         extra_body={"checkpointing": {"every_steps": 1000}} | (
             {"training_type": {"type": "lora", **DEMO_LORA}} if not model.startswith("ft:") else {}),
@@ -55,8 +55,18 @@ def test_a_job_on_an_ft_model_learns_a_second_mapping_and_keeps_the_first(runnin
     sdk = running.sdk(running.key_a)
     first_examples = _facts(seed=0)
     second_examples = _facts(seed=7, avoid={e["messages"][1]["content"] for e in first_examples})
-    first = wait_for(sdk, _job(sdk, "tiny-chat", _upload(sdk, tmp_path, "a.jsonl", first_examples)).id)
+    first = wait_for(sdk, _job(sdk, "tiny-chat", _upload(sdk, tmp_path, "a.jsonl", first_examples),
+                               integrations=[{"type": "tensorboard"}]).id)
     assert first.status == "succeeded", first.error
+    import httpx
+    import tarfile
+
+    with httpx.stream("GET", f"{running.url}/v1/fine_tuning/jobs/{first.id}/download?artifact=tensorboard",
+                      headers={"Authorization": f"Bearer {running.key_a}"}, timeout=60) as response:
+        assert response.status_code == 200
+        (tmp_path / "tb.tar.gz").write_bytes(response.read())
+    with tarfile.open(tmp_path / "tb.tar.gz") as archive:
+        assert [name for name in archive.getnames() if "tfevents" in name]
 
     # its checkpoints are named after the model the job made (an epoch's end each)
     checkpoints = sdk.fine_tuning.jobs.checkpoints.list(first.id).data
@@ -94,8 +104,6 @@ def test_a_job_on_an_ft_model_learns_a_second_mapping_and_keeps_the_first(runnin
                                         messages=first_examples[0]["messages"][:2])
     assert reply.model == checkpoint and reply.choices[0].message.content
     # promoted like a final model: registered first (its adapter copied out of pruning's reach)
-    import httpx
-
     promoted = httpx.post(f"{running.url}/v1/models/{checkpoint}/promote", json={"stage": "staging"},
                           headers={"Authorization": f"Bearer {running.key_a}"})
     assert promoted.status_code == 200, promoted.text

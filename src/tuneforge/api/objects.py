@@ -100,7 +100,7 @@ def job_object(job: Job, strict: bool = True) -> dict[str, Any]:
         "training_file": job.training_file,
         "validation_file": job.validation_file,
         "estimated_finish": job.estimated_finish,
-        "integrations": [],
+        "integrations": [item.model_dump(mode="json", exclude_none=True) for item in job.request.integrations or []],
         "metadata": job.user_metadata,
         "method": {"type": method, method: {"hyperparameters": hp}},
         "user_provided_suffix": job.suffix,

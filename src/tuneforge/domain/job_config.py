@@ -175,8 +175,10 @@ class EvalConfig(_Strict):
 
 
 class Integration(_Strict):
-    type: str = _NAME
+    type: str = Field(max_length=_ID_CHARS, description="wandb (OpenAI's), or the extensions tensorboard and mlflow.")
     wandb: dict | None = None
+    tensorboard: dict | None = Field(None, description="No settings: event files beside the job's artifacts.")
+    mlflow: dict | None = None
 
 
 # Together's names of the adapter's settings -> training_type's

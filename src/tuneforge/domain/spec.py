@@ -114,6 +114,7 @@ class JobSpec:
     cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
     eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none
     init_adapter_prefix: str = ""  # a continued job: the adapter (its parent's) it starts from
+    integrations: list[dict[str, Any]] = field(default_factory=list)  # experiment trackers (train/tracking.py)
     extra: dict[str, Any] = field(default_factory=dict)  # injected faults for tests (`train/hooks.py`)
 
     def to_json(self) -> str:

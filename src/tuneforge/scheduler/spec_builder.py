@@ -56,5 +56,6 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         fused_loss=settings.fused_loss,
         eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
         init_adapter_prefix=(job.parent or {}).get("adapter_prefix", ""),
+        integrations=[item.model_dump(mode="json", exclude_none=True) for item in job.request.integrations or []],
         extra=dict(resolved.extra),
     )

@@ -53,8 +53,14 @@ def adapter_archive(session: Session, platform: Platform, job: Job, *, artifact:
     store = platform.store
     full = job.request.training_type_kind == "full"
     artifact = artifact or ("model" if full else "adapter")
-    if artifact not in ("adapter", "model", "merged"):
-        raise invalid("artifact must be 'adapter', 'model' or 'merged'", param="artifact")
+    if artifact not in ("adapter", "model", "merged", "tensorboard"):
+        raise invalid("artifact must be 'adapter', 'model', 'merged' or 'tensorboard'", param="artifact")
+    if artifact == "tensorboard":  # the event files of the job's tensorboard integration, as logged so far
+        if step is not None or dtype is not None:
+            raise invalid("artifact=tensorboard takes neither step nor dtype", param="artifact")
+        folder = f"{job.job_id}-tensorboard"
+        return f"{folder}.tar.gz", _archive(store, layout.tensorboard_prefix(job.tenant_id, job.job_id), folder,
+                                            keep=None)
     if dtype is not None and artifact != "merged":
         raise invalid("dtype applies to artifact=merged only", param="dtype")
     if artifact == "merged":

@@ -110,6 +110,11 @@ def parent_adapter_prefix(tenant_id: str, job_id: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/parent-adapter"
 
 
+def tensorboard_prefix(tenant_id: str, job_id: str) -> str:
+    """A job's TensorBoard event files (its `tensorboard` integration)."""
+    return f"{job_prefix(tenant_id, job_id)}/tensorboard"
+
+
 def checkpoints_prefix(tenant_id: str, job_id: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/checkpoints"
 

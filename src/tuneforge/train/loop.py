@@ -75,6 +75,7 @@ from tuneforge.train.reporter import Reporter, message_event, metrics_event
 from tuneforge.train.run import Run, StepAbandoned, StepMark, StepStats, TrainerState
 from tuneforge.train.setup import LR_SCHEDULES, configure_threads, lr_schedule, pick_device, seed_everything
 from tuneforge.train.telemetry import step_telemetry
+from tuneforge.train.tracking import Trackers
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,13 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
     seed_everything(spec.seed)
     device = pick_device(spec.gpus, distributed.local_rank_from_env())
     dist = distributed.join(device, spec.distributed_strategy or distributed.default_strategy(spec.training_type))
+    run = None
     try:
         run = load(spec, store, reporter, stop, objective, device, dist)
         run.hooks = hooks
+        run.trackers = Trackers.from_spec(spec, store, reporter) if dist.main else Trackers([], reporter)
+        run.trackers.start({"method": spec.method, "training_type": spec.training_type, "seed": spec.seed,
+                            **spec.hyperparameters.flat(), **{f"lora_{k}": v for k, v in asdict(spec.lora).items()}})
         # ------------------------------------------------------------------ resume
         run.state = resume_or_start(run)
         objective.prepare(run)
@@ -112,6 +117,8 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
         # ------------------------------------------------------------------ eval + artifacts
         return save_final(run)
     finally:
+        if run is not None and run.trackers is not None:
+            run.trackers.finish({})  # a failed or stopped attempt keeps what it logged (a no-op once finished)
         dist.close()
 
 
@@ -356,6 +363,8 @@ def finish_step(run: Run, stats: StepStats) -> None:
     if checkpoint_due and run.valid_set:
         row["valid_loss"], row["valid_mean_token_accuracy"] = validate(run)
     state.history.append(row)
+    if run.trackers is not None:
+        run.trackers.log(state.step, row)
     run.reporter.progress(state.step, run.total_steps)
     run.reporter.report("events", metrics_event(metrics_data(row, run.total_steps)))
     log.info("step %d/%d loss %.4f acc %.3f lr %.2e", state.step, run.total_steps,
@@ -395,6 +404,8 @@ def save_checkpoint(run: Run) -> str:
     run.last_checkpoint_step = state.step
     run.last_checkpoint_time = time.monotonic()
     epoch = state.epoch if state.index_in_epoch == 0 and state.step > 0 else None  # the epoch it ends, 1-based
+    if run.trackers is not None:
+        run.trackers.sync()  # what was logged so far outlives a preemption
     run.reporter.report("checkpoints", {"step": state.step, "prefix": prefix, "epoch": epoch,
                                         "metrics": checkpoint_metrics(state.history[-1])})
     return prefix
@@ -446,6 +457,13 @@ def save_final(run: Run) -> TrainerExit:
         "results_key": results_key, "metrics": metrics, "eval": eval_results,
         "artifact_kind": "adapter" if is_adapter(run.model) else "model",
     })
+    if run.trackers is not None:
+        kind = "adapter" if is_adapter(run.model) else "model"  # where the tenant downloads it, not a storage key
+        run.trackers.finish({**{k: v for k, v in metrics.items() if v is not None},
+                             "artifact": f"/v1/fine_tuning/jobs/{spec.job_id}/download?artifact={kind}",
+                             **{f"eval/{side}/{name}": value for side, scores in (eval_results or {}).items()
+                                if isinstance(scores, dict) for name, value in scores.items()
+                                if isinstance(value, (int, float))}})
     log.info("finished: %d steps, %d trained tokens, adapter at %s", state.step, state.trained_tokens, adapter_prefix)
     return TrainerExit.SUCCESS
 

@@ -57,6 +57,7 @@ class Run:
     last_checkpoint_step: int = -1
     last_checkpoint_time: float = field(default_factory=time.monotonic)
     epoch_cache: tuple[int, list[int]] = (-1, [])
+    trackers: Any = None  # the job's experiment trackers (train/tracking.py); rank 0's, else none
 
     @property
     def num_parameters(self) -> int:
