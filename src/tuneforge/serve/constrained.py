@@ -14,6 +14,7 @@ cannot begin a JSON value from one that can, and one that is a whole value.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ _WHITESPACE = " \t\n\r"
 _ESCAPES = '"\\/bfnrt'
 _HEX = "0123456789abcdefABCDEF"
 _LITERALS = {"t": "true", "f": "false", "n": "null"}
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _CANDIDATES = 64  # drawn per step before the rest of the vocabulary is tried in logit order
 
 
@@ -173,38 +175,9 @@ def _scan(text: str, object_only: bool) -> tuple[str, list[str], str, bool, str,
 
 
 def _number_prefix(text: str) -> bool:
-    """Whether `text` can begin a JSON number."""
-    i, n = 0, len(text)
-    if i < n and text[i] == "-":
-        i += 1
-    if i == n:
-        return True
-    if text[i] == "0":
-        i += 1
-    elif text[i].isdigit():
-        while i < n and text[i].isdigit():
-            i += 1
-    else:
-        return False
-    if i < n and text[i] == ".":
-        i += 1
-        if i == n:
-            return True
-        if not text[i].isdigit():
-            return False
-        while i < n and text[i].isdigit():
-            i += 1
-    if i < n and text[i] in "eE":
-        i += 1
-        if i < n and text[i] in "+-":
-            i += 1
-        if i == n:
-            return True
-        if not text[i].isdigit():
-            return False
-        while i < n and text[i].isdigit():
-            i += 1
-    return i == n
+    """Whether `text` can begin a JSON number: it is one, or one digit more makes it one (every
+    unfinished number, '-', '1.', '1e+', lacks exactly a digit)."""
+    return bool(_NUMBER.fullmatch(text) or _NUMBER.fullmatch(text + "0"))
 
 
 def _number_complete(text: str) -> bool:

@@ -14,6 +14,7 @@ WHOLE = [
     ' {"a": [1, 2.5, -3e+2, 0, true, false, null], "b": {"c": "x\\"y\\\\z\\u00e9"}} ',
     '{"n": -0.25E-3, "empty": [], "o": {}, "s": ""}',
     '{"nested": [[{"x": [0]}]]}',
+    '{"e": 1e5, "f": -0.0E+1, "g": 10}',
 ]
 
 
@@ -40,6 +41,9 @@ def test_every_prefix_of_an_object_is_viable_and_the_whole_is_complete(text):
     '{"a": 1} {',
     '{"a": [1 2]}',
     '{"a": -}',
+    '{"a": 1e}',
+    '{"a": 00}',
+    '{"a": 1.e3}',
 ])
 def test_what_no_json_object_starts_with_is_invalid(text):
     assert json_prefix(text) == INVALID
