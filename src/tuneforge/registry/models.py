@@ -20,6 +20,7 @@ from tuneforge.db.tables import FineTunedModel, Job, ModelStageChange
 from tuneforge.db.tenancy import owned
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.registry import lineage
+from tuneforge.registry.parents import copy_adapter_files
 from tuneforge.registry.stages import GATED, STAGES, can_move
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
@@ -51,14 +52,11 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
 
 
 def register_checkpoint(session: Session, store: ObjectStore, job: Job, *, model_id: str, step: int,
-                        source_prefix: str, adapter_files: tuple[str, ...]) -> FineTunedModel:
+                        source_prefix: str) -> FineTunedModel:
     """A checkpoint registered as a model, to be promoted like a final one: its adapter copied
     where pruning cannot reach it. It was never evaluated: a job with eval gates gets a model that
     cannot reach staging or production without an admin override."""
-    target = layout.checkpoint_model_prefix(job.tenant_id, job.job_id, step)
-    for name in adapter_files:
-        with store.open_read(f"{source_prefix.rstrip('/')}/{name}") as handle:
-            store.put_stream(f"{target}/{name}", handle)
+    target = copy_adapter_files(store, source_prefix, layout.checkpoint_model_prefix(job.tenant_id, job.job_id, step))
     training = file_repo.get(session, job.tenant_id, job.training_file)
     validation = file_repo.get(session, job.tenant_id, job.validation_file) if job.validation_file else None
     evaluation = job.resolved.eval if job.resolved is not None else None

@@ -103,9 +103,12 @@ def _job_named(session: Session, tenant_id: str, tenant_name: str, name: str) ->
 
 def copy_adapter(store: ObjectStore, parent: Parent, tenant_id: str, job_id: str) -> str:
     """The parent's adapter files copied under the new job; their prefix."""
-    target = layout.parent_adapter_prefix(tenant_id, job_id)
-    source = parent.weights_prefix.rstrip("/")
+    return copy_adapter_files(store, parent.weights_prefix, layout.parent_adapter_prefix(tenant_id, job_id))
+
+
+def copy_adapter_files(store: ObjectStore, source: str, target: str) -> str:
+    """The adapter's files under `source` (a model's artifact or a checkpoint) copied to `target`."""
     for name in ADAPTER_FILES:
-        with store.open_read(f"{source}/{name}") as handle:
+        with store.open_read(f"{source.rstrip('/')}/{name}") as handle:
             store.put_stream(f"{target}/{name}", handle)
     return target

@@ -49,7 +49,7 @@ def check_tools(tools: list[Any] | None) -> tuple[dict, ...]:
         if not isinstance(parameters, dict):
             raise invalid(f"{where}.function.parameters must be a JSON Schema object",
                           param=f"{where}.function.parameters")
-        _check_schema(parameters, f"{where}.function.parameters")
+        check_schema(parameters, f"{where}.function.parameters")
         description = function.get("description")
         checked.append({"type": "function", "function": {
             "name": name, "parameters": parameters,
@@ -57,7 +57,7 @@ def check_tools(tools: list[Any] | None) -> tuple[dict, ...]:
     return tuple(checked)
 
 
-def _check_schema(schema: dict, param: str) -> None:
+def check_schema(schema: dict, param: str) -> None:
     import jsonschema
 
     try:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from tuneforge.api import chat_shapes as shapes
 from tuneforge.api import deps, sse
 from tuneforge.api.limits import (
     MAX_GENERATED_TOKENS,
@@ -41,7 +41,7 @@ from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.domain.ids import new_id
 from tuneforge.serve import engine_for
 from tuneforge.serve import tools as tool_calls
-from tuneforge.serve.params import Chunk, Completion, ModelTarget, Prompt, SamplingParams, Usage
+from tuneforge.serve.params import Chunk, ModelTarget, Prompt, SamplingParams, Usage
 from tuneforge.serve.targets import resolve_target
 from tuneforge.services.context import Platform
 
@@ -51,8 +51,6 @@ _log = logging.getLogger(__name__)
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_CHOICES = 8  # n: choices per request, generated one after another
 MAX_TOP_LOGPROBS = 20  # as OpenAI
-SCHEMA_ATTEMPTS = 3  # json_schema: answers drawn before the request gives up
-_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
 
@@ -133,12 +131,12 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
     params = _sampling(body, max_tokens, platform.settings.inference_default_max_tokens)
     if body.logprobs:
         params = replace(params, logprobs=int(body.top_logprobs or 0))
-    schema = _response_format(body)
+    schema = shapes.response_format(body.response_format, [m["content"] for m in prompt.messages], bool(body.stream))
     if choice not in ("none", "auto"):  # a call is forced: its arguments are decoded as a JSON object
-        if _wants_json(body):
+        if shapes.wants_json(body.response_format):
             raise invalid("a forced tool call cannot be combined with a JSON response_format", param="tool_choice")
         schema = tool_calls.forced_schema(tools, choice)
-    if _wants_json(body) or schema is not None:
+    if shapes.wants_json(body.response_format) or schema is not None:
         params = replace(params, json_mode=True)
     target = _target(session, tenant, body.model)
     reply_id, created = new_id("chatcmpl"), int(time.time())
@@ -150,68 +148,17 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
     if body.stream and not shown:
         return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, _chat_events),
                     platform)
-    answers = [_chat_choice(engine, target, prompt, _nth(params, index), schema, shown, choice)
+    answers = [shapes.chat_choice(engine, target, prompt, _nth(params, index), schema, shown, choice)
                for index in range(n)]
     if body.stream:  # with tools: whole answers (a call is known once it is complete), sent as chunks
-        return _sse(_replayed(answers, head, include_usage, bool(body.logprobs)), platform)
+        return _sse(shapes.replayed(answers, head, include_usage, bool(body.logprobs)), platform)
     return {
         "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
-        "choices": [{"index": index, "message": _reply_message(answer), "finish_reason": answer.finish_reason,
+        "choices": [{"index": index, "message": shapes.reply_message(answer), "finish_reason": answer.finish_reason,
                      "logprobs": {"content": list(answer.completion.logprobs), "refusal": None}
                      if body.logprobs else None} for index, answer in enumerate(answers)],
-        "usage": _total_usage([answer.completion for answer in answers]), "system_fingerprint": None,
+        "usage": shapes.total_usage([answer.completion for answer in answers]), "system_fingerprint": None,
     }
-
-
-@dataclass(frozen=True)
-class _Answer:
-    completion: Completion
-    content: str | None
-    calls: list[dict]
-
-    @property
-    def finish_reason(self) -> str:
-        return "tool_calls" if self.calls else self.completion.finish_reason
-
-
-def _chat_choice(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams, schema: dict | None,
-                 tools: tuple[dict, ...], choice: str) -> _Answer:
-    if schema is not None:
-        completion = _schema_answer(engine, target, prompt, params, schema)
-    else:
-        completion = engine.complete(target, prompt, params)
-    if not tools:
-        return _Answer(completion, completion.text, [])
-    if choice == "auto":
-        content, calls = tool_calls.parse_calls(completion.text, tools)
-        return _Answer(completion, content, calls)
-    return _Answer(completion, None, tool_calls.forced_call(completion.text, choice))
-
-
-def _reply_message(answer: _Answer) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
-    if answer.calls:
-        message["tool_calls"] = answer.calls
-    return message
-
-
-def _replayed(answers: list[_Answer], head: dict[str, Any], include_usage: bool,
-              logprobs: bool) -> Iterator[dict[str, Any]]:
-    extra = {"usage": None} if include_usage else {}
-    for index, answer in enumerate(answers):
-        def event(delta: dict[str, Any], finish_reason: str | None = None, scores: tuple = ()) -> dict[str, Any]:
-            shown = {"content": list(scores), "refusal": None} if logprobs and scores else None
-            return head | {"choices": [{"index": index, "delta": delta, "logprobs": shown,
-                                        "finish_reason": finish_reason}]} | extra
-
-        yield event({"role": "assistant", "content": ""})
-        if answer.content:
-            yield event({"content": answer.content}, scores=answer.completion.logprobs)
-        if answer.calls:
-            yield event({"tool_calls": [{"index": number, **call} for number, call in enumerate(answer.calls)]})
-        yield event({}, answer.finish_reason)
-    if include_usage:
-        yield head | {"choices": [], "usage": _total_usage([answer.completion for answer in answers])}
 
 
 def _chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
@@ -268,7 +215,7 @@ def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session 
         "id": reply_id, "object": "text_completion", "created": created, "model": target.name,
         "choices": [{"text": echoed + c.text, "index": index, "finish_reason": c.finish_reason, "logprobs": None}
                     for index, c in enumerate(completions)],
-        "usage": _total_usage(completions), "system_fingerprint": None,
+        "usage": shapes.total_usage(completions), "system_fingerprint": None,
     }
 
 
@@ -283,11 +230,6 @@ def _choices(body: _Sampling) -> int:
 def _nth(params: SamplingParams, index: int) -> SamplingParams:
     """The sampling of choice `index`: with a seed, seed + index (repeatable, and the choices differ)."""
     return params if params.seed is None or index == 0 else replace(params, seed=params.seed + index)
-
-
-def _total_usage(completions: list[Completion]) -> dict[str, int]:
-    """One prompt, `n` completions: the prompt counted once, every choice's tokens."""
-    return Usage(completions[0].usage.prompt_tokens, sum(c.usage.completion_tokens for c in completions)).as_dict()
 
 
 def _streamed_choices(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams, n: int,
@@ -353,76 +295,6 @@ def _check_chat_extras(body: ChatCompletionBody) -> None:
             raise invalid("top_logprobs needs logprobs: true", param="top_logprobs")
         if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
             raise invalid(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
-    _response_format(body)
-
-
-def _wants_json(body: ChatCompletionBody) -> bool:
-    return body.response_format is not None and body.response_format.get("type") in ("json_object", "json_schema")
-
-
-def _response_format(body: ChatCompletionBody) -> dict | None:
-    """Checks `response_format`; the JSON schema the answer must match, if one is given.
-
-    `json_object`: decoding is constrained to one JSON object (serve/constrained.py). `json_schema`:
-    the same, then the object is checked against the schema; one that does not match is drawn
-    again (seed + 1000 * k), up to SCHEMA_ATTEMPTS times, before the request answers 422."""
-    shape = body.response_format
-    if shape is None:
-        return None
-    kind = shape.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        if not any(isinstance(m.content, (str, list)) and "json" in _message_text(m, i).lower()
-                   for i, m in enumerate(body.messages)):
-            raise invalid("'messages' must contain the word 'json' in some form, to use 'response_format' of type "
-                          "'json_object'.", param="messages")
-        return None
-    if kind != "json_schema":
-        raise invalid("response_format.type must be 'text', 'json_object' or 'json_schema'",
-                      param="response_format.type")
-    spec = shape.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not _SCHEMA_NAME.match(spec["name"]):
-        raise invalid("response_format.json_schema needs a name of 1-64 letters, digits, '_' or '-'",
-                      param="response_format.json_schema.name")
-    schema = spec.get("schema", {})
-    if not isinstance(schema, dict):
-        raise invalid("response_format.json_schema.schema must be a JSON Schema object",
-                      param="response_format.json_schema.schema")
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise invalid(f"response_format.json_schema.schema is not a valid JSON Schema: {exc.message[:200]}",
-                      param="response_format.json_schema.schema") from None
-    if body.stream:
-        raise invalid("json_schema answers are checked against the schema before they are sent, so they cannot "
-                      "be streamed; stream with json_object, or leave stream out", param="stream")
-    return schema
-
-
-def _schema_answer(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams,
-                   schema: dict) -> Completion:
-    """A completion whose JSON object matches `schema`, drawn again when one does not."""
-    import jsonschema
-
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    problems = []
-    for attempt in range(SCHEMA_ATTEMPTS):
-        seed = None if params.seed is None else params.seed + 1000 * attempt
-        completion = engine.complete(target, prompt, replace(params, seed=seed))
-        try:
-            errors = [error.message for error in validator.iter_errors(json.loads(completion.text))]
-        except ValueError:
-            errors = [f"not one whole JSON object (finish_reason {completion.finish_reason})"]
-        if not errors:
-            return completion
-        problems.append(errors[0][:200])
-        if params.temperature == 0:
-            break  # greedy: another draw is the same answer
-    raise ApiError(422, f"The model's answers did not match the schema ({len(problems)} attempt(s)); the last: "
-                        f"{problems[-1]}", param="response_format", code="response_format_unsatisfied")
 
 
 def _check_completion_extras(body: CompletionBody) -> None:

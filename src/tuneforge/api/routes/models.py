@@ -67,8 +67,7 @@ def promote_model(model_id: str, body: PromoteBody, tenant: Tenant = Depends(dep
         if checkpoint is None or checkpoint.checkpoint is None or checkpoint.kind != "adapter":
             raise
         row = registry.register_checkpoint(session, platform.store, checkpoint.job, model_id=model_id,
-                                           step=checkpoint.step, source_prefix=checkpoint.checkpoint.prefix,
-                                           adapter_files=parents.ADAPTER_FILES)
+                                           step=checkpoint.step, source_prefix=checkpoint.checkpoint.prefix)
     return fine_tuned_model_object(registry.promote(session, row, body.stage, actor=_actor(tenant)))
 
 
