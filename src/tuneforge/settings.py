@@ -316,6 +316,24 @@ class Settings(BaseSettings):
                                 "on a tenant's behalf (webhooks, eval endpoints) besides public addresses, e.g. "
                                 "'10.0.0.0/8,hooks.internal'; empty: public addresses only.")
 
+    wandb_mode: str = Field(
+        default="online", pattern="^(online|offline|off)$",
+        description="The wandb integration: 'online' (trainers log to wandb_base_url with the tenant's own W&B "
+                    "API key, a tenant secret), 'offline' (runs written as W&B offline files kept beside the job, "
+                    "downloadable for `wandb sync`; no key needed: air-gapped clusters) or 'off' (refused).")
+    wandb_base_url: str = Field(
+        default="https://api.wandb.ai",
+        description="The W&B server trainers log to (a self-hosted W&B's URL, or W&B's own). Operator-chosen: "
+                    "tenants pick project, entity, name and tags, never the server.")
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="The operator's MLflow tracking server or store (http(s)://, or a file:/database URI every "
+                    "trainer host can reach) for mlflow integrations that name no tracking_uri of their own; "
+                    "unset: such an integration is refused.")
+    mlflow_tracking_token: str | None = Field(
+        default=None, description="Bearer token for mlflow_tracking_uri when it is an http(s) server that wants one; "
+                                  "handed to trainers per attempt, never put in their environment.")
+
     @field_validator("egress_allow")
     @classmethod
     def _readable_allow_list(cls, value: str) -> str:

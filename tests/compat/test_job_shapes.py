@@ -176,16 +176,90 @@ def test_checkpoint_permissions_are_not_found_as_documented(live):
                                                        project_ids=["proj_1"])
 
 
-def test_integrations_tensorboard_is_taken_and_shown_the_others_refused_by_name(live):
-    sdk = live.sdk()
-    training = _training_file(sdk)
-    job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training,
-                                      integrations=[{"type": "tensorboard"}])
-    assert [item.type for item in job.integrations] == ["tensorboard"]
-    for integrations, param in (
-            ([{"type": "wandb", "wandb": {"project": "p"}}], "integrations.0.type"),
-            ([{"type": "tensorboard"}, {"type": "tensorboard"}], "integrations.1.type"),
-            ([{"type": "comet"}], "integrations.0.type")):
+def _store_secret(live, name: str, value: str, key: str | None = None) -> None:
+    response = httpx.post(f"{live.url}/v1/secrets", json={"name": name, "value": value},
+                          headers={"Authorization": f"Bearer {key or live.key_a}"})
+    assert response.status_code in (200, 201), response.text
+
+
+def test_integrations_are_taken_shown_and_refused_by_the_field_at_fault(tmp_path, database_url, tiny_model_dir):
+    live = start_live(tmp_path, database_url, tiny_model_dir)
+    try:
+        sdk = live.sdk()
+        training = _training_file(sdk)
+
+        def refused(integrations) -> openai.BadRequestError:
+            with pytest.raises(openai.BadRequestError) as err:
+                sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training, integrations=integrations)
+            return err.value
+
+        # OpenAI's wandb integration logs with the tenant's own key: none stored yet
+        err = refused([{"type": "wandb", "wandb": {"project": "p"}}])
+        assert (err.param, err.code) == ("integrations.0.wandb.api_key_secret", "secret_not_found")
+        assert "WANDB_API_KEY" in err.message
+        _store_secret(live, "WANDB_API_KEY", "local-0123456789")
+        job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training, integrations=[
+            {"type": "wandb", "wandb": {"project": "p", "entity": "team", "name": "run", "tags": ["a"]}},
+            {"type": "tensorboard"},
+            {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example.com", "experiment_name": "e"}}])
+        assert [item.type for item in job.integrations] == ["wandb", "tensorboard", "mlflow"]
+        assert job.integrations[0].wandb.project == "p" and job.integrations[0].wandb.tags == ["a"]
+        shown = sdk.fine_tuning.jobs.retrieve(job.id).model_dump(exclude_none=True)["integrations"]
+        assert shown[2] == {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example.com",
+                                                          "experiment_name": "e"}}
+        for integrations, param, code in (
+                ([{"type": "wandb", "wandb": {"project": "p", "api_key_secret": "OTHER"}}],
+                 "integrations.0.wandb.api_key_secret", "secret_not_found"),
+                ([{"type": "wandb", "wandb": {"project": "p", "api_key": "x"}}], "integrations.0.wandb.api_key", None),
+                ([{"type": "wandb"}], "integrations.0.wandb", None),
+                ([{"type": "wandb", "wandb": {"project": "p", "tags": ["t"] * 51}}], "integrations.0.wandb.tags", None),
+                ([{"type": "tensorboard"}, {"type": "tensorboard"}], "integrations.1.type", None),
+                ([{"type": "comet"}], "integrations.0.type", None),
+                ([{"type": "mlflow"}], "integrations.0.mlflow.tracking_uri", "unsupported_integration"),
+                ([{"type": "mlflow", "mlflow": {"tracking_uri": "file:///etc"}}],
+                 "integrations.0.mlflow.tracking_uri", "invalid_url"),
+                ([{"type": "mlflow", "mlflow": {"tracking_uri": "http://10.1.2.3:5000"}}],
+                 "integrations.0.mlflow.tracking_uri", "url_not_allowed"),
+                ([{"type": "mlflow", "mlflow": {"tracking_uri": "http://169.254.169.254/"}}],
+                 "integrations.0.mlflow.tracking_uri", "url_not_allowed"),
+                ([{"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example.com",
+                                                "username_secret": "WANDB_API_KEY"}}],
+                 "integrations.0.mlflow.username_secret", None),
+                ([{"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example.com",
+                                                "token_secret": "MISSING"}}],
+                 "integrations.0.mlflow.token_secret", "secret_not_found"),
+                ([{"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example.com",
+                                                "token_secret": "../../etc/passwd"}}],
+                 "integrations.0.mlflow.token_secret", None)):
+            err = refused(integrations)
+            assert err.param == param, (integrations, err.param, err.message)
+            if code is not None:
+                assert err.code == code, (integrations, err.code)
+        # another tenant's secret of the same name is not this tenant's
+        other = live.sdk(live.key_b)
         with pytest.raises(openai.BadRequestError) as err:
-            sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training, integrations=integrations)
-        assert err.value.param == param
+            other.fine_tuning.jobs.create(model="tiny-base", training_file=_training_file(other),
+                                          integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
+        assert err.value.code == "secret_not_found"
+    finally:
+        live.plane.close()
+
+
+def test_the_operator_decides_where_wandb_and_mlflow_runs_go(tmp_path, database_url, tiny_model_dir):
+    live = start_live(tmp_path, database_url, tiny_model_dir, wandb_mode="off",
+                      mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        sdk = live.sdk()
+        training = _training_file(sdk)
+        with pytest.raises(openai.BadRequestError) as err:
+            sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training,
+                                        integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
+        assert (err.value.param, err.value.code) == ("integrations.0.type", "unsupported_integration")
+        job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training, integrations=[{"type": "mlflow"}])
+        assert [item.type for item in job.integrations] == ["mlflow"]
+        with pytest.raises(openai.BadRequestError) as err:  # the platform's server takes no tenant credentials
+            sdk.fine_tuning.jobs.create(model="tiny-base", training_file=training, integrations=[
+                {"type": "mlflow", "mlflow": {"token_secret": "T"}}])
+        assert err.value.param == "integrations.0.mlflow.tracking_uri"
+    finally:
+        live.plane.close()

@@ -593,3 +593,54 @@ def test_every_forbidden_literal_is_refused_by_the_client_too():
     assert policy.addresses_for("hooks.public.test") == [PUBLIC_V4, PUBLIC_V6]
     assert policy.addresses_for("::ffff:93.184.216.34") == [PUBLIC_V4]
     assert ipaddress.ip_address(policy.addresses_for("1.1.1.1")[0]).is_global
+
+
+# -- libraries that take no transport of ours: urllib3 / requests (MLflow's client) --------------
+
+@pytest.fixture
+def guarded_urllib3(monkeypatch):
+    from urllib3.util import connection
+
+    monkeypatch.setattr(connection, "create_connection", connection.create_connection)  # put back afterwards
+    from tuneforge.security.egress import guard_urllib3
+
+    return guard_urllib3
+
+
+def test_requests_pass_the_policy_at_connect_time_redirects_included(listeners, guarded_urllib3):
+    import requests
+
+    inside = listeners()
+
+    def redirect(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(302)
+        handler.send_header("location", f"http://127.0.0.1:{inside.port}/inside")
+        handler.send_header("content-length", "0")
+        handler.end_headers()
+
+    rebinding = Rebinding()
+    guarded_urllib3(EgressPolicy(resolver=rebinding))
+    with pytest.raises(requests.ConnectionError, match="egress refused"):
+        requests.get(f"http://127.0.0.1:{inside.port}/direct", timeout=5)
+    assert rebinding.lookups == {}  # a literal is checked without a lookup
+    with pytest.raises(requests.ConnectionError, match="loopback"):
+        rebinding("rebind.test")  # its first (public) answer went to the check at input
+        requests.get(f"http://rebind.test:{inside.port}/rebound", timeout=5)
+    outside = listeners(redirect)
+    guarded_urllib3(EgressPolicy.parse("rebind.test", resolver=rebinding))  # the server's host only
+    with pytest.raises(requests.ConnectionError, match="egress refused"):
+        requests.get(f"http://rebind.test:{outside.port}/hop", timeout=5)  # its redirect to 127.0.0.1 is not followed
+    assert [r["path"] for r in outside.requests] == ["/hop"] and inside.requests == []
+
+
+def test_requests_connect_to_the_checked_address_and_exempt_hosts_pass(listeners, guarded_urllib3):
+    import requests
+
+    listener = listeners()
+    guarded_urllib3(EgressPolicy.parse("127.0.0.1", resolver=resolve))
+    assert requests.get(f"http://127.0.0.1:{listener.port}/a", timeout=5).status_code == 200
+    guarded_urllib3(EgressPolicy(resolver=resolve), exempt=["localhost"])  # the operator's own server
+    assert requests.get(f"http://localhost:{listener.port}/b", timeout=5).status_code == 200
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{listener.port}/c", timeout=5)
+    assert [r["path"] for r in listener.requests] == ["/a", "/b"]

@@ -174,11 +174,43 @@ class EvalConfig(_Strict):
     max_examples: int = Field(200, ge=1, le=10_000, description="Task and validation examples evaluated at most.")
 
 
+_SECRET_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # services/secrets.NAME_PATTERN
+
+
+class WandbIntegration(_Strict):
+    project: str = Field(min_length=1, max_length=128, description="The W&B project the run is logged to.")
+    name: str | None = Field(None, max_length=128, description="The run's display name; default the job id.")
+    entity: str | None = Field(None, max_length=128, description="The W&B team or user; default the key's own.")
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        None, max_length=50, description="Tags on the run, besides tuneforge/finetune, tuneforge/{base model} "
+                                         "and tuneforge/{job id}.")
+    api_key_secret: str | None = Field(
+        None, pattern=_SECRET_NAME, description="Extension: the tenant secret holding the W&B API key; default "
+                                                "the secret named WANDB_API_KEY.")
+
+
+class MlflowIntegration(_Strict):
+    tracking_uri: str | None = Field(
+        None, max_length=2048, description="An http(s) MLflow tracking server (it passes the egress policy); "
+                                           "default the operator's (TUNEFORGE_MLFLOW_TRACKING_URI).")
+    experiment_name: str = Field("tuneforge", min_length=1, max_length=256,
+                                 description="The experiment the run goes to (made when missing).")
+    run_name: str | None = Field(None, max_length=256, description="The run's name; default the job id.")
+    tags: dict[Annotated[str, Field(min_length=1, max_length=250)], Annotated[str, Field(max_length=5000)]] | None = Field(
+        None, max_length=50, description="Tags on the run, besides tuneforge.job_id and tuneforge.base_model.")
+    token_secret: str | None = Field(None, pattern=_SECRET_NAME,
+                                     description="Tenant secret holding a bearer token for tracking_uri.")
+    username_secret: str | None = Field(None, pattern=_SECRET_NAME,
+                                        description="Tenant secret holding the basic-auth user for tracking_uri.")
+    password_secret: str | None = Field(None, pattern=_SECRET_NAME,
+                                        description="Tenant secret holding the basic-auth password for tracking_uri.")
+
+
 class Integration(_Strict):
     type: str = Field(max_length=_ID_CHARS, description="wandb (OpenAI's), or the extensions tensorboard and mlflow.")
-    wandb: dict | None = None
+    wandb: WandbIntegration | None = None
     tensorboard: dict | None = Field(None, description="No settings: event files beside the job's artifacts.")
-    mlflow: dict | None = None
+    mlflow: MlflowIntegration | None = None
 
 
 # Together's names of the adapter's settings -> training_type's

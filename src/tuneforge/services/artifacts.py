@@ -45,6 +45,9 @@ def _archive(store: ObjectStore, prefix: str, folder: str, keep: tuple[str, ...]
     return spool
 
 
+_TRACKING = {"tensorboard": layout.tensorboard_prefix, "wandb": layout.wandb_prefix}
+
+
 def adapter_archive(session: Session, platform: Platform, job: Job, *, artifact: str | None,
                     step: int | None, dtype: str | None = None) -> tuple[str, IO[bytes]]:
     """The job's trained weights as a .tar.gz: the adapter (LoRA, QLoRA), or the whole
@@ -53,14 +56,13 @@ def adapter_archive(session: Session, platform: Platform, job: Job, *, artifact:
     store = platform.store
     full = job.request.training_type_kind == "full"
     artifact = artifact or ("model" if full else "adapter")
-    if artifact not in ("adapter", "model", "merged", "tensorboard"):
-        raise invalid("artifact must be 'adapter', 'model', 'merged' or 'tensorboard'", param="artifact")
-    if artifact == "tensorboard":  # the event files of the job's tensorboard integration, as logged so far
+    if artifact not in ("adapter", "model", "merged") + tuple(_TRACKING):
+        raise invalid("artifact must be 'adapter', 'model', 'merged', 'tensorboard' or 'wandb'", param="artifact")
+    if artifact in _TRACKING:  # the files of the job's tensorboard integration (or offline wandb run), so far
         if step is not None or dtype is not None:
-            raise invalid("artifact=tensorboard takes neither step nor dtype", param="artifact")
-        folder = f"{job.job_id}-tensorboard"
-        return f"{folder}.tar.gz", _archive(store, layout.tensorboard_prefix(job.tenant_id, job.job_id), folder,
-                                            keep=None)
+            raise invalid(f"artifact={artifact} takes neither step nor dtype", param="artifact")
+        folder = f"{job.job_id}-{artifact}"
+        return f"{folder}.tar.gz", _archive(store, _TRACKING[artifact](job.tenant_id, job.job_id), folder, keep=None)
     if dtype is not None and artifact != "merged":
         raise invalid("dtype applies to artifact=merged only", param="dtype")
     if artifact == "merged":

@@ -32,7 +32,7 @@ from tuneforge.domain.job_config import JobRequest, TrainingType
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import parents
 from tuneforge.scheduler.validation import validate_job
-from tuneforge.services import artifacts, base_models, estimates, evaluation, hyperparams
+from tuneforge.services import artifacts, base_models, estimates, evaluation, hyperparams, integrations
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import check_strategy, plan_job
@@ -101,7 +101,7 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
             "driver or no bitsandbytes here). Use 'lora' (same adapter, 16-bit base: about 4x the base model's "
             "memory of QLoRA) or ask the operator to enable QLoRA on GPU trainers (TUNEFORGE_QLORA=on).",
             param="training_type.type", code="unsupported_training_type")
-    _check_integrations(request)
+    integrations.check_static(settings, request)
     if request.hyperparameters is not None and request.method is not None and (
             request.method_type != "supervised" or request.method.block is not None):
         raise invalid("hyperparameters (deprecated) and method both set hyperparameters; give them once, in "
@@ -118,30 +118,6 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
     if resources is not None and resources.gpus and resources.nodes and resources.gpus % resources.nodes:
         raise invalid(f"resources.gpus ({resources.gpus}) must split evenly over resources.nodes "
                       f"({resources.nodes})", param="resources.nodes")
-
-
-INTEGRATIONS = ("tensorboard",)  # what trainers can feed (train/tracking.py)
-_NOT_YET = {"wandb": "Weights & Biases", "mlflow": "MLflow"}
-
-
-def _check_integrations(request: JobRequest) -> None:
-    seen: set[str] = set()
-    for index, item in enumerate(request.integrations or []):
-        param = f"integrations.{index}.type"
-        if item.type in _NOT_YET:
-            raise invalid(f"the {_NOT_YET[item.type]} integration is not available on this platform yet; use "
-                          "'tensorboard'", param=param, code="unsupported_integration")
-        if item.type not in INTEGRATIONS:
-            raise invalid(f"integrations.{index}.type must be one of {', '.join(INTEGRATIONS)}", param=param)
-        if item.type in seen:
-            raise invalid(f"the {item.type} integration is given twice", param=param)
-        seen.add(item.type)
-        for other in ("wandb", "tensorboard", "mlflow"):
-            if other != item.type and getattr(item, other) is not None:
-                raise invalid(f"integrations.{index}.{other} does not belong to a {item.type} integration",
-                              param=f"integrations.{index}.{other}")
-        if item.tensorboard:
-            raise invalid(f"integrations.{index}.tensorboard takes no settings", param=f"integrations.{index}.tensorboard")
 
 
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request: JobRequest,
@@ -170,6 +146,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
         validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1,
                                  method)
     evaluation.check_request(session, settings, tenant.tenant_id, request)
+    integrations.check_secrets(session, settings, tenant.tenant_id, request)
     return base, training, validation, request, parent
 
 

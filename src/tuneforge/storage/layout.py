@@ -115,6 +115,11 @@ def tensorboard_prefix(tenant_id: str, job_id: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/tensorboard"
 
 
+def wandb_prefix(tenant_id: str, job_id: str) -> str:
+    """A job's W&B offline run files (its `wandb` integration where the operator runs W&B offline)."""
+    return f"{job_prefix(tenant_id, job_id)}/wandb"
+
+
 def checkpoints_prefix(tenant_id: str, job_id: str) -> str:
     return f"{job_prefix(tenant_id, job_id)}/checkpoints"
 

@@ -118,7 +118,7 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
         return save_final(run)
     finally:
         if run is not None and run.trackers is not None:
-            run.trackers.finish({})  # a failed or stopped attempt keeps what it logged (a no-op once finished)
+            run.trackers.finish({}, succeeded=False)  # a stopped attempt keeps its log
         dist.close()
 
 
@@ -452,18 +452,18 @@ def save_final(run: Run) -> TrainerExit:
     card = model_card(spec, kind="adapter" if is_adapter(run.model) else "model", metrics=metrics,
                       trained_tokens=state.trained_tokens, eval_results=eval_results)
     run.store.put_bytes(f"{adapter_prefix}/{MODEL_CARD}", card.encode())  # before the result registers the files
-    run.reporter.report("result", {
-        "trained_tokens": state.trained_tokens, "adapter_prefix": adapter_prefix,
-        "results_key": results_key, "metrics": metrics, "eval": eval_results,
-        "artifact_kind": "adapter" if is_adapter(run.model) else "model",
-    })
-    if run.trackers is not None:
+    if run.trackers is not None:  # before the result: a job that succeeded has its runs complete
         kind = "adapter" if is_adapter(run.model) else "model"  # where the tenant downloads it, not a storage key
         run.trackers.finish({**{k: v for k, v in metrics.items() if v is not None},
                              "artifact": f"/v1/fine_tuning/jobs/{spec.job_id}/download?artifact={kind}",
                              **{f"eval/{side}/{name}": value for side, scores in (eval_results or {}).items()
                                 if isinstance(scores, dict) for name, value in scores.items()
                                 if isinstance(value, (int, float))}})
+    run.reporter.report("result", {
+        "trained_tokens": state.trained_tokens, "adapter_prefix": adapter_prefix,
+        "results_key": results_key, "metrics": metrics, "eval": eval_results,
+        "artifact_kind": "adapter" if is_adapter(run.model) else "model",
+    })
     log.info("finished: %d steps, %d trained tokens, adapter at %s", state.step, state.trained_tokens, adapter_prefix)
     return TrainerExit.SUCCESS
 

@@ -344,3 +344,27 @@ def test_an_executor_that_cannot_tell_its_capacity_starts_nothing_and_fails_noth
     executor.capacity = working
     scheduler.tick()
     assert job(job_id)["status"] == "running"
+
+
+def test_the_trackers_credentials_go_to_the_jobs_current_attempt_only(setup):
+    platform, http, scheduler, executor, create_job, job, auth = setup
+    assert http.post("/v1/secrets", json={"name": "MY_WANDB", "value": "local-secret-key-1"},
+                     headers=auth).status_code in (200, 201)
+    job_id = create_job(integrations=[{"type": "wandb", "wandb": {"project": "p", "api_key_secret": "MY_WANDB"}},
+                                      {"type": "mlflow", "mlflow": {"tracking_uri": "https://mlflow.example.com",
+                                                                    "token_secret": "MY_WANDB"}}])
+    scheduler.tick()
+    [spec] = executor.launched
+    asked = http.get(f"/internal/v1/jobs/{job_id}/credentials", params={"attempt": spec.attempt},
+                     headers={"Authorization": f"Bearer {spec.job_token}"})
+    assert asked.status_code == 200
+    tracking = asked.json()["tracking"]
+    assert tracking["wandb"] == {"mode": "online", "base_url": "https://api.wandb.ai", "api_key": "local-secret-key-1"}
+    assert tracking["mlflow"] == {"tracking_uri": "https://mlflow.example.com", "operator": False,
+                                  "token": "local-secret-key-1"}
+    for headers, attempt in (({"Authorization": "Bearer not-the-token"}, spec.attempt),
+                             ({"Authorization": f"Bearer {spec.job_token}"}, spec.attempt + 1), ({}, spec.attempt)):
+        refused = http.get(f"/internal/v1/jobs/{job_id}/credentials", params={"attempt": attempt}, headers=headers)
+        assert refused.status_code in (401, 403, 404, 409) and "local-secret-key-1" not in refused.text
+    # the secrets never show in what the tenant reads back
+    assert "local-secret-key-1" not in http.get(f"/v1/fine_tuning/jobs/{job_id}", headers=auth).text

@@ -103,3 +103,166 @@ def test_a_stalled_tracker_never_holds_the_loop_and_the_queue_is_bounded(monkeyp
     assert trackers.dropped > 0 and stalled.logged == 20 - trackers.dropped
     [warning] = [e for e in reporter.events("message") if "dropped" in e["message"]]
     assert warning["data"] == {"dropped": trackers.dropped}
+
+
+# -- wandb and mlflow -----------------------------------------------------------------------------
+
+def _given_access(monkeypatch, found: dict) -> list[int]:
+    """The control plane's answer about the trackers (the credentials report); counts the asks."""
+    from tuneforge.train import credentials
+
+    asked: list[int] = []
+
+    def fetch_tracking(spec):  # noqa: ANN001
+        asked.append(spec.attempt)
+        return found
+
+    monkeypatch.setattr(credentials, "fetch_tracking", fetch_tracking)
+    return asked
+
+
+def test_wandb_offline_run_has_every_step_the_config_and_the_final_figures(tmp_path, tiny_model_dir, monkeypatch):
+    from tests.helpers.wandb_files import read_run
+
+    _given_access(monkeypatch, {"wandb": {"mode": "offline", "base_url": "https://api.wandb.ai", "api_key": None}})
+    spec, store = stage_job(tmp_path, tiny_model_dir, hyperparameters={"n_epochs": 2})
+    spec = replace(spec, integrations=[{"type": "wandb", "wandb": {"project": "support-bot", "tags": ["nightly"]}}])
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    assert not [e for e in reporter.events("message") if "integration" in e["message"]]
+    [path] = store.download_prefix(layout.wandb_prefix(TENANT_ID, spec.job_id), tmp_path / "wandb")
+    assert path.name == f"run-{spec.job_id}.wandb" and path.parent.name.startswith("offline-run-")
+    run = read_run(path)
+    assert (run["id"], run["project"], run["name"]) == (spec.job_id, "support-bot", spec.job_id)
+    assert run["tags"] == ["tuneforge/finetune", f"tuneforge/{spec.base_model.name}", f"tuneforge/{spec.job_id}",
+                           "nightly"]
+    assert run["config"]["n_epochs"] == 2 and run["config"]["lora_rank"] == 8
+    sent = {e["data"]["step"]: e["data"] for e in reporter.events("metrics")}
+    assert sorted(run["history"]) == sorted(sent)
+    assert all(run["history"][step]["train/loss"] == pytest.approx(sent[step]["train_loss"], rel=1e-6)
+               for step in sent)
+    assert run["summary"]["final/steps"] == max(sent)
+    assert run["summary"]["final/artifact"] == f"/v1/fine_tuning/jobs/{spec.job_id}/download?artifact=adapter"
+
+
+def test_wandb_online_logs_with_the_tenants_key_to_the_operators_server_and_shares_nothing_of_the_host(
+        tmp_path, tiny_model_dir, monkeypatch):
+    import wandb
+
+    seen: dict = {}
+
+    class FakeRun:
+        summary: dict = {}
+
+        def log(self, metrics, step):  # noqa: ANN001
+            seen.setdefault("steps", []).append(step)
+
+        def finish(self, exit_code):  # noqa: ANN001
+            seen["exit_code"] = exit_code
+
+    def init(**kwargs):  # noqa: ANN003
+        seen.update(kwargs)
+        return FakeRun()
+
+    monkeypatch.setattr(wandb, "init", init)
+    _given_access(monkeypatch, {"wandb": {"mode": "online", "base_url": "https://wandb.corp.example",
+                                          "api_key": "local-0123456789abcdef"}})
+    spec, store = stage_job(tmp_path, tiny_model_dir)
+    spec = replace(spec, integrations=[{"type": "wandb", "wandb": {"project": "p", "entity": "team",
+                                                                  "name": "first try"}}])
+    assert run_attempt(spec, store, RecordingReporter()) == TrainerExit.SUCCESS
+    settings = seen["settings"]
+    assert (settings.api_key, settings.base_url, settings.mode) == (
+        "local-0123456789abcdef", "https://wandb.corp.example", "online")
+    assert settings.x_disable_stats and settings.x_disable_meta and not settings.save_code
+    assert settings.disable_git and not settings.x_save_requirements
+    assert (seen["project"], seen["entity"], seen["name"], seen["id"], seen["resume"]) == (
+        "p", "team", "first try", spec.job_id, "allow")
+    assert seen["steps"] == sorted(seen["steps"]) and seen["exit_code"] == 0
+    assert not store.list(layout.wandb_prefix(TENANT_ID, spec.job_id))  # online: nothing kept beside the job
+
+
+def test_wandb_online_without_a_key_warns_and_the_job_goes_on(tmp_path, tiny_model_dir, monkeypatch):
+    _given_access(monkeypatch, {"wandb": {"mode": "online", "base_url": "https://api.wandb.ai", "api_key": None}})
+    spec, store = stage_job(tmp_path, tiny_model_dir)
+    reporter = RecordingReporter()
+    spec = replace(spec, integrations=[{"type": "wandb", "wandb": {"project": "p"}}])
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    [warning] = [e for e in reporter.events("message") if "integration" in e["message"]]
+    assert warning["data"] == {"integration": "wandb", "error": "PermissionError"}
+
+
+def _mlflow_client(uri: str):  # noqa: ANN202
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def test_mlflow_on_the_operators_database_store_gets_params_metrics_and_the_outcome(tmp_path, tiny_model_dir,
+                                                                                    monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    asked = _given_access(monkeypatch, {"mlflow": {"tracking_uri": uri, "operator": True}})
+    spec, store = stage_job(tmp_path, tiny_model_dir, hyperparameters={"n_epochs": 2})
+    spec = replace(spec, integrations=[{"type": "mlflow", "mlflow": {"experiment_name": "support",
+                                                                     "tags": {"team": "nlp"}}}])
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    assert not [e for e in reporter.events("message") if "integration" in e["message"]]
+    assert len(asked) == 1
+    client = _mlflow_client(uri)
+    experiment = client.get_experiment_by_name("support")
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == spec.job_id
+    assert run.data.tags["tuneforge.job_id"] == spec.job_id and run.data.tags["team"] == "nlp"
+    assert run.data.params["n_epochs"] == "2" and run.data.params["lora_rank"] == "8"
+    sent = {e["data"]["step"]: e["data"] for e in reporter.events("metrics")}
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert sorted(m.step for m in history) == sorted(sent)
+    assert all(m.value == pytest.approx(sent[m.step]["train_loss"], rel=1e-6) for m in history)
+    assert run.data.metrics["final/steps"] == max(sent)
+    assert run.data.tags["tuneforge.artifact"] == f"/v1/fine_tuning/jobs/{spec.job_id}/download?artifact=adapter"
+
+
+def test_mlflow_a_resumed_attempt_reopens_its_jobs_run_on_a_file_store(tmp_path, tiny_model_dir):
+    uri = (tmp_path / "mlruns").as_uri()
+    spec, _store = stage_job(tmp_path, tiny_model_dir)
+    access = lambda: {"mlflow": {"tracking_uri": uri, "operator": True}}  # noqa: E731
+    first = tracking.MlflowTracker(spec, {"experiment_name": "e"}, access)
+    first.start({"n_epochs": 2})
+    first.log(1, {"train/loss": 2.0})
+    first.finish({}, succeeded=False)  # preempted
+    client = _mlflow_client(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("e").experiment_id])
+    assert run.info.status == "KILLED"
+    second = tracking.MlflowTracker(replace(spec, attempt=2), {"experiment_name": "e"}, access)
+    second.start({"n_epochs": 2})
+    assert second.run_id == run.info.run_id
+    assert client.get_run(run.info.run_id).info.status == "RUNNING"
+    second.log(2, {"train/loss": 1.5})
+    second.finish({"steps": 2}, succeeded=True)
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")] == [(1, 2.0), (2, 1.5)]
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+def test_mlflow_a_tenants_server_on_a_private_address_is_never_connected_to(tmp_path, tiny_model_dir, monkeypatch):
+    import socket
+
+    from urllib3.util import connection
+
+    monkeypatch.setattr(connection, "create_connection", connection.create_connection)  # undone after the test
+    monkeypatch.delenv("TUNEFORGE_EGRESS_ALLOW", raising=False)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    _given_access(monkeypatch, {"mlflow": {"tracking_uri": f"http://127.0.0.1:{port}", "operator": False}})
+    spec, store = stage_job(tmp_path, tiny_model_dir)
+    reporter = RecordingReporter()
+    spec = replace(spec, integrations=[{"type": "mlflow", "mlflow": {"tracking_uri": f"http://127.0.0.1:{port}"}}])
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    [warning] = [e for e in reporter.events("message") if "integration" in e["message"]]
+    assert warning["data"]["integration"] == "mlflow"
+    with pytest.raises(socket.timeout):
+        listener.accept()  # nothing ever connected
+    listener.close()
