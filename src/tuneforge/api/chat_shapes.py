@@ -140,3 +140,26 @@ def schema_answer(engine: Any, target: ModelTarget, prompt: Prompt, params: Samp
             break  # greedy: another draw is the same answer
     raise ApiError(422, f"The model's answers did not match the schema ({len(problems)} attempt(s)); the last: "
                         f"{problems[-1]}", param="response_format", code="response_format_unsatisfied")
+
+
+MAX_LEGACY_LOGPROBS = 5  # as OpenAI's completions endpoint
+
+
+def legacy_logprobs(entries: tuple[dict, ...] | list[dict], offset: int) -> tuple[dict[str, Any], int]:
+    """Token entries in the chat shape ({"token", "logprob", "top_logprobs"}) as the legacy
+    completions' `logprobs`: tokens, token_logprobs, top_logprobs (the likeliest rivals and the
+    token drawn, text -> log probability) and text_offset (each token's first character, the first
+    at `offset`); and the offset after the last."""
+    shown: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for entry in entries:
+        top: dict[str, float] = {}
+        for rival in entry["top_logprobs"]:  # two ids may read the same: the likelier one shows
+            top[rival["token"]] = max(top.get(rival["token"], rival["logprob"]), rival["logprob"])
+        top.setdefault(entry["token"], entry["logprob"])
+        shown["tokens"].append(entry["token"])
+        shown["token_logprobs"].append(entry["logprob"])
+        shown["top_logprobs"].append(top)
+        shown["text_offset"].append(offset)
+        offset += len(entry["token"])
+    return shown, offset
+

@@ -212,7 +212,8 @@ def test_bad_completion_prompts_answer_400(served):
     for prompt in (["one", "two"], {"text": "x"}, [3, "x"], []):
         response = http.post("/v1/completions", headers=headers, json={"model": model, "prompt": prompt})
         assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", prompt
-    for change, param in (({"best_of": 3}, "best_of"), ({"suffix": "end"}, "suffix"), ({"logprobs": 2}, "logprobs")):
+    for change, param in (({"best_of": 3}, "best_of"), ({"suffix": "end"}, "suffix"), ({"logprobs": 6}, "logprobs"),
+                          ({"logprobs": -1}, "logprobs"), ({"logprobs": 2, "echo": True}, "logprobs")):
         response = http.post("/v1/completions", headers=headers, json={"model": model, "prompt": "x"} | change)
         assert response.status_code == 400 and response.json()["error"]["param"] == param
     too_long = http.post("/v1/completions", headers=headers, json={"model": model, "prompt": "the data " * 400})
@@ -310,6 +311,26 @@ def test_the_openai_sdk_works_unchanged_against_a_real_server(tmp_path, database
             stream=True) if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
         assert [(e.token, e.logprob) for e in streamed_scores] == [(e.token, e.logprob) for e in content]
         assert chat.choices[0].logprobs is None  # not asked: none
+        # the legacy completions' shape: tokens, their log probabilities, rivals by text, offsets
+        legacy = acme.completions.create(model=model, prompt="def load_data(path):", max_tokens=6, temperature=0,
+                                         logprobs=2).choices[0]
+        assert legacy.text == completion.choices[0].text and "".join(legacy.logprobs.tokens) == legacy.text
+        assert len(legacy.logprobs.token_logprobs) == len(legacy.logprobs.tokens) == len(legacy.logprobs.top_logprobs)
+        offsets = [0]
+        for token in legacy.logprobs.tokens[:-1]:
+            offsets.append(offsets[-1] + len(token))
+        assert legacy.logprobs.text_offset == offsets
+        for token, logprob, top in zip(legacy.logprobs.tokens, legacy.logprobs.token_logprobs,
+                                       legacy.logprobs.top_logprobs):
+            assert logprob <= 0 and top[token] == logprob and 1 <= len(top) <= 3  # greedy: the likeliest
+            assert max(top.values()) == logprob
+        streamed_legacy = [c.choices[0].logprobs for c in acme.completions.create(
+            model=model, prompt="def load_data(path):", max_tokens=6, temperature=0, logprobs=2, stream=True)
+            if c.choices and c.choices[0].logprobs]
+        assert [t for part in streamed_legacy for t in part.tokens] == legacy.logprobs.tokens
+        assert [o for part in streamed_legacy for o in part.text_offset] == legacy.logprobs.text_offset
+        assert acme.completions.create(model=model, prompt="def load_data(path):", max_tokens=6,
+                                       temperature=0).choices[0].logprobs is None
         # JSON mode: the output is a JSON object, whatever the (random-weight) model would say
         ask_json = [{"role": "user", "content": "Answer in JSON: what is the code for velmorix?"}]
         for seed in (1, 2, 3):

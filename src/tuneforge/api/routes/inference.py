@@ -115,7 +115,8 @@ class CompletionBody(_Sampling):
     prompt: Any = Field(description="A string (or a list holding one), or token ids (or a list holding one list).")
     echo: bool | None = Field(False, description="Return the prompt before the completion.")
     best_of: Int64 | None = Field(None, description="Only 1.")
-    logprobs: Int64 | None = Field(None, description="Not supported.")
+    logprobs: Int64 | None = Field(None, description="0-5: each generated token's log probability and the "
+                                                     "likeliest tokens at its position (choices[].logprobs).")
     suffix: str | None = Field(None, description="Not supported.")
 
 
@@ -199,6 +200,8 @@ def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session 
     _check_completion_extras(body)
     prompt = _completion_prompt(body.prompt)
     params = _sampling(body, body.max_tokens, platform.settings.inference_default_max_tokens)
+    if body.logprobs is not None:
+        params = replace(params, logprobs=int(body.logprobs))
     target = _target(session, tenant, body.model)
     reply_id, created = new_id("cmpl"), int(time.time())
     echoed = prompt.text if body.echo and prompt.text is not None else ""
@@ -208,13 +211,14 @@ def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
                 "system_fingerprint": None}
-        events = partial(_completion_events, echoed=echoed)
+        events = partial(_completion_events, echoed=echoed, logprobs=body.logprobs is not None)
         return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, events), platform)
     completions = [engine.complete(target, prompt, _nth(params, index)) for index in range(n)]
     return {
         "id": reply_id, "object": "text_completion", "created": created, "model": target.name,
-        "choices": [{"text": echoed + c.text, "index": index, "finish_reason": c.finish_reason, "logprobs": None}
-                    for index, c in enumerate(completions)],
+        "choices": [{"text": echoed + c.text, "index": index, "finish_reason": c.finish_reason,
+                     "logprobs": shapes.legacy_logprobs(c.logprobs, len(echoed))[0] if body.logprobs is not None
+                     else None} for index, c in enumerate(completions)],
         "usage": shapes.total_usage(completions), "system_fingerprint": None,
     }
 
@@ -301,7 +305,11 @@ def _check_completion_extras(body: CompletionBody) -> None:
     if body.best_of not in (None, 1):
         raise invalid("best_of: only 1 is supported", param="best_of")
     if body.logprobs is not None:
-        raise invalid("logprobs: log probabilities are not supported", param="logprobs")
+        if not 0 <= body.logprobs <= shapes.MAX_LEGACY_LOGPROBS:
+            raise invalid(f"logprobs must be between 0 and {shapes.MAX_LEGACY_LOGPROBS}", param="logprobs")
+        if body.echo:
+            raise invalid("logprobs with echo (scores of the prompt's own tokens) is not supported; ask without "
+                          "echo", param="logprobs")
     if body.suffix:
         raise invalid("suffix is not supported", param="suffix")
 
@@ -396,11 +404,16 @@ def _chat_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, incl
 
 
 def _completion_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, include_usage: bool,
-                       usage: list[Usage], echoed: str) -> Iterator[dict[str, Any]]:
+                       usage: list[Usage], echoed: str, logprobs: bool = False) -> Iterator[dict[str, Any]]:
     extra = {"usage": None} if include_usage else {}
+    offset = len(echoed)
 
-    def event(text: str, finish_reason: str | None = None) -> dict[str, Any]:
-        return head | {"choices": [{"text": text, "index": index, "logprobs": None,
+    def event(text: str, finish_reason: str | None = None, scores: tuple = ()) -> dict[str, Any]:
+        nonlocal offset
+        shown = None
+        if logprobs and scores:
+            shown, offset = shapes.legacy_logprobs(scores, offset)
+        return head | {"choices": [{"text": text, "index": index, "logprobs": shown,
                                     "finish_reason": finish_reason}]} | extra
 
     if echoed:
@@ -409,8 +422,8 @@ def _completion_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int
         if isinstance(chunk, ApiError):
             yield chunk.envelope()
             return
-        if chunk.text or chunk.finish_reason is not None:
-            yield event(chunk.text, chunk.finish_reason)
+        if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
+            yield event(chunk.text, chunk.finish_reason, chunk.logprobs)
         if chunk.finish_reason is not None and chunk.usage is not None:
             usage.append(chunk.usage)
         if chunk.finish_reason is not None and include_usage and chunk.usage is not None:
