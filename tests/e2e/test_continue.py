@@ -135,3 +135,37 @@ def test_what_cannot_be_continued_is_refused_naming_the_field(running, tmp_path)
     with pytest.raises(openai.BadRequestError) as err:  # another tenant's model does not exist for it
         running.sdk(running.key_b).fine_tuning.jobs.create(model=first.fine_tuned_model, training_file=training)
     assert err.value.code == "model_not_available" and err.value.param == "model"
+
+
+def test_a_full_fine_tune_continues_from_its_own_weights(running, tmp_path):
+    import openai
+
+    sdk = running.sdk(running.key_a)
+    examples = _facts(seed=0)
+    training = _upload(sdk, tmp_path, "a.jsonl", examples)
+
+    def full_job(model: str, n_epochs: int, training_type: dict | None = None):
+        return sdk.fine_tuning.jobs.create(
+            model=model, training_file=training, seed=0,
+            method={"type": "supervised", "supervised": {"hyperparameters": {
+                **DEMO_HYPERPARAMETERS, "n_epochs": n_epochs, "learning_rate": 1e-3}}},
+            extra_body={"checkpointing": {"every_steps": 1000}, **({"training_type": training_type}
+                                                                  if training_type else {})})
+
+    first = wait_for(sdk, full_job("tiny-chat", 10, {"type": "full"}).id)
+    assert first.status == "succeeded", first.error
+    with pytest.raises(openai.BadRequestError) as err:  # an adapter on a full model's weights: not yet
+        full_job(first.fine_tuned_model, 1, {"type": "lora"})
+    assert (err.value.param, err.value.code) == ("training_type.type", "unsupported_parent")
+    second = full_job(first.fine_tuned_model, 2)
+    assert second.model_extra["parent"] == {"model": first.fine_tuned_model, "job_id": first.id, "step": None}
+    assert second.model_extra["training_type"]["type"] == "full"
+    second = wait_for(sdk, second.id)
+    assert second.status == "succeeded", second.error
+    # it started from what the first job learned, not from the base
+    assert _first_step_loss(sdk, second.id) < 0.6 * _first_step_loss(sdk, first.id)
+    lineage = sdk.models.retrieve(second.fine_tuned_model).model_extra["lineage"]
+    assert lineage["parent"]["model"] == first.fine_tuned_model
+    reply = sdk.chat.completions.create(model=second.fine_tuned_model, max_tokens=8, temperature=0,
+                                        messages=examples[0]["messages"][:2])
+    assert reply.model == second.fine_tuned_model and reply.choices[0].message.content

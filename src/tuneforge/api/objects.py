@@ -106,7 +106,7 @@ def job_object(job: Job, strict: bool = True) -> dict[str, Any]:
         "user_provided_suffix": job.suffix,
         # extensions
         "precise_status": job.status,
-        "parent": {k: v for k, v in job.parent.items() if k != "adapter_prefix"} if job.parent else None,
+        "parent": parents.shown(job.parent),
         "training_type": _training_type(job),
         "attempt": job.attempt,
         "checkpointing": asdict(resolved.checkpoint) if resolved is not None else None,

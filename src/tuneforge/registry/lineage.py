@@ -19,6 +19,7 @@ from typing import Any
 from tuneforge import __version__
 from tuneforge.db.tables import FileRow, Job
 from tuneforge.domain.resolved import ResolvedJob
+from tuneforge.registry import parents
 from tuneforge.storage.store import ObjectStore
 
 
@@ -50,7 +51,7 @@ def config_hash(job: Job, training: FileRow, validation: FileRow | None) -> str:
         "data": request.to_json().get("data") or {},  # the data options as the tenant gave them
         "seed": job.seed,
         # where the weights started: a continued job's parent (absent for a fresh adapter)
-        **({"parent": {k: v for k, v in job.parent.items() if k != "adapter_prefix"}} if job.parent else {}),
+        **({"parent": parents.shown(job.parent)} if job.parent else {}),
     })
 
 
@@ -105,5 +106,5 @@ def build_lineage(job: Job, training: FileRow | None, validation: FileRow | None
         "code_version": code_version(),
         "artifact": {"prefix": artifact_prefix, "files": artifact_files},
         # the fine-tuned model or checkpoint this job continued from (its own lineage has its parent)
-        "parent": {key: value for key, value in (job.parent or {}).items() if key != "adapter_prefix"} or None,
+        "parent": parents.shown(job.parent),
     }

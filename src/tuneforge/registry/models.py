@@ -19,6 +19,7 @@ from tuneforge.db.repos import files as file_repo
 from tuneforge.db.tables import FineTunedModel, Job, ModelStageChange
 from tuneforge.db.tenancy import owned
 from tuneforge.domain.errors import ApiError, invalid, not_found
+from tuneforge.domain.status import TERMINAL
 from tuneforge.registry import lineage
 from tuneforge.registry.parents import copy_adapter_files
 from tuneforge.registry.stages import GATED, STAGES, can_move
@@ -182,11 +183,18 @@ def restore(session: Session, row: FineTunedModel, *, actor: str) -> FineTunedMo
 
 
 def purge_expired(session: Session, store: ObjectStore, now: float | None = None) -> list[str]:
-    """Remove the artifacts of models whose grace period is over; the row stays (lineage)."""
+    """Remove the artifacts of models whose grace period is over; the row stays (lineage). A full
+    model that an unfinished job continues from (it reads the files in place) waits for that job."""
     now = time.time() if now is None else now
     rows = session.scalars(select(FineTunedModel).where(
         FineTunedModel.delete_after.is_not(None), FineTunedModel.delete_after <= now,
         FineTunedModel.artifacts_deleted_at.is_(None))).all()
+    if not rows:
+        return []
+    unfinished = session.scalars(select(Job).where(
+        Job.parent.is_not(None), Job.status.not_in([status.value for status in TERMINAL]))).all()
+    in_use = {(job.tenant_id, (job.parent or {}).get("model_prefix")) for job in unfinished}
+    rows = [row for row in rows if (row.tenant_id, row.artifact_prefix) not in in_use]
     for row in rows:
         store.delete_prefix(row.artifact_prefix)
         row.artifacts_deleted_at = int(now)

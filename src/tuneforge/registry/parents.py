@@ -7,11 +7,17 @@ Names, as OpenAI's:
   job ends;
 - a checkpoint: `{model}:ckpt-step-{N}`.
 
-A job whose `model` is one of these continues from those weights (adapters only for now): the
-adapter's files are copied under the new job when it is created (`copy_adapter`), so the parent's
-later deletion or checkpoint pruning cannot take them away, and the new adapter has the parent's
-LoRA settings. The new job trains on the parent's base model (the same SHA), and its lineage
-names the parent.
+A job whose `model` is one of these continues from those weights, and its lineage names the
+parent:
+
+- an adapter (a LoRA/QLoRA model or checkpoint): the adapter's files are copied under the new job
+  when it is created (`copy_adapter`), so the parent's later deletion or checkpoint pruning cannot
+  take them away; the new adapter has the parent's LoRA settings and trains on the parent's base
+  model (the same SHA);
+- a full fine-tune (its final model): a full fine-tune again, whose starting weights are the
+  parent's, read in place (a copy of a whole model per job would cost its size each time); a
+  deleted parent's files stay while an unfinished job continues from it
+  (`registry.models.purge_expired`). An adapter on a full model's weights is not supported yet.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ _CHECKPOINT = re.compile(r"^(?P<model>ft:.+):ckpt-step-(?P<step>\d{1,10})$")
 TAG_CHARS = 8
 # a checkpoint folder holds the optimizer and trainer state too: only these make the adapter
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def shown(parent: dict | None) -> dict | None:
+    """What a job's `parent` shows (on the job, in lineage): the name, job and step, never where the
+    weights are stored."""
+    if not parent:
+        return None
+    return {key: parent.get(key) for key in ("model", "job_id", "step")}
 
 
 def model_id(job: Job, tenant_name: str) -> str:

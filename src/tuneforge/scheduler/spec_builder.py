@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import files as file_repo
-from tuneforge.db.tables import Job
+from tuneforge.db.tables import BaseModelRow, Job
 from tuneforge.domain.spec import BaseModelRef, DataFileRef, JobSpec
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
@@ -32,7 +34,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         tenant_id=job.tenant_id,
         attempt=number,
         seed=job.seed,
-        base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix, source=base.source),
+        base_model=_starting_weights(job, base),
         training_file=DataFileRef(file_id=training.file_id, key=data.train_key or training.key,
                                   sha256=training.sha256),
         validation_file=validation,
@@ -59,3 +61,14 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         integrations=[item.model_dump(mode="json", exclude_none=True) for item in job.request.integrations or []],
         extra=dict(resolved.extra),
     )
+
+
+def _starting_weights(job: Job, base: BaseModelRow) -> BaseModelRef:
+    """The weights the job starts from: its base model's; a job continuing a full fine-tune starts
+    from that model's (its files read in place; cached on trainer nodes under a key of their own)."""
+    continued = (job.parent or {}).get("model_prefix")
+    if not continued:
+        return BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix, source=base.source)
+    key = hashlib.sha256(f"{base.sha256}|{continued}".encode()).hexdigest()
+    return BaseModelRef(name=base.name, sha256=key, prefix=continued, source=base.source)
+

@@ -153,9 +153,9 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
 def _continued(session: Session, request: JobRequest, parent: parents.Parent) -> tuple[BaseModelRow, JobRequest]:
     """A job that continues `parent`: its base (the parent's, the same weights) and the request with
     the parent's adapter settings; what cannot continue it answers 400 naming the field."""
-    if parent.kind != "adapter":
-        raise invalid(f"{request.model} is a full fine-tune; continuing one is not supported yet (continue an "
-                      "adapter, or fine-tune its base)", param="model", code="unsupported_parent")
+    if parent.kind != "adapter" and parent.step is not None:
+        raise invalid(f"{request.model} is a checkpoint of a full fine-tune, kept as training state; continue "
+                      "from the job's final model", param="model", code="unsupported_parent")
     if parent.step is None and parent.job.status != JobStatus.SUCCEEDED.value:
         raise invalid(f"{request.model} is not finished", param="model", code="model_not_available")
     base = base_model_repo.by_name(session, parent.job.model)
@@ -163,6 +163,12 @@ def _continued(session: Session, request: JobRequest, parent: parents.Parent) ->
         raise invalid(f"{request.model} was trained on {parent.job.model} as it was then; that base model has "
                       "been removed or replaced since", param="model", code="parent_base_changed")
     asked = request.training_type
+    if parent.kind != "adapter":  # a full fine-tune: its weights are the new job's starting point
+        if asked is not None and asked.type != "full":
+            raise invalid(f"{request.model} is a full fine-tune: it continues as one (training_type 'full' or "
+                          "left out); an adapter on its weights is not supported yet", param="training_type.type",
+                          code="unsupported_parent")
+        return base, request.model_copy(update={"training_type": TrainingType(type="full")})
     if asked is not None and asked.type == "full":
         raise invalid("training_type.type 'full' cannot continue an adapter; leave training_type out (the "
                       "adapter's settings are kept) or use 'lora'/'qlora'", param="training_type.type")
@@ -294,7 +300,9 @@ def create_job(
         request_hash=body_hash,
         created_at=int(time.time()),
     )
-    if parent is not None:
+    if parent is not None and parent.kind != "adapter":  # read in place: see registry/parents.py
+        job.parent = {**parent.lineage(), "model_prefix": parent.weights_prefix}
+    elif parent is not None:
         if store is None:
             raise RuntimeError("a continued job needs the object store to copy its parent's adapter")
         job.parent = {**parent.lineage(), "adapter_prefix": parents.copy_adapter(store, parent, tenant.tenant_id,

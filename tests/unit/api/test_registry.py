@@ -151,6 +151,15 @@ def test_delete_deprecates_then_purges_after_the_grace_period(world):
         assert delete_after - row.deprecated_at == int(world.platform.settings.model_delete_grace_s)
         assert registry.purge_expired(session, store, now=delete_after - 1) == []
         assert store.list(prefix)
+        # a job still continuing from the model's files (read in place) keeps them until it ends
+        reader = session.query(Job).filter(Job.job_id != row.job_id, Job.tenant_id == row.tenant_id).first() or \
+            session.query(Job).filter_by(job_id=row.job_id).one()
+        before = (reader.parent, reader.status)
+        reader.parent, reader.status = {"model": model_id, "model_prefix": prefix}, "running"
+        session.flush()
+        assert registry.purge_expired(session, store, now=delete_after) == [] and store.list(prefix)
+        reader.parent, reader.status = before
+        session.flush()
         assert registry.purge_expired(session, store, now=delete_after) == [model_id]
     assert store.list(prefix) == []
     assert world.http.get(f"/v1/models/{model_id}", headers=h).status_code == 404
