@@ -16,6 +16,7 @@ from tuneforge.domain.errors import invalid
 from tuneforge.services import datasets
 from tuneforge.services import eval_sets
 from tuneforge.services import files as file_service
+from tuneforge.services import previews
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -76,6 +77,24 @@ def file_validation(
     row = file_service.get(session, tenant.tenant_id, file_id)
     report = datasets.file_report(platform.store, tenant.tenant_id, row.file_id, row.purpose)
     return {"object": "file.validation", "file_id": row.file_id, "status": row.status, **report}
+
+
+@router.get("/{file_id}/preview")
+def file_preview(
+    file_id: str,
+    model: str = Query(max_length=MAX_ID_CHARS, description="The base model whose chat template and tokenizer render "
+                                                            "the examples."),
+    limit: int = Query(default=3, ge=1, le=previews.MAX_EXAMPLES),
+    max_seq_length: int = Query(default=2048, ge=16, le=131072),
+    train_on_inputs: bool = Query(default=False),
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = deps.SESSION,
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    """Extension: the first examples rendered through the base model's chat template, each token
+    marked with whether training puts loss on it (the loss mask)."""
+    return previews.preview(session, platform, tenant.tenant_id, file_id, model, limit, max_seq_length,
+                            train_on_inputs)
 
 
 @router.delete("/{file_id}")
