@@ -10,18 +10,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuneforge.db.migrate import upgrade
-from tuneforge.db.repos import base_models as base_model_repo
-from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.cli.lazy import Lazy
 from tuneforge.domain.errors import ApiError
 from tuneforge.security.redact import redact_url
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import quotas
-from tuneforge.services import tenants as tenant_service
-from tuneforge.services import usage as usage_service
-from tuneforge.services.context import Platform
 from tuneforge.settings import get_settings
-from tuneforge.storage import layout
+
+# the platform's own modules load when an operator command runs: tenant commands stay light
+base_model_repo = Lazy("tuneforge.db.repos.base_models")
+tenant_repo = Lazy("tuneforge.db.repos.tenants")
+base_model_service = Lazy("tuneforge.services.base_models")
+quotas = Lazy("tuneforge.services.quotas")
+tenant_service = Lazy("tuneforge.services.tenants")
+usage_service = Lazy("tuneforge.services.usage")
+layout = Lazy("tuneforge.storage.layout")
 
 # soft_wrap: a message is one line however narrow the terminal, so scripts can grep it
 console = Console(stderr=True, soft_wrap=True)
@@ -33,7 +34,10 @@ eval_sets_app = typer.Typer(help="Platform-wide eval sets that training data is 
                             no_args_is_help=True)
 
 
-def platform() -> Platform:
+def platform():  # noqa: ANN201 - a services.context.Platform
+    from tuneforge.db.migrate import upgrade
+    from tuneforge.services.context import Platform
+
     settings = get_settings()
     upgrade(settings.resolved_database_url)
     return Platform.from_settings(settings)
@@ -46,6 +50,8 @@ def fail(exc: ApiError) -> None:
 
 def migrate() -> None:
     """Create or upgrade the metadata store's schema."""
+    from tuneforge.db.migrate import upgrade
+
     settings = get_settings()
     upgrade(settings.resolved_database_url)
     console.print(f"database at head: {redact_url(settings.resolved_database_url)}")

@@ -1,37 +1,84 @@
-"""`tuneforge` entry point."""
+"""`tuneforge`: the command line.
+
+Tenant commands speak to a server over its API (cli/api.py says where and with which key):
+files, jobs, models, events, checkpoints, webhooks, usage, secrets. Operator commands act on the
+platform's own database and store where it runs (tenants, base-models, eval-sets, migrate, queue,
+secrets new-key/rotate) or on its admin API (keys). `up`, `serve` and `demo` run the platform.
+
+Failures print one line and exit with a code (cli/api.py): never a traceback for a server that
+cannot be reached or a request it refused.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from tuneforge.cli import admin, client, queue_cmd, secrets_cmd
-from tuneforge.security.env import restrict_umask
-from tuneforge.security.redact import redact_url
+from tuneforge import __version__
+from tuneforge.cli import admin, files_cmd, jobs_cmd, queue_cmd, resources_cmd, secrets_cmd
+from tuneforge.cli.output import JSON
 
-app = typer.Typer(help="tuneforge: self-hosted, OpenAI-compatible fine-tuning.", no_args_is_help=True)
+# plain click output: an error is one line on stderr (CliFailure.show), help is plain text
+app = typer.Typer(help="tuneforge: self-hosted, OpenAI-compatible fine-tuning.", no_args_is_help=True,
+                  rich_markup_mode=None, pretty_exceptions_enable=False)
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"tuneforge {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _process() -> None:
+def _process(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")) -> None:
+    from tuneforge.security.env import restrict_umask
+
     # whatever a command writes (database, logs, object store, caches) is this user's only
     restrict_umask()
 
 
+# tenants' resources, over the API
+app.add_typer(files_cmd.files_app, name="files")
+app.add_typer(jobs_cmd.jobs_app, name="jobs")
+app.add_typer(resources_cmd.models_app, name="models")
+app.add_typer(resources_cmd.webhooks_app, name="webhooks")
+app.command("usage")(resources_cmd.usage)
+
+
+@app.command("events")
+def events(job_id: str, limit: int = typer.Option(50, min=1), as_json: bool = JSON) -> None:
+    """A job's events, newest first (as `jobs events`)."""
+    jobs_cmd.jobs_events(job_id, limit, as_json)
+
+
+@app.command("checkpoints")
+def checkpoints(job_id: str, as_json: bool = JSON) -> None:
+    """A job's checkpoints (as `jobs checkpoints`)."""
+    jobs_cmd.jobs_checkpoints(job_id, as_json)
+
+
+# secrets: the tenant's own (over the API) and the operator's sealing key (local)
+secrets_cmd.secrets_app.command("set")(resources_cmd.secrets_set)
+secrets_cmd.secrets_app.command("list")(resources_cmd.secrets_list)
+secrets_cmd.secrets_app.command("delete")(resources_cmd.secrets_delete)
+app.add_typer(secrets_cmd.secrets_app, name="secrets")
+app.add_typer(resources_cmd.keys_app, name="keys")
+
+# the operator's, on the platform's own database and store
 app.add_typer(admin.tenants_app, name="tenants")
 app.add_typer(admin.base_models_app, name="base-models")
 app.add_typer(admin.eval_sets_app, name="eval-sets")
-app.add_typer(secrets_cmd.secrets_app, name="secrets")
-app.add_typer(client.files_app, name="files")
-app.add_typer(client.jobs_app, name="jobs")
 app.command("migrate")(admin.migrate)
 app.command("queue")(queue_cmd.show_queue)
-app.command("usage")(admin.usage)
 
 
 WORKERS_HELP = "API worker processes (default TUNEFORGE_API_WORKERS, else the CPU count)."
 
 
 def _serve(host: str | None, port: int | None, scheduler: bool, workers: int | None) -> None:
+    from tuneforge.security.redact import redact_url
     from tuneforge.server import ControlPlane, configure_logging
     from tuneforge.settings import Settings
 
@@ -73,5 +120,10 @@ def demo(
     raise typer.Exit(code=run_demo(home))
 
 
+def main(args: list[str] | None = None) -> Any:
+    """The console script."""
+    return app(args=args, prog_name="tuneforge")
+
+
 if __name__ == "__main__":
-    app()
+    main()

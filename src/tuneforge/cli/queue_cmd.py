@@ -7,8 +7,10 @@ import time
 import typer
 
 from tuneforge.cli.admin import platform as open_platform
-from tuneforge.services import queue as queue_service
-from tuneforge.services import tenants as tenant_service
+from tuneforge.cli.lazy import Lazy
+
+queue_service = Lazy("tuneforge.services.queue")
+tenant_service = Lazy("tuneforge.services.tenants")
 
 
 def show_queue() -> None:

@@ -5,17 +5,19 @@ from __future__ import annotations
 import typer
 
 from tuneforge.cli.admin import console, platform
-from tuneforge.security.crypto import SecretsKeyError, new_key
-from tuneforge.services import secrets as secret_service
+from tuneforge.cli.lazy import Lazy
 
-secrets_app = typer.Typer(help="Keys that seal tenant secrets and webhook signing secrets at rest (admin).",
+crypto = Lazy("tuneforge.security.crypto")
+secret_service = Lazy("tuneforge.services.secrets")
+
+secrets_app = typer.Typer(help="Your secrets (set, list, delete; over the API) and the operator's keys that seal them at rest (new-key, rotate).",
                           no_args_is_help=True)
 
 
 @secrets_app.command("new-key")
 def secrets_new_key() -> None:
     """Print a new key; put it first in TUNEFORGE_SECRETS_KEY (NEW,OLD), then run `rotate`."""
-    typer.echo(new_key())
+    typer.echo(crypto.new_key())
 
 
 @secrets_app.command("rotate")
@@ -26,7 +28,7 @@ def secrets_rotate() -> None:
     try:
         with ctx.db.session() as session:
             count = secret_service.rotate(session, ctx.sealer)
-    except SecretsKeyError as exc:
+    except crypto.SecretsKeyError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(code=2) from None
     finally:

@@ -213,6 +213,27 @@ class Integration(_Strict):
     mlflow: MlflowIntegration | None = None
 
 
+class LockedFile(_Strict):
+    id: str = Field(max_length=_ID_CHARS)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class LockedModel(_Strict):
+    name: str = Field(max_length=_ID_CHARS)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class JobLock(_Strict):
+    """Extension: what a re-run must find unchanged (written by GET …/export and `tuneforge jobs
+    export`): the base model's and the data files' SHA-256. A mismatch answers 400 naming it."""
+    base_model: LockedModel
+    training_file: LockedFile
+    validation_file: LockedFile | None = None
+    config_hash: str | None = Field(None, max_length=_ID_CHARS, description="The exported job's, for reference.")
+    exported_from: str | None = Field(None, max_length=_ID_CHARS, description="The exported job's id.")
+    tuneforge_version: str | None = Field(None, max_length=_ID_CHARS)
+
+
 # Together's names of the adapter's settings -> training_type's
 TOGETHER_LORA_NAMES = {"lora_r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
                        "lora_trainable_modules": "target_modules"}
@@ -239,6 +260,8 @@ class JobRequest(_Strict):
     resources: Resources | None = None
     distributed: Distributed | None = None
     eval: EvalConfig | None = Field(None, description="Post-training evaluation and gates (docs/eval.md).")
+    lock: JobLock | None = Field(None, description="Extension: the base model and data this job must find "
+                                                   "unchanged (a re-run of an exported job).")
 
     @model_validator(mode="before")
     @classmethod

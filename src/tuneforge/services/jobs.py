@@ -147,7 +147,27 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
                                  method)
     evaluation.check_request(session, settings, tenant.tenant_id, request)
     integrations.check_secrets(session, settings, tenant.tenant_id, request)
+    if request.lock is not None:
+        _check_lock(request, base, training, validation)
     return base, training, validation, request, parent
+
+
+def _check_lock(request: JobRequest, base: BaseModelRow, training: FileRow, validation: FileRow | None) -> None:
+    """A re-run finds what its lock names: the same base weights and the same data bytes."""
+    lock = request.lock
+    assert lock is not None
+    if (lock.base_model.name, lock.base_model.sha256) != (base.name, base.sha256):
+        raise invalid(f"lock.base_model: the job was exported on {lock.base_model.name} with SHA-256 "
+                      f"{lock.base_model.sha256[:12]}…; this one trains on {base.name} with {base.sha256[:12]}…",
+                      param="lock.base_model.sha256", code="lock_mismatch")
+    for name, locked, row in (("training_file", lock.training_file, training),
+                              ("validation_file", lock.validation_file, validation)):
+        if locked is None and row is None:
+            continue
+        if locked is None or row is None or locked.sha256 != row.sha256:  # the bytes, whatever the file's id
+            raise invalid(f"lock.{name}: {row.file_id if row else 'no file'} is not the data the exported job "
+                          f"trained on ({locked.id if locked else 'none'})", param=f"lock.{name}.sha256",
+                          code="lock_mismatch")
 
 
 def _continued(session: Session, request: JobRequest, parent: parents.Parent) -> tuple[BaseModelRow, JobRequest]:

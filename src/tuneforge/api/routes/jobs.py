@@ -21,7 +21,7 @@ from tuneforge.api.objects import checkpoint_object, event_object, job_object, l
 from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.services import artifacts, datasets, event_streams
+from tuneforge.services import artifacts, datasets, event_streams, job_export
 from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
 
@@ -164,6 +164,17 @@ async def _event_frames(platform: Platform, opened: event_streams.OpenStream) ->
             yield sse.message(json.dumps(event_object(event)), event_id=event.event_id)
     if not platform.streams.closing:
         yield sse.message(sse.DONE)
+
+
+@router.get("/{job_id}/export")
+def export_job(
+    job_id: str,
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = deps.SESSION,
+) -> dict:
+    """Extension: the create body that re-runs this job exactly (every chosen value explicit, and a
+    `lock` with the base model's and the data's SHA-256, checked when it is posted)."""
+    return job_export.export(session, job_service.get_job(session, tenant.tenant_id, job_id))
 
 
 @router.get("/{job_id}/validation")
