@@ -22,6 +22,7 @@ import time
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
+from tuneforge import prometheus
 from tuneforge.api.app import create_app
 from tuneforge.api.ratelimits import RequestLimiter
 from tuneforge.db.migrate import upgrade
@@ -107,6 +108,8 @@ class ControlPlane:
         for name, value in (("TUNEFORGE_HOST", self.settings.host), ("TUNEFORGE_PORT", self.settings.port),
                             ("TUNEFORGE_API_WORKERS", self.settings.resolved_api_workers)):
             os.environ[name] = str(value)
+        # their request and trainer counters go to one folder that any worker's /metrics sums
+        prometheus.prepare_multiprocess(self.settings.home)
         config = uvicorn.Config("tuneforge.server:worker_app", factory=True, host=self.settings.host,
                                 port=self.settings.port, workers=self.settings.resolved_api_workers,
                                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)

@@ -126,8 +126,24 @@ def test_two_api_worker_processes_count_a_tenants_requests_together(tmp_path, da
         assert {answer.json()["error"]["code"] for answer in refused} == {"rate_limit_exceeded"}
         assert all(int(answer.headers["Retry-After"]) >= 1 for answer in refused)
         assert (home / "ratelimit.db").exists()
+        # /metrics sums both workers' request counts (prometheus-client's multiprocess mode), whichever answers
+        for _ in range(6):
+            counts = _request_counts(httpx.get(f"{plane.url}/metrics", trust_env=False).text, "GET")
+            assert counts.get(("/v1/files", "200")) == 10, counts
+            assert sum(n for (_route, status), n in counts.items() if status == "429") == 30, counts
+        assert list((home / "prometheus-multiproc").glob("*.db"))
     finally:
         plane.stop()
+
+
+def _request_counts(text: str, method: str) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(sample.labels["route"], sample.labels["status"]): sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "tuneforge_http_request_duration_seconds"
+            for sample in family.samples
+            if sample.name.endswith("_count") and sample.labels["method"] == method}
 
 
 async def _gets(url: str, key: str, count: int) -> list[httpx.Response]:

@@ -10,6 +10,7 @@ from starlette.types import ASGIApp
 from tuneforge import __version__
 from tuneforge.api import docs, errors, health, openapi
 from tuneforge.api.guard import RequestGuard
+from tuneforge.prometheus import RequestMetrics
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.hot_path import HotPath
 from tuneforge.api.keys import KeyLookups
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     errors.install(app)
     docs.install(app, platform.settings.docs_access, bool(platform.settings.admin_api_key))
     app.add_middleware(RequestGuard)
+    app.add_middleware(RequestMetrics)  # outermost: every request's latency, refusals included
     # Routes are matched in order, each path tried against every route before it: the probes and
     # the routes polled hardest come first (measured: matching /healthz against the fifty routes
     # before it was a third of its CPU).

@@ -32,6 +32,7 @@ from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub, scrub_data
 from tuneforge.registry import models as registry
 from tuneforge.registry import parents
+from tuneforge import prometheus
 from tuneforge.services import evaluation, integrations
 from tuneforge.services import files as file_service
 from tuneforge.services.transitions import transition
@@ -131,6 +132,7 @@ def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Event
         attempt.heartbeat_at = time.time()
         if item.type == "metrics":
             attempt.step = int(item.data.get("step", attempt.step))
+            prometheus.count_trainer_steps(1)  # a trainer reports every optimizer step it takes
         applied += 1
     return applied
 

@@ -233,3 +233,19 @@ def snapshot(session: Session, tiers: Sequence[str], gpus_total: int | None, now
         gpus_total=gpus_total, gpus_busy=int(busy or 0), preemptions=int(preempted or 0),
         jobs_by_status=by_status,
     )
+
+
+def counters(session: Session, now: float) -> dict[str, dict[str, float]]:
+    """Platform-wide totals for /metrics: GPU-seconds attempts held, by attempt status (a running
+    attempt's so far), and webhook deliveries by status."""
+    from tuneforge.db.tables import WebhookDelivery
+
+    held = func.sum(Attempt.gpus * (func.coalesce(Attempt.ended_at, now) - Attempt.started_at))
+    gpu_seconds = {status.value: 0.0 for status in AttemptStatus}
+    gpu_seconds.update({status: max(0.0, float(total or 0.0)) for status, total in
+                        session.execute(select(Attempt.status, held).group_by(Attempt.status))})
+    deliveries = {"pending": 0.0, "delivered": 0.0, "failed": 0.0}
+    deliveries.update({status: float(count) for status, count in session.execute(
+        select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status))})
+    return {"gpu_seconds": gpu_seconds, "webhook_deliveries": deliveries}
+

@@ -1,8 +1,9 @@
-"""/metrics: values on a constructed situation, and text every line of which parses."""
+"""/metrics with prometheus-client: the platform's state from the database on a constructed
+situation, request latency per route, the trainers' step count; names and types by Prometheus'
+conventions, read back with prometheus-client's own parser."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -12,40 +13,25 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers.platform import add_tenant, make_platform
 from tests.unit.api.test_usage import add_attempt, add_job
 from tuneforge.api.app import create_app
-from tuneforge.api.routes.metrics import family, render
 from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.executors.protocol import Capacity, NodeCapacity
 from tuneforge.services import usage
 
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
-_SAMPLE = re.compile(rf"^({_NAME})(\{{{_LABEL}(?:,{_LABEL})*\}})? (NaN|[+-]Inf|-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)$")
-_HELP = re.compile(rf"^# HELP ({_NAME}) .+$")
-_TYPE = re.compile(rf"^# TYPE ({_NAME}) (gauge|counter)$")
 
-
-def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Check the exposition line by line and return {(name, labels): value}."""
-    assert text.endswith("\n")
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    typed: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("# HELP"):
-            assert _HELP.match(line), line
-        elif line.startswith("# TYPE"):
-            match = _TYPE.match(line)
-            assert match, line
-            typed.add(match.group(1))
-        else:
-            match = _SAMPLE.match(line)
-            assert match, line
-            name, labels, value = match.groups()
-            assert name in typed, f"{name} has no TYPE line before its samples"
-            pairs = tuple(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels or ""))
-            assert (name, pairs) not in samples, f"duplicate sample {line}"
-            samples[(name, pairs)] = float(value)
-    return samples
+def scrape(http) -> tuple[dict, dict]:  # noqa: ANN001
+    """({(name, labels): value} of every sample, {family name: type}) of one scrape."""
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples, types = {}, {}
+    for family in text_string_to_metric_families(response.text):
+        types[family.name] = family.type
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            assert key not in samples, f"duplicate sample {key}"
+            samples[key] = sample.value
+    return samples, types
 
 
 @pytest.fixture
@@ -94,59 +80,89 @@ def test_snapshot_values(situation):
                                    "succeeded": 1, "failed": 1, "cancelled": 0, "paused": 0}
 
 
-def test_metrics_endpoint_needs_no_key_and_every_line_parses(situation):
-    platform, _now = situation
+def test_the_platforms_state_read_from_the_database(situation):
+    platform, now = situation
     with TestClient(create_app(platform=platform)) as http:
-        response = http.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-    samples = parse(response.text)
+        samples, types = scrape(http)
     assert samples[("tuneforge_queue_depth", (("tier", "free"),))] == 2
     assert samples[("tuneforge_queue_depth", (("tier", "premium"),))] == 0
     assert samples[("tuneforge_queue_wait_seconds", (("tier", "standard"),))] == pytest.approx(50, abs=5)
     assert samples[("tuneforge_running_jobs", ())] == 2
-    assert samples[("tuneforge_gpus_total", ())] == 4  # no scheduler in this process: the configured local slots
+    assert samples[("tuneforge_gpus", ())] == 4  # no scheduler in this process: the configured local slots
     assert samples[("tuneforge_gpus_busy", ())] == 3
-    assert samples[("tuneforge_gpu_utilization", ())] == 0.75
+    assert samples[("tuneforge_gpu_utilization_ratio", ())] == 0.75
     assert samples[("tuneforge_preemptions_total", ())] == 2
-    assert samples[("tuneforge_jobs_total", (("status", "queued"),))] == 3
-    assert samples[("tuneforge_jobs_total", (("status", "cancelled"),))] == 0
-    assert len(samples) == 3 + 3 + 1 + 1 + 1 + 1 + 1 + 8
-    # the reference parser agrees
-    parsed = {family.name: family for family in text_string_to_metric_families(response.text)}
-    assert parsed["tuneforge_gpus_busy"].type == "gauge"
-    assert parsed["tuneforge_preemptions"].type == "counter"  # the parser names a counter without _total
-    assert [s.value for s in parsed["tuneforge_preemptions"].samples] == [2.0]
+    assert samples[("tuneforge_jobs", (("status", "queued"),))] == 3
+    assert samples[("tuneforge_jobs", (("status", "cancelled"),))] == 0
+    # GPU-seconds by attempt status: 3950 + 300 preempted, 4 x 1000 succeeded, 2 x ~500 and ~5 running/starting
+    assert samples[("tuneforge_gpu_seconds_total", (("attempt_status", "preempted"),))] == pytest.approx(4250, abs=2)
+    assert samples[("tuneforge_gpu_seconds_total", (("attempt_status", "succeeded"),))] == pytest.approx(4000, abs=2)
+    assert samples[("tuneforge_gpu_seconds_total", (("attempt_status", "running"),))] == pytest.approx(1000, abs=10)
+    assert samples[("tuneforge_webhook_deliveries_total", (("outcome", "delivered"),))] == 0
+    # Prometheus' conventions: _total only on counters, base units, _ratio for a 0-1 gauge
+    assert {name: kind for name, kind in types.items() if name.startswith("tuneforge_")} == {
+        "tuneforge_queue_depth": "gauge", "tuneforge_queue_wait_seconds": "gauge", "tuneforge_running_jobs": "gauge",
+        "tuneforge_jobs": "gauge", "tuneforge_gpus": "gauge", "tuneforge_gpus_busy": "gauge",
+        "tuneforge_gpu_utilization_ratio": "gauge", "tuneforge_preemptions": "counter",
+        "tuneforge_gpu_seconds": "counter", "tuneforge_webhook_deliveries": "counter",
+        "tuneforge_http_request_duration_seconds": "histogram", "tuneforge_trainer_steps": "counter"}
+
+
+def test_request_latency_is_counted_per_route_template_and_status(situation):
+    platform, _now = situation
+    key = add_tenant(platform, "latency", "standard")
+
+    def count(samples: dict, route: str, status: str) -> float:
+        return samples.get(("tuneforge_http_request_duration_seconds_count",
+                            (("method", "GET"), ("route", route), ("status", status))), 0.0)
+
+    with TestClient(create_app(platform=platform)) as http:
+        before, _ = scrape(http)
+        for file_id in ("file-a", "file-b", "file-c"):
+            assert http.get(f"/v1/files/{file_id}", headers={"Authorization": f"Bearer {key}"}).status_code == 404
+        assert http.get("/v1/files", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert http.get("/v1/no/such/path").status_code == 404
+        after, _ = scrape(http)
+    assert count(after, "/v1/files/{file_id}", "404") - count(before, "/v1/files/{file_id}", "404") == 3
+    assert count(after, "/v1/files", "200") - count(before, "/v1/files", "200") == 1
+    assert count(after, "unmatched", "404") - count(before, "unmatched", "404") == 1
+    assert not [labels for (name, labels) in after if "file-a" in str(labels)]  # never a path a client sent
+    assert count(after, "/metrics", "200") >= 1
 
 
 def test_gpus_total_is_the_inventory_the_scheduler_last_saw(situation):
     platform, _now = situation
     platform.inventory = Capacity([NodeCapacity("n0", 8, 5), NodeCapacity("n1", 4, 4)])
     with TestClient(create_app(platform=platform)) as http:
-        samples = parse(http.get("/metrics").text)
-    assert samples[("tuneforge_gpus_total", ())] == 12
-    assert samples[("tuneforge_gpu_utilization", ())] == 0.25
+        samples, _ = scrape(http)
+    assert samples[("tuneforge_gpus", ())] == 12
+    assert samples[("tuneforge_gpu_utilization_ratio", ())] == 0.25
 
 
 def test_an_empty_platform_reports_zeros(tmp_path, database_url):
     platform = make_platform(tmp_path, database_url, local_gpus=0)
     try:
         with TestClient(create_app(platform=platform)) as http:
-            samples = parse(http.get("/metrics").text)
+            samples, _ = scrape(http)
     finally:
         platform.db.dispose()
-    assert samples[("tuneforge_gpu_utilization", ())] == 0  # no division by zero GPUs
+    assert samples[("tuneforge_gpu_utilization_ratio", ())] == 0  # no division by zero GPUs
     assert samples[("tuneforge_queue_wait_seconds", (("tier", "free"),))] == 0
-    assert sum(v for (name, _labels), v in samples.items() if name == "tuneforge_jobs_total") == 0
+    assert sum(v for (name, _labels), v in samples.items() if name == "tuneforge_jobs") == 0
 
 
-def test_label_values_and_help_are_escaped():
-    lines = family("x_total", "counter", "a \\ and\nnewline", [({"path": 'a"b\\c\nd'}, 1.5), ({}, float("inf"))])
-    assert lines == ["# HELP x_total a \\\\ and\\nnewline", "# TYPE x_total counter",
-                     'x_total{path="a\\"b\\\\c\\nd"} 1.5', "x_total +Inf"]
-    assert parse("\n".join(lines) + "\n")[("x_total", (("path", 'a\\"b\\\\c\\nd'),))] == 1.5
-    snap = usage.Snapshot({"free": 0}, {"free": 0.0}, 0, 0, 0, 0, {"queued": 0})
-    types = [line.split()[2] for line in render(snap).splitlines() if line.startswith("# TYPE")]
-    assert types == ["tuneforge_queue_depth", "tuneforge_queue_wait_seconds", "tuneforge_running_jobs",
-                     "tuneforge_gpus_total", "tuneforge_gpus_busy", "tuneforge_gpu_utilization",
-                     "tuneforge_preemptions_total", "tuneforge_jobs_total"]
+def test_the_grafana_dashboard_queries_only_what_the_exporter_exposes(situation):
+    import json
+    import re
+    from pathlib import Path
+
+    platform, _now = situation
+    with TestClient(create_app(platform=platform)) as http:
+        http.get("/v1/models")  # one request, so the latency histogram has samples
+        samples, _types = scrape(http)
+    exposed = {name for name, _labels in samples}
+    dashboard = json.loads((Path(__file__).parents[3] / "deploy" / "grafana" / "tuneforge.json").read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\btuneforge_[a-z_]+", target["expr"])}
+    assert queried and queried <= exposed, sorted(queried - exposed)
+    assert len(dashboard["panels"]) == len({panel["id"] for panel in dashboard["panels"]})

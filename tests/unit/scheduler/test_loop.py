@@ -113,8 +113,12 @@ def test_reports_drive_the_job_to_success(setup):
     assert _report(http, spec, "heartbeat", {"step": 1, "total_steps": 10}).json() == {"action": "continue"}
     metrics = {"seq": 1, "type": "metrics", "level": "info", "message": "step 1",
                "data": {"step": 1, "train_loss": 2.5, "total_steps": 10}}
+    from tuneforge import prometheus
+
+    steps_before = prometheus.TRAINER_STEPS._value.get()
     assert _report(http, spec, "events", {"events": [metrics]}).json() == {"applied": 1}
     assert _report(http, spec, "events", {"events": [metrics]}).json() == {"applied": 0}  # retried: applied once
+    assert prometheus.TRAINER_STEPS._value.get() - steps_before == 1  # counted once, for /metrics
     prefix = f"tenants/{spec.tenant_id}/jobs/{job_id}/checkpoints/step-5"
     assert _report(http, spec, "checkpoints", {"seq": 2, "step": 5, "prefix": prefix,
                                                "metrics": {"train_loss": 1.5}}).status_code == 200
