@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
-from tests.unit.api.test_metrics import parse
+from tests.unit.api.test_metrics import scrape
 from tuneforge.api.app import create_app
 from tuneforge.executors.local import local_inventory
 from tuneforge.executors.protocol import Capacity, NodeCapacity
@@ -67,9 +67,9 @@ def test_a_ray_standby_does_not_fail_a_big_job_against_its_local_gpus(standby):
     assert job["queue"] == {"position": 1, "estimated_start": None}  # its start is unknown here
     queue = http.get("/v1/admin/queue", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
     assert [(e["job_id"], e["position"], e["estimated_start"]) for e in queue] == [(job_id, 1, None)]
-    samples = parse(http.get("/metrics").text)
-    assert ("tuneforge_gpus_total", ()) not in samples  # unknown: no sample, rather than a wrong one
-    assert ("tuneforge_gpu_utilization", ()) not in samples
+    samples, _types = scrape(http)
+    assert ("tuneforge_gpus", ()) not in samples  # unknown: no sample, rather than a wrong one
+    assert ("tuneforge_gpu_utilization_ratio", ()) not in samples
     assert samples[("tuneforge_gpus_busy", ())] == 0
 
 
@@ -78,5 +78,5 @@ def test_the_local_executor_judges_against_its_configured_slots(standby):
     job = http.get(f"/v1/fine_tuning/jobs/{job_id}", headers=auth).json()
     assert job["status"] == "failed" and job["error"]["code"] == "resources_unavailable"
     assert "resources.gpus = 8 cannot be placed" in job["error"]["message"]
-    samples = parse(http.get("/metrics").text)
-    assert samples[("tuneforge_gpus_total", ())] == 1
+    samples, _types = scrape(http)
+    assert samples[("tuneforge_gpus", ())] == 1
