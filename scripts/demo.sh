@@ -8,6 +8,6 @@ if [[ "${TUNEFORGE_DEMO_SKIP_INSTALL:-0}" != 1 ]]; then
     pip_install=("$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore)
     # torch first, pinned to the CPU build: unpinned it would pull a CUDA build of several GB.
     "${pip_install[@]}" "torch==2.13.0"
-    "${pip_install[@]}" -e .
+    "${pip_install[@]}" -e ".[server]"
 fi
 exec "$PYTHON" -m tuneforge.cli.main demo "$@"

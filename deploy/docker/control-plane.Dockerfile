@@ -20,9 +20,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
 
 RUN pip install --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"
 WORKDIR /opt/tuneforge
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY src ./src
-RUN pip install ".[ray]" "ray[client]==${RAY_VERSION}"
+# every other package at the version the tests passed with (constraints.txt)
+RUN pip install -c constraints.txt ".[server,postgres,s3,ray]" "ray[client]==${RAY_VERSION}"
 
 RUN useradd --system --uid 10001 --home-dir /var/lib/tuneforge --create-home tuneforge
 USER 10001

@@ -17,9 +17,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
 
 RUN pip install --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}"
 WORKDIR /opt/tuneforge
-COPY --chown=ray:users pyproject.toml README.md ./
+COPY --chown=ray:users pyproject.toml README.md constraints.txt ./
 COPY --chown=ray:users src ./src
-RUN pip install . "bitsandbytes>=0.45"
+# a trainer's packages (and S3, the trackers) at the versions the tests passed with
+RUN pip install -c constraints.txt ".[train,s3,tracking]" "bitsandbytes>=0.45"
 
 # Base models are cached here by SHA (TUNEFORGE_RAY_NODE_CACHE_DIR): mount a node-local
 # volume (hostPath or an emptyDir on local SSD) so the cache outlives the pod.

@@ -6,7 +6,7 @@ import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import orjson
 
@@ -14,7 +14,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuneforge.db import notify
-from tuneforge.db.listen import EventListener
+
+if TYPE_CHECKING:
+    from tuneforge.db.listen import EventListener
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
@@ -126,6 +128,8 @@ class Database:
             return None
         with self._listener_lock:
             if self._listener is None:
+                from tuneforge.db.listen import EventListener  # psycopg: PostgreSQL installs only
+
                 self._listener = EventListener(self.url, notify.HUB)
                 self._listener.start()
             return self._listener
