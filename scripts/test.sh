@@ -13,8 +13,12 @@
 #             PostgreSQL, plus the Ray tests (placement, multi-node, node loss,
 #             restart); TUNEFORGE_TEST_EXECUTOR=ray. Unless PYTEST ARGS name
 #             tests, it runs tests/e2e and tests/integration.
+#   lowest    every direct dependency at the lowest version pyproject.toml allows, in a
+#             virtual environment of its own (scripts/lowest.sh, with uv), then the unit
+#             tests on SQLite: it checks the declared lower bounds. Run on demand
+#             (TUNEFORGE_TEST_BACKENDS=lowest) until its bounds are settled (docs/operations.md).
 # The sqlite and postgres stages run side by side where the machine has two cores or more
-# (TUNEFORGE_TEST_PARALLEL=0: one after the other); the ray stage runs after them.
+# (TUNEFORGE_TEST_PARALLEL=0: one after the other); the ray and lowest stages run after them.
 # Exits non-zero if any run failed.
 #
 # Each invocation starts its own server on a free port, so that runs side by
@@ -43,9 +47,9 @@ header() {
 
 for backend in $BACKENDS; do
     case "$backend" in
-        sqlite | postgres | ray) ;;
+        sqlite | postgres | ray | lowest) ;;
         *)
-            echo "scripts/test.sh: unknown backend '$backend' in TUNEFORGE_TEST_BACKENDS (use sqlite, postgres, ray)" >&2
+            echo "scripts/test.sh: unknown backend '$backend' in TUNEFORGE_TEST_BACKENDS (use sqlite, postgres, ray, lowest)" >&2
             exit 2
             ;;
     esac
@@ -58,6 +62,8 @@ if [[ "${TUNEFORGE_TEST_SKIP_INSTALL:-0}" != 1 ]]; then
     "${pip_install[@]}" "torch==2.13.0"
     "${pip_install[@]}" -e '.[dev]'
 fi
+# the browser tests' Chromium (Debian's) and Playwright: a no-op when both are there
+PYTHON="$PYTHON" bash scripts/browser-deps.sh
 
 pg_started=0
 pg_port=""
@@ -114,6 +120,12 @@ run_stage() {
     shift
     if [[ "$backend" == sqlite ]]; then
         env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR "$PYTHON" -m pytest "$@"
+    elif [[ "$backend" == lowest ]]; then
+        local args=("$@")
+        if ! has_test_path "$@"; then
+            args+=(tests/unit)
+        fi
+        PYTHON="$PYTHON" bash scripts/lowest.sh "${args[@]}"
     elif [[ "$backend" == ray ]]; then
         local args=("$@")
         if ! has_test_path "$@"; then
@@ -136,6 +148,7 @@ stage_title() {
         sqlite) echo "pytest on SQLite" ;;
         postgres) echo "pytest on PostgreSQL ($pg_url)" ;;
         ray) echo "pytest on Ray + S3 + PostgreSQL: the end-to-end suite and the Ray tests (slower stage)" ;;
+        lowest) echo "pytest tests/unit with every direct dependency at its lowest allowed version" ;;
     esac
 }
 

@@ -7,7 +7,7 @@ import inspect
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from tuneforge import __version__
+from tuneforge import __version__, console
 from tuneforge.api import docs, errors, health, openapi
 from tuneforge.api.guard import RequestGuard
 from tuneforge.prometheus import RequestMetrics
@@ -64,5 +64,6 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
                    jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
                    secrets.router):
         app.include_router(router)
+    console.install(app)  # the web console at /console (its routes are not in the API's schema)
     openapi.install(app)
     return app

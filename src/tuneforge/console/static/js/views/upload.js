@@ -1,0 +1,55 @@
+// Uploading a fine-tuning file with a progress bar; shared by the files page and the
+// create-job form.
+
+import {uploadFile} from "../api.js";
+import {h, field, formatNumber} from "../dom.js";
+import {href} from "../router.js";
+import {announce, messageOf} from "../ui.js";
+
+/** The upload control; `onUploaded(file)` gets the File object the API answered with. */
+export function uploadControl(onUploaded, {label = "Training data file"} = {}) {
+  const input = h("input", {type: "file", name: "upload", accept: ".jsonl,.json,.csv,.parquet,.gz,.zip,.tar,.tgz"});
+  const button = h("button", {type: "button", class: "secondary"}, "Upload");
+  const bar = h("progress", {max: 100, value: 0, "aria-label": "Upload progress", "data-testid": "upload-progress", hidden: true});
+  const note = h("p", {class: "muted upload-note", "aria-live": "polite", "data-testid": "upload-note"});
+
+  button.addEventListener("click", async () => {
+    const file = input.files && input.files[0];
+    if (!file) {
+      note.textContent = "Choose a file first.";
+      input.focus();
+      return;
+    }
+    button.disabled = true;
+    bar.hidden = false;
+    bar.value = 0;
+    note.textContent = `Uploading ${file.name}…`;
+    try {
+      const uploaded = await uploadFile(file, "fine-tune", (sent, total) => {
+        bar.max = total || 1;
+        bar.value = sent;
+        bar.setAttribute("aria-valuetext", `${Math.round((100 * sent) / (total || 1))}%`);
+      });
+      note.replaceChildren();
+      if (uploaded.status === "error") {
+        note.append(h("span", {class: "form-error"}, `${uploaded.filename} was stored but did not pass validation: `,
+          uploaded.status_details || "see its report", ". "), h("a", {href: href("files", uploaded.id)}, "Open the report"));
+        announce(`${uploaded.filename} did not pass validation.`);
+      } else {
+        note.append(`Uploaded ${uploaded.filename} (${formatNumber(uploaded.bytes)} bytes) as `,
+          h("a", {href: href("files", uploaded.id), "data-testid": "uploaded-file"}, uploaded.id), ".");
+        announce(`Uploaded ${uploaded.filename}.`);
+      }
+      input.value = "";
+      onUploaded(uploaded);
+    } catch (error) {
+      note.replaceChildren(h("span", {class: "form-error", role: "alert"}, messageOf(error)));
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  return h("div", {class: "upload"},
+    h("div", {class: "row"}, field(label, input, "JSONL (chat, prompt/completion, preference or text lines), CSV or Parquet."), button),
+    bar, note);
+}
