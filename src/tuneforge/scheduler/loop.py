@@ -176,6 +176,8 @@ class Scheduler:
             if handle:
                 self.executor.signal(handle, "cancel")
             _end_attempt(attempt, AttemptStatus.CANCELLED, None)
+            if job.status != JobStatus.CANCELLED.value:  # asked for, but a launch got in between
+                transition(session, job, JobStatus.CANCELLED, "Fine-tuning job cancelled")
             artifacts.discard_checkpoints(session, self.platform.store, job)
             return
         if job.pause_requested and handle and not handle.get("preempt_sent"):

@@ -372,3 +372,39 @@ def test_the_trackers_credentials_go_to_the_jobs_current_attempt_only(setup):
         assert refused.status_code in (401, 403, 404, 409) and "local-secret-key-1" not in refused.text
     # the secrets never show in what the tenant reads back
     assert "local-secret-key-1" not in http.get(f"/v1/fine_tuning/jobs/{job_id}", headers=auth).text
+
+
+def test_a_cancel_that_a_launch_overwrote_still_ends_the_job_cancelled(setup):
+    """The state a launch racing a cancel could leave (status running, cancel asked for): the
+    next tick stops the attempt and the job ends cancelled, instead of running with nothing."""
+    platform, _http, scheduler, executor, create_job, job, _auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    assert job(job_id)["status"] == "running"
+    with platform.db.session() as session:
+        row = job_repo.get_for_update(session, job_id)
+        row.cancel_requested = True  # what a cancel leaves when its status was overwritten by the launch
+    scheduler.tick()
+    assert job(job_id)["status"] == "cancelled"
+    assert executor.signals == [(1, "cancel")]
+    with platform.db.session() as session:
+        assert attempt_of(session, job_id, 1).status == "cancelled"
+
+
+def test_a_platform_side_read_for_update_holds_sqlites_write_lock(setup, db_backend):
+    """On SQLite, `get_for_update` begins the transaction at once (BEGIN IMMEDIATE): a status read
+    there cannot be changed by another writer before the write that depends on it."""
+    platform, _http, _scheduler, _executor, create_job, _job, _auth = setup
+    job_id = create_job()
+    with platform.db.session() as session:
+        job_repo.get_for_update(session, job_id)
+        if db_backend == "sqlite":
+            assert session.connection().connection.dbapi_connection.in_transaction
+            import sqlite3
+
+            other = sqlite3.connect(platform.settings.resolved_database_url.split("///", 1)[1], timeout=0.2)
+            try:
+                with pytest.raises(sqlite3.OperationalError, match="locked"):
+                    other.execute("UPDATE jobs SET cancel_requested = 1 WHERE job_id = ?", (job_id,))
+            finally:
+                other.close()

@@ -3,6 +3,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.engine import write_lock
 from tuneforge.db.pagination import Page, newest_first
 from tuneforge.db.tables import Job
 from tuneforge.db.tenancy import owned
@@ -13,7 +14,10 @@ def get(session: Session, tenant_id: str, job_id: str) -> Job | None:
 
 
 def get_for_update(session: Session, job_id: str) -> Job | None:
-    """Platform-side lookup (scheduler, trainer reports), row-locked on PostgreSQL."""
+    """Platform-side lookup (scheduler, trainer reports), row-locked on PostgreSQL; on SQLite the
+    database's write lock is taken first, so that what is read here (a status checked before a
+    transition) cannot change before the write that depends on it commits."""
+    write_lock(session)
     return session.scalar(select(Job).where(Job.job_id == job_id).with_for_update())
 
 
