@@ -602,7 +602,7 @@ def guarded_urllib3(monkeypatch):
     from urllib3.util import connection
 
     monkeypatch.setattr(connection, "create_connection", connection.create_connection)  # put back afterwards
-    from tuneforge.security.egress import guard_urllib3
+    from tuneforge.security.urllib3_guard import guard_urllib3
 
     return guard_urllib3
 

@@ -256,7 +256,8 @@ def _mlflow_store(found: dict[str, Any], spec: Any) -> Any:
         from mlflow.utils.rest_utils import MlflowHostCreds
 
         if not found.get("operator"):
-            from tuneforge.security.egress import EgressPolicy, guard_urllib3
+            from tuneforge.security.egress import EgressPolicy
+            from tuneforge.security.urllib3_guard import guard_urllib3
             from tuneforge.settings import Settings
 
             settings = Settings()
