@@ -15,10 +15,10 @@
 #             tests, it runs tests/e2e and tests/integration.
 #   lowest    every direct dependency at the lowest version pyproject.toml allows, in a
 #             virtual environment of its own (scripts/lowest.sh, with uv), then the unit
-#             tests on SQLite: it checks the declared lower bounds. Run on demand
-#             (TUNEFORGE_TEST_BACKENDS=lowest) until its bounds are settled (docs/operations.md).
-# The sqlite and postgres stages run side by side where the machine has two cores or more
-# (TUNEFORGE_TEST_PARALLEL=0: one after the other); the ray and lowest stages run after them.
+#             tests on SQLite: it checks the declared lower bounds (docs/operations.md).
+# On a machine with two cores or more the stages run in two lanes side by side: sqlite then
+# lowest in the background, postgres then ray in the foreground; the background lane's output
+# follows (TUNEFORGE_TEST_PARALLEL=0: every stage one after the other).
 # Exits non-zero if any run failed.
 #
 # Each invocation starts its own server on a free port, so that runs side by
@@ -27,9 +27,9 @@
 # left running).
 #
 # Environment:
-#   TUNEFORGE_TEST_BACKENDS       runs to do, in order (default "sqlite postgres ray")
+#   TUNEFORGE_TEST_BACKENDS       runs to do (default "sqlite postgres ray lowest")
 #   TUNEFORGE_TEST_SKIP_INSTALL=1 skip the pip installs (quick local loops)
-#   TUNEFORGE_TEST_PARALLEL=0     run the sqlite and postgres stages one after the other
+#   TUNEFORGE_TEST_PARALLEL=0     run the stages one after the other
 #   TUNEFORGE_PG_PORT             port of the test PostgreSQL (default: a free one)
 #   PYTHON                        interpreter to use (default "python")
 set -euo pipefail
@@ -37,7 +37,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON="${PYTHON:-python}"
-BACKENDS="${TUNEFORGE_TEST_BACKENDS:-sqlite postgres ray}"
+BACKENDS="${TUNEFORGE_TEST_BACKENDS:-sqlite postgres ray lowest}"
 
 header() {
     printf '\n==============================================================\n'
@@ -163,49 +163,67 @@ record() {
     esac
 }
 
-# The SQLite and PostgreSQL passes are independent (each test has its own database, temp folder
-# and ports): on a machine with two cores or more they run side by side, each with a temp folder
-# of its own; the SQLite pass's output follows the PostgreSQL pass's. TUNEFORGE_TEST_PARALLEL=0
-# runs every stage one after the other.
-side_by_side=0
-if [[ "${TUNEFORGE_TEST_PARALLEL:-1}" == 1 && " $BACKENDS " == *" sqlite "* && " $BACKENDS " == *" postgres "* \
-      && "$(nproc 2>/dev/null || echo 1)" -ge 2 ]]; then
-    side_by_side=1
+# The stages are independent (each test has its own database, temp folder and ports): on a
+# machine with two cores or more they run in two lanes side by side, each stage with a temp
+# folder of its own. The background lane (sqlite, lowest) writes to a log that is printed once
+# the foreground lane (postgres, ray) is done. TUNEFORGE_TEST_PARALLEL=0 runs every stage one
+# after the other.
+in_backends() {
+    [[ " $BACKENDS " == *" $1 "* ]]
+}
+lanes=0
+if [[ "${TUNEFORGE_TEST_PARALLEL:-1}" == 1 && "$(nproc 2>/dev/null || echo 1)" -ge 2 ]] \
+        && { in_backends sqlite || in_backends lowest; } && { in_backends postgres || in_backends ray; }; then
+    lanes=1
 fi
 
-stages_done=" "
-if [[ "$side_by_side" == 1 ]]; then
-    stage_tmp="$(mktemp -d -t tuneforge-test-stages.XXXXXX)"
-    header "$(stage_title sqlite) (in the background, beside the PostgreSQL pass; its output follows)"
-    run_stage sqlite --basetemp="$stage_tmp/sqlite" "$@" > "$stage_tmp/sqlite.log" 2>&1 &
-    background_pid=$!
-    header "$(stage_title postgres)"
-    set +e
-    run_stage postgres --basetemp="$stage_tmp/postgres" "$@"
-    postgres_rc=$?
-    wait "$background_pid"
-    sqlite_rc=$?
-    background_pid=""
-    set -e
-    header "$(stage_title sqlite): its output"
-    cat "$stage_tmp/sqlite.log"
-    rm -rf "$stage_tmp"
-    record sqlite "$sqlite_rc"
-    record postgres "$postgres_rc"
-    stages_done=" sqlite postgres "
-fi
+# Runs the named stages one after the other, each stage's exit code on a line "STAGE=RC" of the
+# file $1 (the background lane cannot set this shell's variables).
+run_lane() {
+    local codes="$1" base="$2"
+    shift 2
+    local stage rc
+    for stage in "$@"; do
+        header "$(stage_title "$stage")"
+        set +e
+        run_stage "$stage" --basetemp="$base/$stage" "${pytest_args[@]}"
+        rc=$?
+        set -e
+        echo "$stage=$rc" >> "$codes"
+    done
+}
 
+pytest_args=("$@")
+background_stages=()
+foreground_stages=()
 for backend in $BACKENDS; do
-    if [[ "$stages_done" == *" $backend "* ]]; then
-        continue
+    if [[ "$lanes" == 1 && ( "$backend" == sqlite || "$backend" == lowest ) ]]; then
+        background_stages+=("$backend")
+    else
+        foreground_stages+=("$backend")
     fi
-    header "$(stage_title "$backend")"
-    set +e
-    run_stage "$backend" "$@"
-    rc=$?
-    set -e
-    record "$backend" "$rc"
 done
+
+stage_tmp="$(mktemp -d -t tuneforge-test-stages.XXXXXX)"
+if [[ ${#background_stages[@]} -gt 0 ]]; then
+    header "in the background, beside the other stages (output follows): ${background_stages[*]}"
+    run_lane "$stage_tmp/background.codes" "$stage_tmp" "${background_stages[@]}" > "$stage_tmp/background.log" 2>&1 &
+    background_pid=$!
+fi
+run_lane "$stage_tmp/foreground.codes" "$stage_tmp" "${foreground_stages[@]}"
+if [[ -n "$background_pid" ]]; then
+    set +e
+    wait "$background_pid"
+    set -e
+    background_pid=""
+    header "the background lane's output (${background_stages[*]})"
+    cat "$stage_tmp/background.log"
+fi
+for backend in $BACKENDS; do
+    rc="$(sed -n "s/^$backend=//p" "$stage_tmp"/*.codes 2>/dev/null | tail -n 1)"
+    record "$backend" "${rc:-1}"
+done
+rm -rf "$stage_tmp"
 
 header "results: ${summary[*]}"
 if [[ "$failed" == 1 ]]; then

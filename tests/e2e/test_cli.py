@@ -9,19 +9,18 @@ import tarfile
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
+from tests.helpers.cli import invoke
 from tuneforge.cli.jobs_cmd import loss_line
-from tuneforge.cli.main import app
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, chat_example, demo_facts, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
 
 def cli(*args: str, code: int = 0):  # noqa: ANN201
-    done = CliRunner().invoke(app, list(args))
+    done = invoke(*args)
     assert done.exit_code == code, (args, done.exit_code, done.stdout, done.stderr, done.exception)
     return done
 

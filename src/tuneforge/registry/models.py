@@ -108,10 +108,6 @@ def get_any(session: Session, model_id: str) -> FineTunedModel:
     return row
 
 
-def model_not_found(model_id: str) -> ApiError:
-    return not_found(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
-
-
 def listing(session: Session, tenant_id: str, *, base_model: str | None = None, stage: str | None = None,
             include_deprecated: bool = False) -> list[FineTunedModel]:
     if stage is not None and stage not in STAGES:

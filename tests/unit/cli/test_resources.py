@@ -4,16 +4,14 @@ files with `file:` references, and one-line errors with the documented exit code
 from __future__ import annotations
 
 import json
-import tarfile
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from tests.compat.conftest import start_live
+from tests.helpers.cli import invoke
 from tests.helpers.platform import chat_lines
 from tuneforge import __version__
-from tuneforge.cli.main import app
 
 
 @pytest.fixture
@@ -28,7 +26,7 @@ def live(tmp_path, database_url, tiny_model_dir, monkeypatch):
 
 
 def cli(*args: str, input: str | None = None, code: int = 0):  # noqa: A002
-    done = CliRunner().invoke(app, list(args), input=input)
+    done = invoke(*args, input=input)
     assert done.exit_code == code, (args, done.exit_code, done.stdout, done.stderr, done.exception)
     return done
 

@@ -86,6 +86,10 @@ def test_generator_reproduces_the_committed_corpus(tmp_path: Path) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.build_corpus(tmp_path / "bad", tmp_path / "good")
+    import pyarrow.parquet as pq
+
+    writer = pq.ParquetFile(GOOD / "chat.parquet").metadata.created_by
+    same_writer = writer == pq.ParquetFile(tmp_path / "good" / "chat.parquet").metadata.created_by
     for committed_dir in (BAD, GOOD):
         fresh_dir = tmp_path / committed_dir.name
         committed = sorted(p.relative_to(committed_dir) for p in committed_dir.rglob("*") if p.is_file())
@@ -93,7 +97,15 @@ def test_generator_reproduces_the_committed_corpus(tmp_path: Path) -> None:
         assert committed == fresh
         for relative in committed:
             if ".parquet" in relative.name:  # Parquet footers name the writing pyarrow version: compare the rows
-                assert _parquet_rows(committed_dir / relative) == _parquet_rows(fresh_dir / relative), relative
+                old, new = _parquet_rows(committed_dir / relative), _parquet_rows(fresh_dir / relative)
+                if isinstance(old, str) and not same_writer:
+                    # a broken file's bytes are another pyarrow's page layout: both must stay unreadable
+                    assert isinstance(new, str), relative
+                    continue
+                assert old == new, relative
+                continue
+            if relative.name.endswith(".tar.gz"):  # a saved HF dataset: its Arrow files are pyarrow's bytes too
+                assert _archive(committed_dir / relative) == _archive(fresh_dir / relative), relative
                 continue
             assert (committed_dir / relative).read_bytes() == (fresh_dir / relative).read_bytes(), relative
 
@@ -113,3 +125,22 @@ def _parquet_rows(path: Path) -> list[dict] | str:
         return pq.read_table(io.BytesIO(data)).to_pylist()
     except Exception:  # noqa: BLE001 - a deliberately broken file: compare what is not pyarrow's
         return repr(data[:64])
+
+
+def _archive(path: Path) -> dict[str, object]:
+    """A tar.gz's members by name: an Arrow stream as its rows, anything else as its bytes."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+
+    members: dict[str, object] = {}
+    with tarfile.open(path, "r:gz") as archive:
+        for member in archive.getmembers():
+            handle = archive.extractfile(member)
+            data = handle.read() if handle is not None else b""
+            if member.name.endswith(".arrow"):
+                members[member.name] = pa.ipc.open_stream(io.BytesIO(data)).read_all().to_pylist()
+            else:
+                members[member.name] = data
+    return members

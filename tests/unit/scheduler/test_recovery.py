@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from tests.unit.scheduler.test_loop import _report, setup  # noqa: F401 - the fixture
-from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.executors.protocol import PollResult

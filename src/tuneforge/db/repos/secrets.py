@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Tenant, TenantSecret
+from tuneforge.db.tables import TenantSecret
 from tuneforge.db.tenancy import owned
 
 
