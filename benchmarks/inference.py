@@ -1,4 +1,4 @@
-"""Inference with hot-swapped adapters, measured on this machine.
+"""Inference with hot-swapped adapters and continuous batching, measured on this machine.
 
 A random-weight Llama of a few million parameters with a real byte-level BPE
 tokenizer (`tuneforge.demo.tiny_model.build_tiny_model`, a larger
@@ -6,8 +6,12 @@ configuration) and 8 LoRA adapters with random non-zero weights on every
 linear layer are put into a local object store, then served by
 `tuneforge.serve.engine.InferenceEngine` exactly as the API serves them:
 
-- **adapter switch time**: the `set_adapter` call that makes another loaded
-  adapter the active one (the engine's own counters), p50 / p95 / max;
+- **batched multi-adapter serving**: 32 concurrent clients, each request for
+  one of the 8 adapters in turn, served by the engine with continuous batching
+  (every running sequence in one forward pass, adapters mixed through PEFT's
+  `adapter_names`) against the same engine with `max_batch=1` (one request at
+  a time, as it served before batching): aggregate tokens/s, time to first
+  token p50 / p99, and the mean batch size;
 - **generation throughput** (completion tokens / wall time, greedy, a fixed
   number of new tokens per request), for requests that all use the base alone,
   all use one adapter, or go round-robin over the 8 adapters on the one base
@@ -18,8 +22,8 @@ linear layer are put into a local object store, then served by
   adapter from local disk (`from_pretrained` + `PeftModel.from_pretrained`),
   then generates the same tokens.
 
-    python benchmarks/inference.py                 # ~3 min on 2 CPU cores
-    python benchmarks/inference.py --requests 8    # a quick look
+    python benchmarks/inference.py                 # ~4 min on 2 CPU cores
+    python benchmarks/inference.py --requests 8 --clients 8    # a quick look
 
 Nothing here asserts a time; everything stays in a temp folder.
 """
@@ -33,6 +37,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -97,21 +102,65 @@ def run_requests(engine: InferenceEngine, targets: list[ModelTarget], params: Sa
             "p95_s": percentile(latencies_s, 0.95), "tokens": tokens, "requests": len(targets)}
 
 
+def run_concurrent(engine: InferenceEngine, targets: list[ModelTarget], params: SamplingParams, clients: int,
+                   per_client: int) -> dict[str, float]:
+    """`clients` threads, each sending `per_client` requests one after the other (request i of
+    client c for target (c + i) mod len(targets)); aggregate tokens/s and time to first token."""
+    first_token_s: list[float] = []
+    tokens = [0] * clients
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def client(number: int) -> None:
+        start.wait()
+        for index in range(per_client):
+            target = targets[(number + index) % len(targets)]
+            sent_s = time.perf_counter()
+            first = None
+            for chunk in engine.submit(target, Prompt(text=PROMPT), params):
+                if first is None:
+                    first = time.perf_counter() - sent_s
+                if chunk.usage is not None:
+                    tokens[number] += chunk.usage.completion_tokens
+            with lock:
+                first_token_s.append(first)
+
+    threads = [threading.Thread(target=client, args=(number,)) for number in range(clients)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    started_s = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall_s = time.perf_counter() - started_s
+    stats = engine.stats()
+    return {"tokens_per_s": sum(tokens) / wall_s, "ttft_p50_s": percentile(first_token_s, 0.5),
+            "ttft_p99_s": percentile(first_token_s, 0.99), "tokens": sum(tokens), "wall_s": wall_s,
+            "mean_batch": stats["decoded_rows"] / max(1, stats["decode_steps"]), "largest_batch": stats["largest_batch"]}
+
+
 def from_scratch(base_dir: Path, adapter_dir: Path, params: SamplingParams) -> tuple[float, float]:
     """The baseline: (load seconds, request seconds) when a request loads base and adapter itself."""
     from peft import PeftModel
 
     from tuneforge.serve.engine import eos_ids
-    from tuneforge.serve.generation import generate_chunks, prompt_token_ids
+    from tuneforge.serve.generation import SequenceDecoder, prompt_token_ids
 
     started_s = time.perf_counter()
     model, tokenizer = load_base_model(base_dir, torch.device("cpu"))
     model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     loaded_s = time.perf_counter() - started_s
     ids = prompt_token_ids(tokenizer, Prompt(text=PROMPT), "bench")
-    for _chunk in generate_chunks(model, tokenizer, ids, params, device=torch.device("cpu"),
-                                  eos_ids=eos_ids(model, tokenizer)):
-        pass
+    decoder = SequenceDecoder(tokenizer, ids, params, eos_ids=eos_ids(model, tokenizer), device=torch.device("cpu"))
+    inputs, cache = torch.tensor([ids]), None
+    with torch.inference_mode():
+        while not decoder.done:
+            output = model(input_ids=inputs, past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            token, _chunks = decoder.step(output.logits[0, -1])
+            if token is None:
+                break
+            inputs = torch.tensor([[token]])
     return loaded_s, time.perf_counter() - started_s
 
 
@@ -131,6 +180,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="requests per throughput scenario")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request")
     parser.add_argument("--scratch-requests", type=int, default=4, help="requests of the from-scratch baseline")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients of the batching comparison")
+    parser.add_argument("--per-client", type=int, default=2, help="requests each concurrent client sends")
+    parser.add_argument("--max-batch", type=int, default=32, help="the batched engine's max_batch")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (0: torch's default). On a CPU shared with other work, 1 avoids the "
                              "stalls of threads waiting for each other")
@@ -185,6 +237,25 @@ def measure(args: argparse.Namespace, root: Path, store: ObjectStore, base: Mode
     print(f"first request per adapter (download + load + 1 token): p50 {statistics.median(first_loads_s) * 1000:.1f}"
           f" ms, max {max(first_loads_s) * 1000:.1f} ms")
 
+    print(f"\n{args.clients} concurrent clients x {args.per_client} requests, {len(tuned)} adapters in turn, "
+          f"{args.new_tokens} new tokens each, greedy:")
+    concurrent = {}
+    for label, max_batch in (("one at a time (max_batch=1)", 1), (f"batched (max_batch={args.max_batch})",
+                                                                   args.max_batch)):
+        served = InferenceEngine(store, cache_dir=root / "cache", device="cpu", max_adapters=args.adapters,
+                                 max_batch=max_batch, max_queue=4 * args.clients)
+        for target in tuned:  # loaded before the clock starts, in both
+            served.complete(target, Prompt(text=PROMPT), SamplingParams(max_new_tokens=1))
+        result = run_concurrent(served, tuned, params, args.clients, args.per_client)
+        concurrent[max_batch] = result
+        print(f"  {label:<30} {result['tokens_per_s']:8.1f} tok/s   first token p50 "
+              f"{result['ttft_p50_s'] * 1000:8.1f} ms  p99 {result['ttft_p99_s'] * 1000:8.1f} ms   mean batch "
+              f"{result['mean_batch']:5.1f} (largest {result['largest_batch']}), {result['tokens']} tokens in "
+              f"{result['wall_s']:.1f} s")
+        del served
+    print(f"  batched / one at a time: {concurrent[args.max_batch]['tokens_per_s'] / concurrent[1]['tokens_per_s']:.1f}x"
+          " aggregate tokens/s")
+
     n = args.requests
     print(f"\nthroughput, {args.new_tokens} new tokens per request, greedy, one request at a time:")
     results = {
@@ -195,9 +266,6 @@ def measure(args: argparse.Namespace, root: Path, store: ObjectStore, base: Mode
     }
     for label, result in results.items():
         print_run(label, result)
-    switches = engine.stats()["recent_switch_times_s"]
-    print(f"\nadapter switch (set_adapter), {len(switches)} switches: p50 {percentile(switches, 0.5) * 1e3:.3f} ms, "
-          f"p95 {percentile(switches, 0.95) * 1e3:.3f} ms, max {max(switches) * 1e3:.3f} ms")
 
     small = InferenceEngine(store, cache_dir=root / "cache", device="cpu", max_adapters=2)
     miss = run_requests(small, [tuned[i % len(tuned)] for i in range(n)], params)

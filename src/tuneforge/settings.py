@@ -56,7 +56,9 @@ DEFAULT_RATE_LIMITS: dict[str, dict[str, float | int | None]] = {
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TUNEFORGE_", extra="ignore")
+    # protected_namespaces=(): fields such as model_delete_grace_s are settings, not pydantic API (older
+    # pydantic releases warn about the "model_" prefix otherwise)
+    model_config = SettingsConfigDict(env_prefix="TUNEFORGE_", extra="ignore", protected_namespaces=())
 
     home: Path = Field(
         default=Path("./.tuneforge"),
@@ -253,6 +255,16 @@ class Settings(BaseSettings):
     inference_max_base_models: int = Field(
         default=1, ge=1, description="Models kept loaded for inference: base models (with their adapters) and "
                                      "full fine-tunes; one more evicts the least recently used.")
+    inference_max_batch: int = Field(
+        default=16, ge=1, description="Sequences one loaded model decodes together in each forward pass "
+                                      "(continuous batching; adapters of one base mix in a batch). 1: one request "
+                                      "at a time.")
+    inference_max_queue: int = Field(
+        default=256, ge=1, description="Requests that may wait for a loaded model; one more answers 429 with "
+                                       "Retry-After.")
+    inference_max_queue_per_tenant: int | None = Field(
+        default=None, ge=1, description="Of those, how many one tenant's requests may be (default: half the "
+                                        "queue). Waiting requests are admitted round-robin over tenants.")
     inference_default_max_tokens: int = Field(
         default=256, ge=1, description="Completion tokens when a request sets no max_tokens.")
     inference_device: str = Field(

@@ -33,13 +33,13 @@ class Answer:
         return "tool_calls" if self.calls else self.completion.finish_reason
 
 
-def chat_choice(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams, schema: dict | None,
-                tools: tuple[dict, ...], choice: str) -> Answer:
+async def chat_choice(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams,
+                      schema: dict | None, tools: tuple[dict, ...], choice: str) -> Answer:
     """One choice, whole: in the schema's shape when one is asked, its tool calls read back."""
     if schema is not None:
-        completion = schema_answer(engine, target, prompt, params, schema)
+        completion = await schema_answer(engine, target, prompt, params, schema)
     else:
-        completion = engine.complete(target, prompt, params)
+        completion = await engine.acomplete(target, prompt, params)
     if not tools:
         return Answer(completion, completion.text, [])
     if choice == "auto":
@@ -119,8 +119,8 @@ def response_format(shape: dict | None, texts: list[str], stream: bool) -> dict 
     return schema
 
 
-def schema_answer(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams,
-                  schema: dict) -> Completion:
+async def schema_answer(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams,
+                        schema: dict) -> Completion:
     """A completion whose JSON object matches `schema`, drawn again when one does not."""
     import jsonschema
 
@@ -128,7 +128,7 @@ def schema_answer(engine: Any, target: ModelTarget, prompt: Prompt, params: Samp
     problems = []
     for attempt in range(SCHEMA_ATTEMPTS):
         seed = None if params.seed is None else params.seed + 1000 * attempt
-        completion = engine.complete(target, prompt, replace(params, seed=seed))
+        completion = await engine.acomplete(target, prompt, replace(params, seed=seed))
         try:
             errors = [error.message for error in validator.iter_errors(json.loads(completion.text))]
         except ValueError:

@@ -11,10 +11,10 @@ downloaded from the object store once, into a local cache folder.
 A full fine-tune holds complete weights: it is loaded as a model of its own and
 counts against `max_models` like a base.
 
-A lock per loaded model serialises everything that uses or changes it
-(selecting an adapter, generating): the model has one active adapter at a time,
-and on a CPU two generations side by side are no faster than one after the
-other.
+Each loaded model has a `ModelBatcher` (serve/batching.py): one thread that
+alone runs the model, decoding every request on it in the same forward pass
+(continuous batching, mixed adapters in one batch) and loading adapters
+between steps. Requests wait in its bounded per-tenant queue.
 
 This module imports torch; nothing imports it until the first inference
 request (`tuneforge.serve.engine_for`).
@@ -26,13 +26,11 @@ import hashlib
 import inspect
 import logging
 import os
-import queue
 import shutil
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,8 @@ from typing import Any
 import torch
 
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.serve.generation import generate_chunks, prompt_token_ids
+from tuneforge.serve.batching import BASE_ROW, ModelBatcher, Request
+from tuneforge.serve.generation import prompt_token_ids
 from tuneforge.serve.params import (
     FULL_MODEL,
     Chunk,
@@ -49,6 +48,7 @@ from tuneforge.serve.params import (
     Prompt,
     SamplingParams,
 )
+from tuneforge.serve.sinks import Sink
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.model_cache import fetch_base_model
@@ -58,8 +58,6 @@ from tuneforge.train.model import load_base_model
 log = logging.getLogger(__name__)
 
 _COMPLETE_MARKER = layout.COMPLETE_NAME
-_RECENT_SWITCHES = 1024  # switch durations kept for percentiles
-_END = object()  # the end of a stream's queue
 
 
 @dataclass
@@ -69,15 +67,10 @@ class EngineCounters:
     model_evictions: int = 0
     adapter_loads: int = 0
     adapter_evictions: int = 0
-    adapter_switches: int = 0
-    adapter_switch_time_s: float = 0.0  # all switches together
-    recent_switch_times_s: deque = field(default_factory=lambda: deque(maxlen=_RECENT_SWITCHES))
 
     def snapshot(self) -> dict[str, Any]:
-        values = {name: getattr(self, name) for name in (
-            "base_loads", "full_model_loads", "model_evictions", "adapter_loads", "adapter_evictions",
-            "adapter_switches", "adapter_switch_time_s")}
-        return values | {"recent_switch_times_s": list(self.recent_switch_times_s)}
+        return {name: getattr(self, name) for name in (
+            "base_loads", "full_model_loads", "model_evictions", "adapter_loads", "adapter_evictions")}
 
 
 @dataclass
@@ -89,21 +82,9 @@ class LoadedModel:
     context_tokens: int
     eos_ids: frozenset[int]
     logits_to_keep: bool  # the model's forward can skip the logits of all but the last position
-    lock: threading.Lock = field(default_factory=threading.Lock)
     peft: Any = None  # the PeftModel around `model`, from the first adapter on
     adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)  # least recently used first
-    active_adapter: str | None = None
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A request checked and its weights loaded, ready to generate."""
-
-    entry: LoadedModel
-    target: ModelTarget
-    adapter_dir: Path | None
-    prompt_ids: list[int]
-    params: SamplingParams
+    batcher: ModelBatcher | None = None  # runs the model; the only thread that touches it
 
 
 def resolve_device(name: str) -> torch.device:
@@ -119,14 +100,19 @@ def adapter_name(artifact_prefix: str) -> str:
 
 class InferenceEngine:
     def __init__(self, store: ObjectStore, *, cache_dir: Path, device: str = "auto", max_models: int = 1,
-                 max_adapters: int = 8) -> None:
-        if max_models < 1 or max_adapters < 1:
-            raise ValueError("max_models and max_adapters must be at least 1")
+                 max_adapters: int = 8, max_batch: int = 16, max_queue: int = 256,
+                 max_queue_per_tenant: int | None = None) -> None:
+        if max_models < 1 or max_adapters < 1 or max_batch < 1 or max_queue < 1:
+            raise ValueError("max_models, max_adapters, max_batch and max_queue must be at least 1")
         self.store = store
         self.cache_dir = Path(cache_dir)
         self.device = resolve_device(device)
         self.max_models = max_models
         self.max_adapters = max_adapters
+        self.max_batch = max_batch  # sequences decoded together on one model; 1: one request at a time
+        self.max_queue = max_queue  # requests waiting per model
+        # by default a tenant may fill half the queue: another tenant still finds room
+        self.max_queue_per_tenant = max_queue_per_tenant or max(1, max_queue // 2)
         self.counters = EngineCounters()
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._models_lock = threading.Lock()
@@ -136,59 +122,27 @@ class InferenceEngine:
     @classmethod
     def from_settings(cls, settings: Settings, store: ObjectStore) -> InferenceEngine:
         return cls(store, cache_dir=layout.local_cache_dir(settings.home), device=settings.inference_device,
-                   max_models=settings.inference_max_base_models, max_adapters=settings.inference_max_adapters)
+                   max_models=settings.inference_max_base_models, max_adapters=settings.inference_max_adapters,
+                   max_batch=settings.inference_max_batch, max_queue=settings.inference_max_queue,
+                   max_queue_per_tenant=settings.inference_max_queue_per_tenant)
 
     # -- requests -----------------------------------------------------------------------------------
 
-    def complete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Completion:
-        prepared = self._prepare(target, prompt, params)
-        pieces: list[str] = []
-        logprobs: list[dict] = []
-        last: Chunk | None = None
-        for chunk in self._run(prepared):
-            pieces.append(chunk.text)
-            logprobs.extend(chunk.logprobs)
-            last = chunk
-        assert last is not None and last.finish_reason is not None and last.usage is not None
-        return Completion("".join(pieces), last.finish_reason, last.usage, tuple(logprobs))
+    def complete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams, *,
+                 tenant: str = "") -> Completion:
+        return self.submit(target, prompt, params, tenant=tenant).completion()
 
-    def stream(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Iterator[Chunk]:
+    def stream(self, target: ModelTarget, prompt: Prompt, params: SamplingParams, *,
+               tenant: str = "") -> Iterator[Chunk]:
         """Chunks as they are generated. Loading and prompt checks happen in this call,
-        so their errors come before the first chunk; generation runs on a worker thread,
-        and closing the iterator (a client that went away) cancels it."""
-        prepared = self._prepare(target, prompt, params)
-        chunks: queue.SimpleQueue = queue.SimpleQueue()
-        cancelled = threading.Event()
+        so their errors come before the first chunk; closing the iterator (a client that
+        went away) takes the sequence out of its batch."""
+        return iter(self.submit(target, prompt, params, tenant=tenant))
 
-        def work() -> None:
-            try:
-                for chunk in self._run(prepared, cancelled):
-                    chunks.put(chunk)
-            except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
-                chunks.put(exc)
-            finally:
-                chunks.put(_END)
-
-        threading.Thread(target=work, name="tuneforge-generate", daemon=True).start()
-        return _drain(chunks, cancelled)
-
-    def logits(self, target: ModelTarget, token_ids: list[int]) -> torch.Tensor:
-        """Next-token logits at every position of `token_ids` ([positions, vocabulary],
-        float32, on the CPU), from exactly the weights a request on `target` uses."""
-        entry = self._model(target)
-        adapter_dir = self._adapter_dir(target)
-        with entry.lock, self._activated(entry, target, adapter_dir) as model, torch.inference_mode():
-            output = model(input_ids=torch.tensor([token_ids], dtype=torch.long, device=entry.device))
-        return output.logits[0].float().cpu()
-
-    def resident(self) -> dict[str, list[str]]:
-        """Loaded models (keys, least recently used first) and the adapters on each."""
-        with self._models_lock:
-            return {key: list(entry.adapters) for key, entry in self._models.items()}
-
-    # -- one request's preparation and run -----------------------------------------------------------
-
-    def _prepare(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> _Prepared:
+    def submit(self, target: ModelTarget, prompt: Prompt, params: SamplingParams, *, tenant: str = "") -> Sink:
+        """Queue a generation on the model's batcher; its chunks arrive in the returned sink
+        (iterate it, or `async for` it). Errors of the request itself (prompt, context, a full
+        queue: 429) are raised here."""
         entry = self._model(target)
         adapter_dir = self._adapter_dir(target)
         prompt_ids = prompt_token_ids(entry.tokenizer, prompt, target.name)
@@ -201,42 +155,67 @@ class InferenceEngine:
                           param=prompt.param, code="context_length_exceeded")
         # The completion ends where the context does (finish_reason "length").
         params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
-        return _Prepared(entry, target, adapter_dir, prompt_ids, params)
+        adapter = adapter_name(str(target.artifact_prefix)) if adapter_dir is not None else None
+        request = Request(prompt_ids, params, tenant=tenant, adapter=adapter, adapter_dir=adapter_dir)
+        return self._batcher(entry).submit(request)
 
-    def _run(self, prepared: _Prepared, cancelled: threading.Event | None = None) -> Iterator[Chunk]:
-        entry = prepared.entry
-        with entry.lock, self._activated(entry, prepared.target, prepared.adapter_dir) as model:
-            yield from generate_chunks(model, entry.tokenizer, prepared.prompt_ids, prepared.params,
-                                       device=entry.device, eos_ids=entry.eos_ids, cancelled=cancelled,
-                                       logits_to_keep=entry.logits_to_keep)
+    def logits(self, target: ModelTarget, token_ids: list[int]) -> torch.Tensor:
+        """Next-token logits at every position of `token_ids` ([positions, vocabulary],
+        float32, on the CPU), from exactly the weights a request on `target` uses."""
+        entry = self._model(target)
+        adapter_dir = self._adapter_dir(target)
+        adapter = adapter_name(str(target.artifact_prefix)) if adapter_dir is not None else None
+        batcher = self._batcher(entry)
 
-    @contextmanager
-    def _activated(self, entry: LoadedModel, target: ModelTarget, adapter_dir: Path | None) -> Iterator[Any]:
-        """The model to run for `target`, its adapter selected. The caller holds `entry.lock`."""
-        if adapter_dir is None:
-            if entry.peft is None or target.artifact_kind == FULL_MODEL:
-                yield entry.model
-            else:
-                with entry.peft.disable_adapter():
-                    yield entry.peft
-            return
-        name = adapter_name(str(target.artifact_prefix))
-        self._ensure_adapter(entry, name, adapter_dir)
-        if entry.active_adapter != name:
-            started_s = time.perf_counter()
-            entry.peft.set_adapter(name, inference_mode=True)
-            self._count_switch(time.perf_counter() - started_s)
-            entry.active_adapter = name
-        yield entry.peft
+        def score() -> torch.Tensor:
+            if adapter is not None and not self._ensure_adapter(entry, adapter, adapter_dir, set()):
+                raise _unavailable("no adapter slot is free on this model")
+            ids = torch.tensor([token_ids], dtype=torch.long, device=entry.device)
+            with torch.inference_mode():
+                if entry.peft is None:
+                    output = entry.model(input_ids=ids)
+                else:
+                    output = entry.peft(input_ids=ids, adapter_names=[adapter or BASE_ROW])
+            return output.logits[0].float().cpu()
+
+        return batcher.call(score)
+
+    def resident(self) -> dict[str, list[str]]:
+        """Loaded models (keys, least recently used first) and the adapters on each."""
+        with self._models_lock:
+            return {key: list(entry.adapters) for key, entry in self._models.items()}
+
+    def load(self) -> dict[str, dict[str, int]]:
+        """Per loaded model: sequences running in its batch and requests waiting."""
+        with self._models_lock:
+            entries = list(self._models.values())
+        return {entry.key: entry.batcher.load() for entry in entries if entry.batcher is not None}
+
+    def for_tenant(self, tenant: str) -> TenantEngine:
+        return TenantEngine(self, tenant)
+
+    def _batcher(self, entry: LoadedModel) -> ModelBatcher:
+        with self._models_lock:
+            if entry.batcher is None:
+                entry.batcher = ModelBatcher(
+                    entry, max_batch=self.max_batch, max_queue=self.max_queue,
+                    max_queue_per_tenant=self.max_queue_per_tenant,
+                    ensure_adapter=lambda name, adapter_dir, busy: self._ensure_adapter(entry, name, adapter_dir,
+                                                                                         busy))
+            return entry.batcher
 
     # -- adapters ---------------------------------------------------------------------------------
 
-    def _ensure_adapter(self, entry: LoadedModel, name: str, adapter_dir: Path) -> None:
-        """`name` loaded on `entry` (the caller holds its lock), the least recently used
-        adapter deleted when that makes one too many."""
+    def _ensure_adapter(self, entry: LoadedModel, name: str, adapter_dir: Path | None, busy: set[str]) -> bool:
+        """`name` loaded on `entry` (on its batcher's thread), the least recently used adapter
+        not in `busy` deleted when that makes one too many. False: every slot is busy."""
         if name in entry.adapters:
             entry.adapters.move_to_end(name)
-            return
+            return True
+        assert adapter_dir is not None
+        evictable = [loaded for loaded in entry.adapters if loaded not in busy]
+        if len(entry.adapters) >= self.max_adapters and not evictable:
+            return False
         started_s = time.perf_counter()
         if entry.peft is None:
             from peft import PeftModel
@@ -244,7 +223,6 @@ class InferenceEngine:
             entry.peft = PeftModel.from_pretrained(entry.model, str(adapter_dir), adapter_name=name,
                                                    is_trainable=False, torch_device=str(entry.device))
             entry.peft.eval()
-            entry.active_adapter = name
         else:
             entry.peft.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False,
                                     torch_device=str(entry.device))
@@ -253,14 +231,16 @@ class InferenceEngine:
         log.info("adapter %s loaded on %s in %.3f s", name, entry.key, time.perf_counter() - started_s)
         # Loaded first, deleted second: PEFT keeps a model with no adapter at all badly.
         while len(entry.adapters) > self.max_adapters:
-            evicted, _ = entry.adapters.popitem(last=False)
+            evicted = next(loaded for loaded in entry.adapters if loaded not in busy and loaded != name)
+            del entry.adapters[evicted]
+            if entry.peft.active_adapter == evicted:
+                entry.peft.set_adapter(name, inference_mode=True)  # PEFT may not delete the active one
             entry.peft.delete_adapter(evicted)
-            if entry.active_adapter == evicted:
-                entry.active_adapter = None  # PEFT activated another one; the next request selects its own
             self._count("adapter_evictions")
             log.info("adapter %s evicted from %s", evicted, entry.key)
         if entry.device.type == "cuda":
             torch.cuda.empty_cache()
+        return True
 
     def _adapter_dir(self, target: ModelTarget) -> Path | None:
         if target.is_base or target.artifact_kind == FULL_MODEL:
@@ -339,30 +319,45 @@ class InferenceEngine:
         with self._counters_lock:
             setattr(self.counters, name, getattr(self.counters, name) + 1)
 
-    def _count_switch(self, elapsed_s: float) -> None:
-        with self._counters_lock:
-            self.counters.adapter_switches += 1
-            self.counters.adapter_switch_time_s += elapsed_s
-            self.counters.recent_switch_times_s.append(elapsed_s)
-
     def stats(self) -> dict[str, Any]:
         with self._counters_lock:
-            return self.counters.snapshot()
-
-
-def _drain(chunks: queue.SimpleQueue, cancelled: threading.Event) -> Iterator[Chunk]:
-    try:
-        while (item := chunks.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        cancelled.set()  # the reader stopped (done, failed or gone): the worker stops too
+            values = self.counters.snapshot()
+        with self._models_lock:
+            batchers = [entry.batcher for entry in self._models.values() if entry.batcher is not None]
+        for name in ("prefills", "decode_steps", "decoded_rows", "queue_full"):
+            values[name] = sum(getattr(batcher.counters, name) for batcher in batchers)
+        values["largest_batch"] = max((batcher.counters.largest_batch for batcher in batchers), default=0)
+        return values
 
 
 def _unavailable(message: str) -> ApiError:
     # Not the caller's mistake, and not a crash: the platform lost files it should hold.
     return ApiError(503, message, type="server_error", param="model", code="model_unavailable")
+
+
+@dataclass(frozen=True)
+class TenantEngine:
+    """The engine as one tenant's requests use it: their place in the batchers' round-robin."""
+
+    engine: InferenceEngine
+    tenant: str
+
+    def complete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Completion:
+        return self.engine.complete(target, prompt, params, tenant=self.tenant)
+
+    def stream(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Iterator[Chunk]:
+        return self.engine.stream(target, prompt, params, tenant=self.tenant)
+
+    def submit(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Sink:
+        return self.engine.submit(target, prompt, params, tenant=self.tenant)
+
+    async def acomplete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Completion:
+        """The whole answer, awaited: queuing (which may load the model) runs on a worker thread,
+        the wait for the answer holds none."""
+        import anyio
+
+        sink = await anyio.to_thread.run_sync(self.submit, target, prompt, params)
+        return await sink.acompletion()
 
 
 def context_tokens(model: Any, tokenizer: Any) -> int:

@@ -1,18 +1,18 @@
-"""Generation on one loaded model, token by token: the prompt rendered and
-tokenized, a KV-cached decoding loop, sampling with a private random
-generator, and the text handed out as it grows, cut at the first stop string.
+"""Generation, token by token: the prompt rendered and tokenized, each next token
+picked from the model's logits with the request's own random generator, and
+the text handed out as it grows, cut at the first stop string.
 
-The loop is written out rather than taken from `model.generate` because it
-has to be a plain iterator: a stream yields each token as it is decided, a
-stop string ends it, a client that went away cancels it between two tokens,
-and a request's `seed` drives its own `torch.Generator` (the global RNG is
-shared by every thread of the server).
+The model runs elsewhere (`serve/batching.py` decodes many sequences in one
+forward pass); a `SequenceDecoder` holds one request's state between steps.
+It is written out rather than taken from `model.generate` because a stream
+yields each token as it is decided, a stop string ends it, a client that went
+away cancels it between two tokens, and a request's `seed` drives its own
+`torch.Generator` (the global RNG is shared by every thread of the server).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -72,49 +72,6 @@ def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     keep = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) < params.top_p
     choice = torch.multinomial(sorted_probs * keep, 1, generator=generator)
     return int(order[choice])
-
-
-def sample_tokens(model: Any, prompt_ids: Sequence[int], params: SamplingParams, *, device: torch.device,
-                  eos_ids: frozenset[int], cancelled: threading.Event | None = None,
-                  logits_to_keep: bool = False, scores: list | None = None,
-                  constraint: JsonConstraint | None = None) -> Iterator[int]:
-    """Token ids, one per forward pass over the new token (the KV cache holds the rest);
-    ends after an EOS id, after `max_new_tokens`, or once `cancelled` is set. With `scores`
-    and `params.logprobs`: before each id is yielded, (its log probability, [(rival id, log
-    probability)] of the `params.logprobs` likeliest) is appended, from the model's own
-    distribution (before temperature and top-p)."""
-    generator = torch.Generator(device=device)
-    if params.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(params.seed)
-    # Only the last position's logits are needed: on a long prompt the full
-    # [positions x vocabulary] matrix is most of the prefill's memory.
-    extra = {"logits_to_keep": 1} if logits_to_keep else {}
-    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    cache = None
-    for _ in range(params.max_new_tokens):
-        if cancelled is not None and cancelled.is_set():
-            return
-        with torch.inference_mode():  # per step: grad mode is per thread, a generator may move
-            output = model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
-            cache = output.past_key_values
-            if constraint is None:
-                token_id = pick_token(output.logits[0, -1], params, generator)
-            else:  # JSON mode: the likeliest token that keeps the output a JSON object; none: it is whole
-                picked = constraint.pick(output.logits[0, -1], params, generator)
-                if picked is None:
-                    return
-                token_id = picked
-            if scores is not None and params.logprobs is not None:
-                logprobs = torch.log_softmax(output.logits[0, -1].float(), dim=-1)
-                top = torch.topk(logprobs, params.logprobs) if params.logprobs else None
-                rivals = [] if top is None else [(int(i), float(v)) for v, i in zip(top.values, top.indices)]
-                scores.append((float(logprobs[token_id]), rivals))
-        yield token_id
-        if token_id in eos_ids:
-            return
-        input_ids = torch.tensor([[token_id]], dtype=torch.long, device=device)
 
 
 class TextAssembler:
@@ -179,40 +136,100 @@ def held_back_chars(text: str, stop: Sequence[str]) -> int:
     return longest
 
 
-def generate_chunks(model: Any, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams, *,
-                    device: torch.device, eos_ids: frozenset[int], cancelled: threading.Event | None = None,
-                    logits_to_keep: bool = False) -> Iterator[Chunk]:
-    """Text chunks as they are decided; the last chunk carries finish_reason and usage.
+def adjusted_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None, produced: int,
+                    eos_ids: frozenset[int]) -> torch.Tensor:
+    """One position's logits after the sampling extensions, as vLLM applies them:
+    `repetition_penalty` (a logit of a token already in the prompt or the output is divided by
+    it when positive, multiplied when negative), `min_tokens` (no EOS before that many tokens)
+    and `top_k` (only the k likeliest stay, when sampling)."""
+    if params.repetition_penalty != 1.0 and seen is not None and seen.numel():
+        logits = logits.clone()
+        picked = logits[seen]
+        logits[seen] = torch.where(picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty)
+    if produced < params.min_tokens and eos_ids and not params.ignore_eos:
+        logits = logits.clone()
+        logits[list(eos_ids)] = float("-inf")
+    if params.top_k > 0 and params.temperature > 0 and params.top_k < logits.shape[-1]:
+        cutoff = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < cutoff, float("-inf"))
+    return logits
 
-    finish_reason is "stop" after an EOS token or a stop string, "length" when
-    `max_new_tokens` ran out first. Usage counts every token the model produced,
-    an EOS included: each took a forward pass."""
-    assembler = TextAssembler(tokenizer, params.stop)
-    produced = 0
-    finish_reason = "length"
-    scores: list | None = [] if params.logprobs is not None else None
-    pending: list[dict] = []  # log probabilities of tokens whose text is not out yet
-    constraint = JsonConstraint(tokenizer, eos_ids) if params.json_mode else None
-    tokens = sample_tokens(model, prompt_ids, params, device=device, eos_ids=eos_ids, cancelled=cancelled,
-                           logits_to_keep=logits_to_keep, scores=scores, constraint=constraint)
-    for token_id in tokens:
-        produced += 1
-        if token_id in eos_ids:
-            finish_reason = "stop"
-            break
-        if scores:
-            pending.append(token_logprob(tokenizer, token_id, *scores[-1]))
-        piece = assembler.push(token_id)
+
+class SequenceDecoder:
+    """One request's generation, a token at a time: the model runs elsewhere (alone or in a
+    batch) and hands this the logits of the sequence's last position; the decoder picks the
+    next token with the request's own random generator and turns the tokens into text chunks.
+
+    finish_reason is "stop" after an EOS token (unless `ignore_eos`), a stop string or a
+    complete JSON object, "length" when `max_new_tokens` ran out first. Usage counts every
+    token the model produced, an EOS included: each took a forward pass."""
+
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], params: SamplingParams, *,
+                 eos_ids: frozenset[int], device: torch.device) -> None:
+        self.params = params
+        self.eos_ids = eos_ids
+        self.prompt_tokens = len(prompt_ids)
+        self.produced = 0
+        self.finish_reason: str | None = None
+        self._tokenizer = tokenizer
+        self._assembler = TextAssembler(tokenizer, params.stop)
+        self._constraint = JsonConstraint(tokenizer, eos_ids) if params.json_mode else None
+        self._pending: list[dict] = []  # log probabilities of tokens whose text is not out yet
+        self._seen = (torch.tensor(sorted(set(prompt_ids)), dtype=torch.long, device=device)
+                      if params.repetition_penalty != 1.0 else None)
+        self.generator = torch.Generator(device=device)
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(params.seed)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def step(self, logits: torch.Tensor) -> tuple[int | None, list[Chunk]]:
+        """The next token from the logits of the last position (None: the generation ended
+        without one) and the chunks to hand out; the last chunk carries finish_reason and usage."""
+        adjusted = adjusted_logits(logits, self.params, self._seen, self.produced, self.eos_ids)
+        if self._constraint is None:
+            token_id = pick_token(adjusted, self.params, self.generator)
+        else:  # JSON mode: the likeliest token that keeps the output a JSON object; none: it is whole
+            picked = self._constraint.pick(adjusted, self.params, self.generator)
+            if picked is None:
+                return None, [self._finish("stop" if self._constraint.complete else "length")]
+            token_id = picked
+        self.produced += 1
+        if self._seen is not None:
+            self._seen = torch.cat([self._seen, self._seen.new_tensor([token_id])])
+        chunks: list[Chunk] = []
+        if token_id in self.eos_ids and not self.params.ignore_eos:
+            return token_id, [self._finish("stop")]
+        if self.params.logprobs is not None:
+            self._pending.append(self._score(logits, token_id))
+        piece = self._assembler.push(token_id)
         if piece:
-            yield Chunk(piece, logprobs=tuple(pending))
-            pending = []
-        if assembler.stopped:
-            finish_reason = "stop"
-            break
-    tokens.close()
-    if constraint is not None and constraint.complete:
-        finish_reason = "stop"  # the object is whole: nothing may follow it
-    yield Chunk(assembler.flush(), finish_reason, Usage(len(prompt_ids), produced), logprobs=tuple(pending))
+            chunks.append(Chunk(piece, logprobs=tuple(self._pending)))
+            self._pending = []
+        if self._assembler.stopped or (self._constraint is not None and self._constraint.complete):
+            chunks.append(self._finish("stop"))  # a complete object: nothing may follow it
+        elif self.produced >= self.params.max_new_tokens:
+            chunks.append(self._finish("length"))
+        return token_id, chunks
+
+    def _finish(self, reason: str) -> Chunk:
+        self.finish_reason = reason
+        pending, self._pending = tuple(self._pending), []
+        return Chunk(self._assembler.flush(), reason, Usage(self.prompt_tokens, self.produced), logprobs=pending)
+
+    def _score(self, logits: torch.Tensor, token_id: int) -> dict:
+        """The token's log probability and its likeliest rivals, from the model's own distribution
+        (before temperature, top-p and the extensions)."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        rivals = []
+        if self.params.logprobs:
+            top = torch.topk(logprobs, self.params.logprobs)
+            rivals = [(int(i), float(v)) for v, i in zip(top.values, top.indices)]
+        return token_logprob(self._tokenizer, token_id, float(logprobs[token_id]), rivals)
 
 
 def token_logprob(tokenizer: Any, token_id: int, logprob: float, rivals: list[tuple[int, float]]) -> dict:

@@ -50,6 +50,11 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None  # None: none; k >= 0: each token's log probability and its k likeliest rivals
     json_mode: bool = False  # the output is one JSON object (serve/constrained.py)
+    # the sampling extensions, as vLLM names them
+    top_k: int = 0  # 0: off; k: only the k likeliest tokens are drawn from
+    min_tokens: int = 0  # no EOS before this many tokens
+    ignore_eos: bool = False  # an EOS token does not end the generation
+    repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens of the prompt and the output
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,13 @@
-"""Streamed chat answers keep the server free: `api/sse.from_blocking` runs a blocking producer on
-a thread of its own (the event loop goes on meanwhile; the producer's clean-up runs when the
-consumer leaves), and a server holding more blocked chat streams than the worker pool has
-threads still answers other requests."""
+"""Streamed chat answers keep the server free: a generation's `Sink` is awaited by the event
+loop (chunks in order, an error raised to the reader, a reader that leaves cancels the
+sequence), and a server holding more waiting chat streams than the worker pool has threads
+still answers other requests."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
 from contextlib import AsyncExitStack
 
 import httpx
@@ -16,77 +15,86 @@ import pytest
 
 from tests.helpers.net import free_port, wait_until
 from tests.helpers.platform import add_base_model, add_tenant, fake_model_dir
-from tuneforge.api.sse import from_blocking
 from tuneforge.serve.params import Chunk, Usage
+from tuneforge.serve.sinks import Sink
 from tuneforge.server import ControlPlane
 from tuneforge.settings import Settings
 
 WAIT_S = 30.0  # generous: every wait ends as soon as what it waits for happens
 
 
-def test_items_come_in_order_and_a_producer_error_reaches_the_consumer():
-    def failing() -> Iterator[int]:
-        yield 1
-        yield 2
-        raise ValueError("the producer broke")
+def test_chunks_come_in_order_and_an_error_reaches_the_reader():
+    sink = Sink()
 
-    async def consume() -> list[int]:
+    def produce() -> None:
+        sink.put(Chunk("a"))
+        sink.put(Chunk("b"))
+        sink.put(ValueError("the batch broke"))
+
+    async def consume() -> list[str]:
         seen = []
-        with pytest.raises(ValueError, match="the producer broke"):
-            async for item in from_blocking(failing()):
-                seen.append(item)
+        threading.Thread(target=produce).start()
+        with pytest.raises(ValueError, match="the batch broke"):
+            async for chunk in sink:
+                seen.append(chunk.text)
         return seen
 
-    assert asyncio.run(consume()) == [1, 2]
+    assert asyncio.run(consume()) == ["a", "b"]
+    assert sink.cancelled.is_set()
 
 
-def test_the_loop_runs_while_the_producer_blocks_and_a_leaving_consumer_closes_it():
-    gate = threading.Event()
-    closed = threading.Event()
+def test_the_loop_runs_while_the_reader_waits_and_a_leaving_reader_cancels():
+    sink = Sink()
 
-    def producer() -> Iterator[int]:
-        try:
-            yield 1
-            # blocks until a coroutine on the loop opens the gate: were the loop blocked too, this
-            # would never end
-            gate.wait()
-            n = 2
-            while True:
-                yield n
-                n += 1
-        finally:
-            closed.set()
+    async def scenario() -> list[str]:
+        chunks = sink.__aiter__()
+        waiting = asyncio.ensure_future(chunks.__anext__())
+        await asyncio.sleep(0.05)  # the reader waits; the loop goes on
+        assert not waiting.done()
+        threading.Thread(target=sink.put, args=(Chunk("first"),)).start()
+        first = await asyncio.wait_for(waiting, WAIT_S)
+        sink.put(Chunk("second"))
+        second = await asyncio.wait_for(chunks.__anext__(), WAIT_S)
+        assert not sink.cancelled.is_set()
+        await chunks.aclose()  # the reader leaves mid-stream
+        return [first.text, second.text]
 
-    async def scenario() -> list[int]:
-        items = from_blocking(producer())
-        first = await asyncio.wait_for(items.__anext__(), WAIT_S)
+    assert asyncio.run(scenario()) == ["first", "second"]
+    assert sink.cancelled.is_set()  # the batcher drops the sequence at its next step
 
-        async def open_gate() -> None:
-            gate.set()
-
-        await asyncio.wait_for(asyncio.gather(open_gate(), asyncio.sleep(0)), WAIT_S)
-        second = await asyncio.wait_for(items.__anext__(), WAIT_S)
-        await items.aclose()  # the consumer leaves mid-stream
-        return [first, second]
-
-    assert asyncio.run(scenario()) == [1, 2]
-    assert closed.wait(WAIT_S)  # the producer's own clean-up ran
+    blocking = Sink()
+    blocking.put(Chunk("x"))
+    blocking.end()
+    assert [chunk.text for chunk in blocking] == ["x"]
 
 
 class GatedEngine:
-    """Stands in for the inference engine: each stream sends one chunk, then waits for `gate`."""
+    """Stands in for the inference engine: each stream gets one chunk, then waits until `open()`."""
 
     def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.waiting = 0
+        self.sinks: list[Sink] = []
         self._lock = threading.Lock()
 
-    def stream(self, target, prompt, params) -> Iterator[Chunk]:  # noqa: ANN001 - the engine's signature
-        yield Chunk("a")
+    @property
+    def waiting(self) -> int:
         with self._lock:
-            self.waiting += 1
-        self.gate.wait(WAIT_S * 4)
-        yield Chunk("b", finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2))
+            return len(self.sinks)
+
+    def for_tenant(self, tenant: str) -> GatedEngine:
+        return self
+
+    def submit(self, target, prompt, params) -> Sink:  # noqa: ANN001 - the engine's signature
+        sink = Sink()
+        sink.put(Chunk("a"))
+        with self._lock:
+            self.sinks.append(sink)
+        return sink
+
+    def open(self) -> None:
+        with self._lock:
+            for sink in self.sinks:
+                sink.put(Chunk("b", finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2)))
+                sink.end()
 
 
 def test_more_blocked_chat_streams_than_worker_threads_leave_the_server_answering(tmp_path, database_url):
@@ -114,7 +122,7 @@ def test_more_blocked_chat_streams_than_worker_threads_leave_the_server_answerin
                                         "every generation to block")
                 answers = await asyncio.gather(*(client.get("/healthz") for _ in range(10)))
                 assert [a.status_code for a in answers] == [200] * 10
-                engine.gate.set()
+                engine.open()
                 for lines in opened:
                     lines = [line async for line in lines if line]
                     assert lines[-1] == "data: [DONE]"
@@ -124,5 +132,5 @@ def test_more_blocked_chat_streams_than_worker_threads_leave_the_server_answerin
 
         asyncio.run(scenario())
     finally:
-        engine.gate.set()
+        engine.open()
         plane.close()

@@ -84,9 +84,6 @@ def test_hot_swapped_adapters_match_a_fresh_peft_model_each_on_one_base_load(wor
     assert stats["base_loads"] == 1
     assert stats["adapter_loads"] == 3
     assert stats["adapter_evictions"] == 0
-    # a is active after its load; then b, c, a, b, c, b: six switches
-    assert stats["adapter_switches"] == 6
-    assert len(stats["recent_switch_times_s"]) == 6 and stats["adapter_switch_time_s"] > 0
     resident = engine.resident()
     assert list(resident) == [f"base:{base.base.sha256}"] and len(resident[f"base:{base.base.sha256}"]) == 3
 
@@ -237,9 +234,9 @@ def test_stream_yields_the_same_text_and_closing_it_frees_the_model(world):
     stream.close()  # the client went away
     entry = engine._model(targets["c"])
     deadline = time.monotonic() + 10
-    while entry.lock.locked() and time.monotonic() < deadline:
+    while entry.batcher.load()["running"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not entry.lock.locked()
+    assert entry.batcher.load() == {"running": 0, "waiting": 0}  # the batch dropped the sequence
     assert engine.complete(targets["a"], Prompt(text=PROMPT), SamplingParams(max_new_tokens=2)).usage.completion_tokens
 
 

@@ -11,6 +11,7 @@ Server-Sent Events, one chunk per piece of text as it is generated, then
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -21,6 +22,7 @@ from functools import partial
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -42,6 +44,7 @@ from tuneforge.domain.ids import new_id
 from tuneforge.serve import engine_for
 from tuneforge.serve import tools as tool_calls
 from tuneforge.serve.params import Chunk, ModelTarget, Prompt, SamplingParams, Usage
+from tuneforge.serve.sinks import Sink
 from tuneforge.serve.targets import resolve_target
 from tuneforge.services.context import Platform
 
@@ -51,6 +54,7 @@ _log = logging.getLogger(__name__)
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_CHOICES = 8  # n: choices per request, generated one after another
 MAX_TOP_LOGPROBS = 20  # as OpenAI
+MAX_TOP_K = 100_000
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
 
@@ -90,6 +94,14 @@ class _Sampling(_Body):
     presence_penalty: float | None = Field(None, description="Only 0.")
     logit_bias: dict[str, float] | None = Field(None, description="Only empty.")
     user: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    # the sampling extensions, named and defined as vLLM's OpenAI server takes them
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K, description="Extension: draw only from the k likeliest "
+                                                                     "tokens; -1 or 0: off.")
+    min_tokens: int | None = Field(None, ge=0, le=MAX_GENERATED_TOKENS,
+                                   description="Extension: no end-of-sequence token before this many tokens.")
+    ignore_eos: bool | None = Field(None, description="Extension: go on after an end-of-sequence token.")
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="Extension: > 1 discourages tokens "
+                                                                            "of the prompt and the output; 1: off.")
 
 
 class ChatCompletionBody(_Sampling):
@@ -120,9 +132,9 @@ class CompletionBody(_Sampling):
     suffix: str | None = Field(None, description="Not supported.")
 
 
-@router.post("/chat/completions", responses=error_responses(404, 422, 503))
-def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
-                     platform: Platform = PLATFORM) -> Any:
+@router.post("/chat/completions", responses=error_responses(404, 422, 429, 503))
+async def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
+                           platform: Platform = PLATFORM) -> Any:
     _check_chat_extras(body)
     tools = tool_calls.check_tools(body.tools)
     choice = tool_calls.check_tool_choice(body.tool_choice, tools)
@@ -139,18 +151,19 @@ def chat_completions(body: ChatCompletionBody, tenant: Tenant = TENANT, session:
         schema = tool_calls.forced_schema(tools, choice)
     if shapes.wants_json(body.response_format) or schema is not None:
         params = replace(params, json_mode=True)
-    target = _target(session, tenant, body.model)
-    reply_id, created = new_id("chatcmpl"), int(time.time())
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
-    engine = engine_for(platform)
+    target = await run_in_threadpool(_target, session, tenant, body.model)
+    reply_id, created = new_id("chatcmpl"), int(time.time())
+    engine = await _engine(platform, tenant)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
             "system_fingerprint": None}
     if body.stream and not shown:
-        return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, _chat_events),
-                    platform)
-    answers = [shapes.chat_choice(engine, target, prompt, _nth(params, index), schema, shown, choice)
-               for index in range(n)]
+        sinks = await run_in_threadpool(_submitted, engine, target, prompt, params, n)
+        return _sse(_streamed_choices(sinks, head, include_usage, _chat_events), platform)
+    # the choices decode side by side in the model's batch
+    answers = await asyncio.gather(*(shapes.chat_choice(engine, target, prompt, _nth(params, index), schema, shown,
+                                                        choice) for index in range(n)))
     if body.stream:  # with tools: whole answers (a call is known once it is complete), sent as chunks
         return _sse(shapes.replayed(answers, head, include_usage, bool(body.logprobs)), platform)
     return {
@@ -194,26 +207,28 @@ def _earlier_call(call: Any, param: str) -> dict[str, Any]:
             "function": {"name": function["name"], "arguments": parsed}}
 
 
-@router.post("/completions", responses=error_responses(404, 503))
-def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
-                platform: Platform = PLATFORM) -> Any:
+@router.post("/completions", responses=error_responses(404, 429, 503))
+async def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session = deps.SESSION,
+                      platform: Platform = PLATFORM) -> Any:
     _check_completion_extras(body)
     prompt = _completion_prompt(body.prompt)
     params = _sampling(body, body.max_tokens, platform.settings.inference_default_max_tokens)
     if body.logprobs is not None:
         params = replace(params, logprobs=int(body.logprobs))
-    target = _target(session, tenant, body.model)
+    n = _choices(body)  # checked before the engine exists: a bad request loads nothing
+    target = await run_in_threadpool(_target, session, tenant, body.model)
     reply_id, created = new_id("cmpl"), int(time.time())
     echoed = prompt.text if body.echo and prompt.text is not None else ""
-    n = _choices(body)  # checked before the engine exists: a bad request loads nothing
-    engine = engine_for(platform)
+    engine = await _engine(platform, tenant)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
                 "system_fingerprint": None}
         events = partial(_completion_events, echoed=echoed, logprobs=body.logprobs is not None)
-        return _sse(_streamed_choices(engine, target, prompt, params, n, head, include_usage, events), platform)
-    completions = [engine.complete(target, prompt, _nth(params, index)) for index in range(n)]
+        sinks = await run_in_threadpool(_submitted, engine, target, prompt, params, n)
+        return _sse(_streamed_choices(sinks, head, include_usage, events), platform)
+    completions = await asyncio.gather(*(engine.acomplete(target, prompt, _nth(params, index))
+                                         for index in range(n)))
     return {
         "id": reply_id, "object": "text_completion", "created": created, "model": target.name,
         "choices": [{"text": echoed + c.text, "index": index, "finish_reason": c.finish_reason,
@@ -221,6 +236,12 @@ def completions(body: CompletionBody, tenant: Tenant = TENANT, session: Session 
                      else None} for index, c in enumerate(completions)],
         "usage": shapes.total_usage(completions), "system_fingerprint": None,
     }
+
+
+async def _engine(platform: Platform, tenant: Tenant) -> Any:
+    """The engine as this tenant uses it; created (torch imported) on a worker thread the first time."""
+    engine = platform.inference or await run_in_threadpool(engine_for, platform)
+    return engine.for_tenant(tenant.tenant_id)
 
 
 def _choices(body: _Sampling) -> int:
@@ -236,21 +257,38 @@ def _nth(params: SamplingParams, index: int) -> SamplingParams:
     return params if params.seed is None or index == 0 else replace(params, seed=params.seed + index)
 
 
-def _streamed_choices(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams, n: int,
-                      head: dict[str, Any], include_usage: bool, events: Callable[..., Iterator[dict[str, Any]]]
-                      ) -> Iterator[dict[str, Any]]:
-    """Each choice's chunks in turn (each tagged with its index; one generation at a time), then the
-    usage of them all when asked."""
+def _submitted(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams, n: int) -> list[Sink]:
+    """Every choice queued at once (they decode side by side in the model's batch). Errors of the
+    request (its prompt, a full queue) are raised here, before the response starts."""
+    sinks: list[Sink] = []
+    try:
+        for index in range(n):
+            sinks.append(engine.submit(target, prompt, _nth(params, index)))
+    except BaseException:
+        for sink in sinks:
+            sink.cancel()
+        raise
+    return sinks
+
+
+async def _streamed_choices(sinks: list[Sink], head: dict[str, Any], include_usage: bool,
+                            events: Callable[..., AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+    """Each choice's chunks in turn (each tagged with its index), then the usage of them all when
+    asked. Waiting for a chunk holds no thread: the sinks are awaited."""
     usage: list[Usage] = []
-    for index in range(n):
-        chunks = engine.stream(target, prompt, _nth(params, index))
-        for event in events(chunks, head, index, include_usage, usage):
-            yield event
-            if "error" in event:
-                return
-    if include_usage and usage:
-        yield head | {"choices": [], "usage": Usage(usage[0].prompt_tokens,
-                                                    sum(u.completion_tokens for u in usage)).as_dict()}
+    try:
+        for index, sink in enumerate(sinks):
+            async with aclosing(events(sink, head, index, include_usage, usage)) as choice_events:
+                async for event in choice_events:
+                    yield event
+                    if "error" in event:
+                        return
+        if include_usage and usage:
+            yield head | {"choices": [], "usage": Usage(usage[0].prompt_tokens,
+                                                        sum(u.completion_tokens for u in usage)).as_dict()}
+    finally:
+        for sink in sinks:  # a client that went away: the batch drops the sequences
+            sink.cancel()
 
 
 def _target(session: Session, tenant: Tenant, model: str) -> ModelTarget:
@@ -271,12 +309,19 @@ def _sampling(body: _Sampling, max_tokens: int | None, default_max_tokens: int) 
         raise invalid("logit_bias is not supported", param="logit_bias")
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options is only allowed with stream: true", param="stream_options")
+    if body.min_tokens and body.min_tokens > (max_tokens or default_max_tokens):
+        raise invalid(f"min_tokens ({body.min_tokens}) is more than the tokens allowed "
+                      f"({max_tokens or default_max_tokens})", param="min_tokens")
     return SamplingParams(
         max_new_tokens=max_tokens or default_max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         stop=_stop_sequences(body.stop),
         seed=body.seed,
+        top_k=max(0, body.top_k or 0),
+        min_tokens=body.min_tokens or 0,
+        ignore_eos=bool(body.ignore_eos),
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
     )
 
 
@@ -353,35 +398,38 @@ def _completion_prompt(prompt: Any) -> Prompt:
 
 # -- streamed answers -------------------------------------------------------------------------------
 
-def _sse(events: Iterator[dict[str, Any]], platform: Platform) -> EventSourceResponse:
-    """The chunks as Server-Sent Events, then `data: [DONE]`. Producing a chunk blocks (the model
-    generates it), so the chunks come from a thread of their own, never from the event loop."""
+def _sse(events: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any]], platform: Platform) -> EventSourceResponse:
+    """The chunks as Server-Sent Events, then `data: [DONE]`. Chunks still being generated come
+    from an async iterator (awaited, no thread held); whole answers from a plain one."""
     async def frames() -> AsyncIterator[ServerSentEvent]:
-        async with aclosing(sse.from_blocking(events, thread_name="tuneforge-stream-chunks")) as chunks:
-            async for event in chunks:
+        if isinstance(events, Iterator):
+            for event in events:
                 yield sse.message(json.dumps(event, separators=(",", ":")))
+        else:
+            async with aclosing(events) as chunks:
+                async for event in chunks:
+                    yield sse.message(json.dumps(event, separators=(",", ":")))
         yield sse.message(sse.DONE)
 
     return sse.response(frames(), keepalive_s=platform.settings.stream_keepalive_s)
 
 
-def _guarded(chunks: Iterator[Chunk]) -> Iterator[Chunk | ApiError]:
+async def _guarded(chunks: Sink) -> AsyncIterator[Chunk | ApiError]:
     """The chunks; a failure once the answer has started can only be reported in the stream."""
     try:
-        yield from chunks
+        async for chunk in chunks:
+            yield chunk
     except ApiError as exc:
         yield exc
     except Exception:  # noqa: BLE001 - the status line is gone; the client still gets an error event
         _log.exception("generation failed in a stream")
         yield ApiError(500, "The server had an error while generating.", type="server_error", code="internal_error")
     finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
+        chunks.cancel()
 
 
-def _chat_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, include_usage: bool,
-                 usage: list[Usage]) -> Iterator[dict[str, Any]]:
+async def _chat_events(chunks: Sink, head: dict[str, Any], index: int, include_usage: bool,
+                       usage: list[Usage]) -> AsyncIterator[dict[str, Any]]:
     """Choice `index`'s chunks; its usage is appended to `usage` (sent by the caller once for all)."""
     extra = {"usage": None} if include_usage else {}
 
@@ -391,7 +439,7 @@ def _chat_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, incl
                                     "finish_reason": finish_reason}]} | extra
 
     yield event({"role": "assistant", "content": ""})
-    for chunk in _guarded(chunks):
+    async for chunk in _guarded(chunks):
         if isinstance(chunk, ApiError):
             yield chunk.envelope()
             return
@@ -403,8 +451,9 @@ def _chat_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, incl
                 usage.append(chunk.usage)
 
 
-def _completion_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int, include_usage: bool,
-                       usage: list[Usage], echoed: str, logprobs: bool = False) -> Iterator[dict[str, Any]]:
+async def _completion_events(chunks: Sink, head: dict[str, Any], index: int, include_usage: bool,
+                             usage: list[Usage], echoed: str, logprobs: bool = False
+                             ) -> AsyncIterator[dict[str, Any]]:
     extra = {"usage": None} if include_usage else {}
     offset = len(echoed)
 
@@ -418,7 +467,7 @@ def _completion_events(chunks: Iterator[Chunk], head: dict[str, Any], index: int
 
     if echoed:
         yield event(echoed)
-    for chunk in _guarded(chunks):
+    async for chunk in _guarded(chunks):
         if isinstance(chunk, ApiError):
             yield chunk.envelope()
             return

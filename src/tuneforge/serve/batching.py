@@ -1,0 +1,345 @@
+"""Continuous batching: every request on one loaded model decodes in the same forward pass.
+
+A `ModelBatcher` owns one loaded model (a base with its adapters, or a full
+fine-tune) and a thread that runs it. Between two decoding steps it admits
+waiting requests: each new prompt is prefilled alone (its own KV cache) and
+its cache joins the batch's. A step then feeds every running sequence's last
+token at once, each at its own position, and each sequence's `SequenceDecoder`
+picks its next token from its row of the logits with its own sampling
+parameters and random generator. Finished or cancelled sequences leave the
+batch after the step.
+
+The batch's KV cache is one tensor per layer, the sequences left-padded to the
+longest; an attention mask hides the padding and explicit position ids give
+each sequence its own positions, so a sequence computes what it computes
+alone (the tests compare logits). Columns that only padding uses are cut once
+the sequence that needed them has left.
+
+Adapters of one base share a batch: PEFT's mixed-adapter forward
+(`adapter_names`, one per row, "__base__" for the base alone) applies each
+row's own LoRA weights. An adapter that a running sequence uses is never
+evicted; a request whose adapter has no free slot waits for one.
+
+Waiting requests queue per tenant and are admitted round-robin over tenants,
+so one tenant's burst does not starve another's requests. The queue is
+bounded (in total and per tenant): beyond it, 429 with Retry-After.
+
+The thread ends after `idle_s` without work and starts again with the next
+request.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuneforge.domain.errors import ApiError, rate_limited
+from tuneforge.serve.generation import SequenceDecoder
+from tuneforge.serve.params import Chunk, SamplingParams
+from tuneforge.serve.sinks import Sink
+
+log = logging.getLogger(__name__)
+
+BASE_ROW = "__base__"  # PEFT's name for a row that runs the base model alone
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    tenant: str
+    adapter: str | None = None  # the PEFT adapter's name; None: the model's own weights
+    adapter_dir: Path | None = None
+    sink: Sink = field(default_factory=Sink)
+    queued_s: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class _Row:
+    request: Request
+    decoder: SequenceDecoder
+    last_token: int
+    position: int  # of the next token: the tokens the sequence holds in the cache
+
+
+@dataclass
+class BatchCounters:
+    prefills: int = 0
+    decode_steps: int = 0
+    decoded_rows: int = 0  # sequences over all steps: / decode_steps = the mean batch size
+    largest_batch: int = 0
+    queue_full: int = 0
+
+
+class ModelBatcher:
+    """The decoding loop of one loaded model (see the module's docstring).
+
+    `ensure_adapter(name, adapter_dir, busy)` loads an adapter onto the model if needed,
+    never evicting one in `busy`, and returns False when every slot is busy. It runs on the
+    batcher's thread, the only one that touches the model."""
+
+    def __init__(self, entry: Any, *, max_batch: int, max_queue: int, max_queue_per_tenant: int,
+                 ensure_adapter: Callable[[str, Path, set[str]], bool], idle_s: float = 30.0) -> None:
+        self.entry = entry
+        self.max_batch = max(1, max_batch)
+        self.max_queue = max_queue
+        self.max_queue_per_tenant = max_queue_per_tenant
+        self.idle_s = idle_s
+        self.counters = BatchCounters()
+        self._ensure_adapter = ensure_adapter
+        self._work = threading.Condition()
+        self._waiting: OrderedDict[str, deque[Request]] = OrderedDict()  # tenant -> requests, round-robin
+        self._queued = 0
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._thread: threading.Thread | None = None
+        self._rows: list[_Row] = []
+        self._layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the batch's KV cache
+        self._mask: torch.Tensor | None = None  # [rows, cached positions]: 1 where a token is
+        self._step_s: deque[float] = deque(maxlen=64)  # recent step times, for Retry-After
+        # transformers renamed `past_key_values` to `cache` (5.2 knows only the old name)
+        parameters = inspect.signature(entry.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
+
+    # -- callers ----------------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Sink:
+        with self._work:
+            waiting = self._waiting.get(request.tenant)
+            if self._queued >= self.max_queue or (waiting is not None and len(waiting) >= self.max_queue_per_tenant):
+                self.counters.queue_full += 1
+                raise rate_limited("This model has too many requests waiting; retry shortly.",
+                                   code="engine_overloaded", retry_after=self._retry_after_s())
+            self._waiting.setdefault(request.tenant, deque()).append(request)
+            self._queued += 1
+            self._wake()
+        return request.sink
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the batcher's thread between two steps (it may use the model) and return
+        its result."""
+        future: Future = Future()
+        with self._work:
+            self._calls.append((fn, future))
+            self._wake()
+        return future.result()
+
+    def load(self) -> dict[str, int]:
+        with self._work:
+            return {"running": len(self._rows), "waiting": self._queued}
+
+    def _wake(self) -> None:
+        # the caller holds self._work
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"tuneforge-batch-{self.entry.key[:24]}",
+                                            daemon=True)
+            self._thread.start()
+        self._work.notify()
+
+    def _retry_after_s(self) -> float:
+        # about the time the requests ahead need to start: a step per queued request, at least a second
+        mean = sum(self._step_s) / len(self._step_s) if self._step_s else 0.05
+        return max(1.0, mean * max(1, self._queued) / self.max_batch * 8)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._work:
+                while not (self._rows or self._queued or self._calls):
+                    if not self._work.wait(self.idle_s) and not (self._rows or self._queued or self._calls):
+                        self._thread = None
+                        return
+                calls = list(self._calls)
+                self._calls.clear()
+            for fn, future in calls:
+                self._run_call(fn, future)
+            try:
+                self._admit()
+                if self._rows:
+                    self._step()
+            except Exception as exc:  # noqa: BLE001 - the batch is lost, not the server: every member is told
+                log.exception("batched generation failed on %s", self.entry.key)
+                self._fail_all(exc)
+
+    def _run_call(self, fn: Callable[[], Any], future: Future) -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            future.set_exception(exc)
+
+    def _next_waiting(self) -> Request | None:
+        # the caller holds self._work; the first tenant in line gives one request and goes to the back
+        while self._waiting:
+            tenant, requests = next(iter(self._waiting.items()))
+            request = requests.popleft()
+            self._queued -= 1
+            if requests:
+                self._waiting.move_to_end(tenant)
+            else:
+                del self._waiting[tenant]
+            if not request.sink.cancelled.is_set():
+                return request
+            request.sink.end()
+        return None
+
+    def _put_back(self, request: Request) -> None:
+        with self._work:
+            self._waiting.setdefault(request.tenant, deque()).appendleft(request)
+            self._waiting.move_to_end(request.tenant, last=False)
+            self._queued += 1
+
+    def _admit(self) -> None:
+        while len(self._rows) < self.max_batch:
+            with self._work:
+                request = self._next_waiting()
+            if request is None:
+                return
+            if request.adapter is not None:
+                busy = {row.request.adapter for row in self._rows if row.request.adapter is not None}
+                try:
+                    loaded = self._ensure_adapter(request.adapter, request.adapter_dir, busy)
+                except Exception as exc:  # noqa: BLE001 - this request's adapter, not the batch
+                    request.sink.put(exc)
+                    continue
+                if not loaded:  # every adapter slot is in use: wait for a sequence to finish
+                    self._put_back(request)
+                    return
+            try:
+                self._prefill(request)
+            except ApiError as exc:
+                request.sink.put(exc)
+            except Exception as exc:  # noqa: BLE001 - this request fails; the batch goes on
+                log.exception("prefill failed on %s", self.entry.key)
+                request.sink.put(_internal(exc))
+
+    # -- the model ---------------------------------------------------------------------------------
+
+    def _forward(self, requests: list[Request], cache: Any, **inputs: Any) -> Any:
+        entry = self.entry
+        extra = {"logits_to_keep": 1} if entry.logits_to_keep else {}
+        inputs[self._cache_arg] = cache
+        if entry.peft is None:
+            return entry.model(**inputs, use_cache=True, **extra)
+        names = [request.adapter or BASE_ROW for request in requests]
+        return entry.peft(**inputs, use_cache=True, adapter_names=names, **extra)
+
+    def _prefill(self, request: Request) -> None:
+        from transformers.cache_utils import DynamicCache
+
+        started_s = time.perf_counter()
+        entry = self.entry
+        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=entry.device)
+        with torch.inference_mode():
+            output = self._forward([request], DynamicCache(), input_ids=ids)
+        self.counters.prefills += 1
+        decoder = SequenceDecoder(entry.tokenizer, request.prompt_ids, request.params, eos_ids=entry.eos_ids,
+                                  device=entry.device)
+        token, chunks = decoder.step(output.logits[0, -1])
+        self._deliver(request, chunks)
+        if decoder.done or token is None:
+            request.sink.end()
+            return
+        self._join(_layer_tensors(output), len(request.prompt_ids))
+        self._rows.append(_Row(request, decoder, token, len(request.prompt_ids)))
+        self._step_s.append(time.perf_counter() - started_s)
+
+    def _join(self, layers: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+        """A prefilled sequence's cache (`length` positions) becomes the batch's last row."""
+        device = self.entry.device
+        if self._layers is None:
+            self._layers = layers
+            self._mask = torch.ones(1, length, dtype=torch.long, device=device)
+            return
+        assert self._mask is not None
+        width = max(self._mask.shape[1], length)
+        self._layers = [(torch.cat([_left_pad(keys, width), _left_pad(new_keys, width)]),
+                         torch.cat([_left_pad(values, width), _left_pad(new_values, width)]))
+                        for (keys, values), (new_keys, new_values) in zip(self._layers, layers)]
+        row = torch.zeros(1, width, dtype=torch.long, device=device)
+        row[0, width - length:] = 1
+        self._mask = torch.cat([torch.nn.functional.pad(self._mask, (width - self._mask.shape[1], 0)), row])
+
+    def _step(self) -> None:
+        from transformers.cache_utils import DynamicCache
+
+        started_s = time.perf_counter()
+        rows, device = self._rows, self.entry.device
+        assert self._layers is not None and self._mask is not None
+        mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=torch.long, device=device)], dim=1)
+        with torch.inference_mode():
+            output = self._forward(
+                [row.request for row in rows],
+                DynamicCache(ddp_cache_data=self._layers),
+                input_ids=torch.tensor([[row.last_token] for row in rows], dtype=torch.long, device=device),
+                attention_mask=mask,
+                position_ids=torch.tensor([[row.position] for row in rows], dtype=torch.long, device=device),
+            )
+        self._layers, self._mask = _layer_tensors(output), mask
+        self.counters.decode_steps += 1
+        self.counters.decoded_rows += len(rows)
+        self.counters.largest_batch = max(self.counters.largest_batch, len(rows))
+        keep: list[int] = []
+        for index, row in enumerate(rows):
+            if row.request.sink.cancelled.is_set():
+                row.request.sink.end()
+                continue
+            token, chunks = row.decoder.step(output.logits[index, -1])
+            self._deliver(row.request, chunks)
+            if row.decoder.done or token is None:
+                row.request.sink.end()
+                continue
+            row.last_token, row.position = token, row.position + 1
+            keep.append(index)
+        if len(keep) < len(rows):
+            self._keep(keep)
+        self._step_s.append(time.perf_counter() - started_s)
+
+    def _keep(self, keep: list[int]) -> None:
+        """Only the rows `keep` go on; padding that only the others needed is cut."""
+        self._rows = [self._rows[index] for index in keep]
+        if not self._rows:
+            self._layers = self._mask = None
+            return
+        assert self._layers is not None and self._mask is not None
+        index = torch.tensor(keep, dtype=torch.long, device=self.entry.device)
+        mask = self._mask[index]
+        unused = int((mask.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # leading columns nobody uses
+        self._mask = mask[:, unused:]
+        self._layers = [(keys[index][:, :, unused:], values[index][:, :, unused:]) for keys, values in self._layers]
+
+    def _deliver(self, request: Request, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            request.sink.put(chunk)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for row in self._rows:
+            row.request.sink.put(_internal(exc))
+        self._rows, self._layers, self._mask = [], None, None
+
+
+def _internal(cause: Exception) -> ApiError:
+    failure = ApiError(500, "The server had an error while generating.", type="server_error", code="internal_error")
+    failure.__cause__ = cause
+    return failure
+
+
+def _layer_tensors(output: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The keys and values of every layer of a forward pass's cache."""
+    cache = output.cache if getattr(output, "cache", None) is not None else output.past_key_values
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """[batch, heads, positions, dim] padded with zeros on the left to `width` positions."""
+    missing = width - tensor.shape[2]
+    if missing == 0:
+        return tensor
+    return torch.nn.functional.pad(tensor, (0, 0, missing, 0))
