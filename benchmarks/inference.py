@@ -8,8 +8,8 @@ linear layer are put into a local object store, then served by
 
 - **batched multi-adapter serving**: 32 concurrent clients, each request for
   one of the 8 adapters in turn, served by the engine with continuous batching
-  (every running sequence in one forward pass, adapters mixed through PEFT's
-  `adapter_names`) against the same engine with `max_batch=1` (one request at
+  (every running sequence in one forward pass, each row through its own
+  adapter via the stacked adapters of `serve/lora_bank.py`) against the same engine with `max_batch=1` (one request at
   a time, as it served before batching): aggregate tokens/s, time to first
   token p50 / p99, and the mean batch size;
 - **generation throughput** (completion tokens / wall time, greedy, a fixed

@@ -227,19 +227,30 @@ class ModelBatcher:
         entry = self.entry
         extra = {"logits_to_keep": 1} if entry.logits_to_keep else {}
         inputs[self._cache_arg] = cache
+        return self.run_model([request.adapter for request in requests], use_cache=True, **inputs, **extra)
+
+    def run_model(self, adapters: list[str | None], **inputs: Any) -> Any:
+        """One forward pass, row i through adapter `adapters[i]` (None: the base alone). On the
+        batcher's thread only."""
+        entry = self.entry
         if entry.peft is None:
-            return entry.model(**inputs, use_cache=True, **extra)
-        names = {request.adapter for request in requests}
+            return entry.model(**inputs)
+        bank = entry.bank
+        if bank is not None and bank.prepare(list(entry.adapters)):  # the stacked adapters (serve/lora_bank.py)
+            bank.select(adapters, entry.device)
+            try:
+                return entry.peft(**inputs)
+            finally:
+                bank.clear()
+        names = set(adapters)
         if len(names) > 1 or None in names:
             # PEFT's mixed-adapter forward: each row through its own adapter, or none ("__base__";
             # cheaper per step than entering and leaving disable_adapter())
-            rows = [request.adapter or BASE_ROW for request in requests]
-            return entry.peft(**inputs, use_cache=True, adapter_names=rows, **extra)
-        # one adapter for every row (a lone request, most often): PEFT's plain path is faster
+            return entry.peft(**inputs, adapter_names=[name or BASE_ROW for name in adapters])
         (name,) = names
         if entry.peft.active_adapter != name:
             entry.peft.set_adapter(name, inference_mode=True)
-        return entry.peft(**inputs, use_cache=True, **extra)
+        return entry.peft(**inputs)
 
     def _prefill(self, request: Request) -> None:
         from transformers.cache_utils import DynamicCache

@@ -38,8 +38,9 @@ from typing import Any
 import torch
 
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.serve.batching import BASE_ROW, ModelBatcher, Request
+from tuneforge.serve.batching import ModelBatcher, Request
 from tuneforge.serve.generation import prompt_token_ids
+from tuneforge.serve.lora_bank import LoraBank
 from tuneforge.serve.params import (
     FULL_MODEL,
     Chunk,
@@ -83,6 +84,7 @@ class LoadedModel:
     eos_ids: frozenset[int]
     logits_to_keep: bool  # the model's forward can skip the logits of all but the last position
     peft: Any = None  # the PeftModel around `model`, from the first adapter on
+    bank: Any = None  # serve.lora_bank.LoraBank over `peft`: how batches compute with the adapters
     adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)  # least recently used first
     batcher: ModelBatcher | None = None  # runs the model; the only thread that touches it
 
@@ -172,10 +174,7 @@ class InferenceEngine:
                 raise _unavailable("no adapter slot is free on this model")
             ids = torch.tensor([token_ids], dtype=torch.long, device=entry.device)
             with torch.inference_mode():
-                if entry.peft is None:
-                    output = entry.model(input_ids=ids)
-                else:
-                    output = entry.peft(input_ids=ids, adapter_names=[adapter or BASE_ROW])
+                output = batcher.run_model([adapter], input_ids=ids)
             return output.logits[0].float().cpu()
 
         return batcher.call(score)
@@ -223,10 +222,12 @@ class InferenceEngine:
             entry.peft = PeftModel.from_pretrained(entry.model, str(adapter_dir), adapter_name=name,
                                                    is_trainable=False, torch_device=str(entry.device))
             entry.peft.eval()
+            entry.bank = LoraBank(entry.peft)
         else:
             entry.peft.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False,
                                     torch_device=str(entry.device))
         entry.adapters[name] = None
+        entry.bank.changed()
         self._count("adapter_loads")
         log.info("adapter %s loaded on %s in %.3f s", name, entry.key, time.perf_counter() - started_s)
         # Loaded first, deleted second: PEFT keeps a model with no adapter at all badly.
@@ -236,6 +237,7 @@ class InferenceEngine:
             if entry.peft.active_adapter == evicted:
                 entry.peft.set_adapter(name, inference_mode=True)  # PEFT may not delete the active one
             entry.peft.delete_adapter(evicted)
+            entry.bank.changed()
             self._count("adapter_evictions")
             log.info("adapter %s evicted from %s", evicted, entry.key)
         if entry.device.type == "cuda":

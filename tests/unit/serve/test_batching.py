@@ -267,3 +267,22 @@ def test_every_architecture_decodes_the_same_in_a_batch(arch, tmp_path):
     holder.join(30)
     _assert_same(batched, alone)
     assert engine.stats()["largest_batch"] >= 3
+
+
+def test_without_the_stacked_adapters_pefts_mixed_batches_give_the_same(world, monkeypatch):  # noqa: F811
+    """A loaded adapter the stacks cannot hold (DoRA, LoRA on embeddings) leaves the computation to
+    PEFT's own mixed-adapter forward: the same tokens and log probabilities."""
+    from tuneforge.serve.lora_bank import LoraBank
+
+    make_engine = world[0]
+    requests = _requests(world, 8)
+    alone = [make_engine(max_batch=1).complete(*request) for request in requests]
+    monkeypatch.setattr(LoraBank, "prepare", lambda self, adapters: False)
+    engine = make_engine(max_batch=8)
+    release, holder = _held(engine, requests[0][0])
+    sinks = [engine.submit(*request) for request in requests]
+    release.set()
+    batched = _collect(sinks)
+    holder.join(30)
+    _assert_same(batched, alone)
+    assert engine.stats()["largest_batch"] == 8
