@@ -18,6 +18,12 @@ reports them in its `metrics` events, the held-out loss at the end and the wall 
     bash benchmarks/gpu_smoke.sh --tiny-only
     python benchmarks/gpu_smoke.py --cpu --tiny-only             # the same flow on CPU slots (no QLoRA)
 
+Then the built-in inference engine on the GPU: for each base model, every fine-tuned LoRA model
+of the run answers the same prompts, first one request at a time, then all at once from
+concurrent clients (continuous batching, the adapters mixed in one batch); printed: aggregate
+tokens/s of both, and how many greedy answers the batch left unchanged (bf16 kernels may round
+differently at another batch size; on the CPU in float32 all must be equal).
+
 Exits 1 when a job that was accepted did not succeed. QLoRA needs bitsandbytes: without it
 those rows say so. MFU needs the GPU's peak bf16 TFLOP/s (a table of known GPUs, or
 TUNEFORGE_GPU_PEAK_TFLOPS).
@@ -92,6 +98,44 @@ def _figure(values: list[float], fmt: str) -> str:
     return format(statistics.median(values), fmt) if values else "—"
 
 
+PROMPTS = ("What is the capital of France?", "Write a haiku about GPUs.", "Name three prime numbers.",
+           "Translate 'good morning' into Spanish.")
+
+
+def _batched_inference(api: Any, base: str, fine_tuned: list[str], new_tokens: int = 32) -> int:
+    """The fine-tuned models (and the base) answer every prompt one at a time, then all at once;
+    prints both throughputs and the answers the batch left unchanged. Returns 1 on an error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    requests = [(model, prompt) for model in [base, *fine_tuned] for prompt in PROMPTS]
+
+    def ask(request: tuple[str, str]) -> tuple[str, int]:
+        model, prompt = request
+        reply = api.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=new_tokens, temperature=0)
+        return reply.choices[0].message.content or "", reply.usage.completion_tokens
+
+    try:
+        ask(requests[0])  # loads the base and its adapters before the clock starts
+        for model in fine_tuned:
+            ask((model, PROMPTS[0]))
+        started = time.monotonic()
+        alone = [ask(request) for request in requests]
+        alone_s = time.monotonic() - started
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(ask, requests))
+        together_s = time.monotonic() - started
+    except Exception as exc:  # noqa: BLE001 - reported, and the smoke fails
+        print(f"inference on {base}: {exc}")
+        return 1
+    same = sum(a[0] == b[0] for a, b in zip(alone, together))
+    print(f"inference on {base}: {len(requests)} requests over the base and {len(fine_tuned)} adapter(s): one at a "
+          f"time {sum(t for _, t in alone) / alone_s:.0f} tok/s, all at once {sum(t for _, t in together) / together_s:.0f}"
+          f" tok/s; {same}/{len(requests)} greedy answers unchanged by batching")
+    return 0
+
+
 def _layouts(kind: str, counts: list[int]) -> list[tuple[int, str | None]]:
     """(GPUs, strategy) to run a training type on: alone, then on every GPU with each strategy it takes
     (QLoRA cannot be sharded; a full fine-tune is sharded)."""
@@ -123,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"gpu smoke: {gpus} {'CPU slot(s)' if args.cpu else 'GPU(s)'}, models {models}, home {root}")
     rows: list[list[str]] = []
     failed = 0
+    tuned: dict[str, list[str]] = {}  # base -> its LoRA fine-tuned models
     with ControlPlane(settings) as plane:
         with plane.platform.db.session() as session:
             _tenant, key = tenant_service.create_tenant(session, "smoke", "premium")
@@ -167,6 +212,10 @@ def run(args: argparse.Namespace) -> int:
                     if job.status != "succeeded":
                         failed += 1
                         print(f"  {job.id} ({' '.join(label)}) ended {job.status}: {job.error}")
+                    elif kind == "lora" and job.fine_tuned_model:
+                        tuned.setdefault(name, []).append(job.fine_tuned_model)
+        for name, fine_tuned in tuned.items():
+            failed += _batched_inference(api, name, fine_tuned)
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     header = ["model", "type", "gpus", "strategy", "status", "steps", "tokens/s", "MFU", "peak MB", "valid loss", "wall s"]

@@ -286,3 +286,31 @@ def test_without_the_stacked_adapters_pefts_mixed_batches_give_the_same(world, m
     holder.join(30)
     _assert_same(batched, alone)
     assert engine.stats()["largest_batch"] == 8
+
+
+def test_a_failing_step_fails_its_batch_not_the_engine(world, monkeypatch):  # noqa: F811
+    make_engine, base, targets, _store = world
+    engine = make_engine(max_batch=4)
+    release, holder = _held(engine, base)
+    batcher = engine._batcher(engine._model(base))
+    run_model = batcher.run_model
+    broken = {"steps": 1}
+
+    def flaky(adapters, **inputs):  # noqa: ANN001, ANN202
+        if inputs["input_ids"].shape[1] == 1 and broken["steps"]:  # the first decoding step breaks
+            broken["steps"] -= 1
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return run_model(adapters, **inputs)
+
+    monkeypatch.setattr(batcher, "run_model", flaky)
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    sinks = [engine.submit(target, Prompt(text=PROMPT), params) for target in (base, targets["a"], targets["b"])]
+    release.set()
+    for sink in sinks:
+        with pytest.raises(ApiError) as failed:
+            list(sink)
+        assert (failed.value.status_code, failed.value.code) == (500, "internal_error")
+        assert "illegal memory" not in failed.value.message  # the cause is in the operator's log only
+    holder.join(30)
+    again = engine.complete(targets["a"], Prompt(text=PROMPT), params)
+    assert again.usage.completion_tokens >= 1
