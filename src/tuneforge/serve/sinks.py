@@ -51,10 +51,8 @@ class Sink:
                     while not self._items:
                         self._ready.wait()
                     item = self._items.popleft()
-                if item is _END:
+                if not _delivered(item):
                     return
-                if isinstance(item, BaseException):
-                    raise item
                 yield item
         finally:
             self.cancel()  # done, failed or abandoned: the batcher stops working for it
@@ -72,10 +70,8 @@ class Sink:
                 if item is None:
                     await self._event.wait()
                     continue
-                if item is _END:
+                if not _delivered(item):
                     return
-                if isinstance(item, BaseException):
-                    raise item
                 yield item
         finally:
             self.cancel()
@@ -87,6 +83,15 @@ class Sink:
     async def acompletion(self) -> Completion:
         """The whole answer, awaited."""
         return completion_of([chunk async for chunk in self])
+
+
+def _delivered(item: Any) -> bool:
+    """Whether `item` is a chunk to hand out (False: the end); an exception put here is raised."""
+    if item is _END:
+        return False
+    if isinstance(item, BaseException):
+        raise item
+    return True
 
 
 def completion_of(chunks: list[Chunk]) -> Completion:

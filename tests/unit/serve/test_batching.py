@@ -45,6 +45,20 @@ def _held(engine: InferenceEngine, target: ModelTarget) -> tuple[threading.Event
     return release, thread
 
 
+def _alone_and_batched(make_engine: Callable, requests: list, max_batch: int) -> tuple[list, list, InferenceEngine]:
+    """The requests answered one at a time, then submitted together to an engine of `max_batch`
+    whose batcher is held until all wait (they start together); both answers and that engine."""
+    alone_engine = make_engine(max_batch=1)
+    alone = [alone_engine.complete(*request) for request in requests]
+    engine = make_engine(max_batch=max_batch)
+    release, holder = _held(engine, requests[0][0])
+    sinks = [engine.submit(*request) for request in requests]
+    release.set()
+    batched = _collect(sinks)
+    holder.join(30)
+    return alone, batched, engine
+
+
 def _collect(sinks: list[Sink]) -> list[Completion]:
     results: list[Completion] = []
     for sink in sinks:
@@ -77,19 +91,9 @@ def _assert_same(batched: list[Completion], alone: list[Completion]) -> None:
 
 
 def test_mixed_adapters_in_one_batch_equal_each_request_alone(world):  # noqa: F811
-    make_engine = world[0]
     requests = _requests(world, 12)
-    alone_engine = make_engine(max_batch=1)
-    alone = [alone_engine.complete(*request) for request in requests]
-    assert alone_engine.stats()["largest_batch"] == 1
+    alone, batched, engine = _alone_and_batched(world[0], requests, 8)  # all wait; 8 start together
     assert len({c.text for c in alone}) >= 4  # the adapters and prompts really differ
-
-    engine = make_engine(max_batch=8)
-    release, holder = _held(engine, requests[0][0])
-    sinks = [engine.submit(*request) for request in requests]  # all wait; 8 start together
-    release.set()
-    batched = _collect(sinks)
-    holder.join(30)
     _assert_same(batched, alone)
     stats = engine.stats()
     assert stats["largest_batch"] == 8
@@ -136,14 +140,8 @@ def test_seeded_sampling_with_the_extensions_repeats_in_a_batch(world):  # noqa:
                              repetition_penalty=1.3) for seed in (1, 2, 3)]
     params.append(SamplingParams(max_new_tokens=10, temperature=0.7, seed=4, min_tokens=10, ignore_eos=True))
     chosen = [targets["a"], targets["b"], base, targets["a"]]
-    alone_engine = make_engine(max_batch=1)
-    alone = [alone_engine.complete(target, Prompt(text=PROMPT), p) for target, p in zip(chosen, params)]
-    engine = make_engine(max_batch=4)
-    release, holder = _held(engine, base)
-    sinks = [engine.submit(target, Prompt(text=PROMPT), p) for target, p in zip(chosen, params)]
-    release.set()
-    batched = _collect(sinks)
-    holder.join(30)
+    requests = [(target, Prompt(text=PROMPT), p) for target, p in zip(chosen, params)]
+    alone, batched, _engine = _alone_and_batched(make_engine, requests, 4)
     assert [c.text for c in batched] == [c.text for c in alone]
     assert batched[3].usage.completion_tokens == 10  # ignore_eos: the whole budget
     assert len({c.text for c in batched[:3]}) == 3
@@ -169,15 +167,10 @@ def test_full_fine_tunes_batch_among_themselves(world, tmp_path):  # noqa: F811
     full_dir = build_tiny_model(tmp_path / "full", seed=11)
     staged = stage_adapter(store, base.base, full_dir, tenant_id="tenant-a", job_id="ftjob-full", kind=FULL_MODEL)
     full = ModelTarget(staged.name, base.base, artifact_prefix=staged.artifact_prefix, artifact_kind=FULL_MODEL)
-    params = [SamplingParams(max_new_tokens=5 + index, temperature=0.0, logprobs=1) for index in range(4)]
-    alone_engine = make_engine(max_batch=1)
-    alone = [alone_engine.complete(full, Prompt(text=text), p) for text, p in zip(PROMPTS, params)]
-    engine = make_engine(max_batch=4)
-    release, holder = _held(engine, full)
-    sinks = [engine.submit(full, Prompt(text=text), p) for text, p in zip(PROMPTS, params)]
-    release.set()
-    _assert_same(_collect(sinks), alone)
-    holder.join(30)
+    requests = [(full, Prompt(text=text), SamplingParams(max_new_tokens=5 + index, temperature=0.0, logprobs=1))
+                for index, text in enumerate(PROMPTS)]
+    alone, batched, engine = _alone_and_batched(make_engine, requests, 4)
+    _assert_same(batched, alone)
     assert engine.stats()["largest_batch"] == 4 and engine.stats()["adapter_loads"] == 0
 
 
@@ -226,16 +219,11 @@ def test_waiting_tenants_are_admitted_in_turn(world, monkeypatch):  # noqa: F811
 
 
 def test_an_adapter_in_use_is_not_evicted_and_a_request_waits_for_a_slot(world):  # noqa: F811
-    make_engine, base, targets, _store = world
-    engine = make_engine(max_adapters=2, max_batch=8)
+    make_engine, _base, targets, _store = world
     requests = [(targets[name], Prompt(text=PROMPT), SamplingParams(max_new_tokens=8, temperature=0.0))
                 for name in ("a", "b", "c")]
-    alone = [make_engine(max_batch=1).complete(*request) for request in requests]
-    release, holder = _held(engine, base)
-    sinks = [engine.submit(*request) for request in requests]
-    release.set()
-    batched = _collect(sinks)  # c waited until a or b left the batch, then took its slot
-    holder.join(30)
+    # c waits until a or b leaves the batch, then takes its slot
+    alone, batched, engine = _alone_and_batched(lambda **kwargs: make_engine(max_adapters=2, **kwargs), requests, 8)
     assert [c.text for c in batched] == [c.text for c in alone]
     stats = engine.stats()
     assert stats["adapter_loads"] == 3 and stats["adapter_evictions"] == 1 and stats["largest_batch"] == 2
@@ -274,16 +262,8 @@ def test_without_the_stacked_adapters_pefts_mixed_batches_give_the_same(world, m
     PEFT's own mixed-adapter forward: the same tokens and log probabilities."""
     from tuneforge.serve.lora_bank import LoraBank
 
-    make_engine = world[0]
-    requests = _requests(world, 8)
-    alone = [make_engine(max_batch=1).complete(*request) for request in requests]
     monkeypatch.setattr(LoraBank, "prepare", lambda self, adapters: False)
-    engine = make_engine(max_batch=8)
-    release, holder = _held(engine, requests[0][0])
-    sinks = [engine.submit(*request) for request in requests]
-    release.set()
-    batched = _collect(sinks)
-    holder.join(30)
+    alone, batched, engine = _alone_and_batched(world[0], _requests(world, 8), 8)
     _assert_same(batched, alone)
     assert engine.stats()["largest_batch"] == 8
 
