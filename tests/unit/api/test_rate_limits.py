@@ -400,7 +400,10 @@ def test_defaults_let_normal_use_through(limited):
     assert answers[0].headers["x-ratelimit-limit-requests"] == "100"
     # a route that answers with its own Response object carries them too
     jobs = world.get("alpha", "/v1/fine_tuning/jobs")
-    assert jobs.status_code == 200 and jobs.headers["x-ratelimit-remaining-requests"] == "69"
+    assert jobs.status_code == 200
+    # 31 requests so far: 69 left, unless a slow machine took over a second and the window turned
+    # (the exact counts are checked on a fake clock above)
+    assert 69 <= int(jobs.headers["x-ratelimit-remaining-requests"]) <= 99
 
 
 def test_a_failing_storage_lets_requests_through(limited, tmp_path):
