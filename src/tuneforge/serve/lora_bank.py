@@ -10,10 +10,18 @@ with adapter slot s(i):
 
 where A [slots, r_max, in] and B [slots, out, r_max] stack every adapter's lora_A and lora_B
 (zero-padded to the largest rank; zeros too where an adapter does not adapt the layer) and slot 0
-is the base alone (all zeros). Each row gathers its own A and B (the grouped matrix-vector
-product of S-LoRA / Punica, written with `torch.bmm`). PEFT's own mixed-adapter forward
-(`adapter_names`) loops over the adapters of the batch in Python for every layer, which grows
-with the number of adapters (benchmarks/inference.py measures both).
+is the base alone (all zeros). Two ways to compute it, by the size of the stacks:
+
+- few adapters of small rank (slots x rank <= DENSE_LIMIT): x times every adapter's A at once
+  (one dense product), each row keeping only its own slot's part (a one-hot mask carrying the
+  scaling), then times every B side by side: more multiplications, but two dense products per
+  layer, which is what a CPU or a GPU does best at these sizes;
+- otherwise each row gathers its own A and B (the grouped matrix-vector product of S-LoRA /
+  Punica, written with `torch.bmm`): the work stays that of one adapter per row however many
+  adapters are loaded.
+
+PEFT's own mixed-adapter forward (`adapter_names`) loops over the adapters of the batch in
+Python in every layer, which grows with the number of adapters.
 
 Only plain LoRA on linear layers is stacked (what the trainer produces). A model with any other
 LoRA layer (DoRA, embeddings, convolutions) keeps PEFT's computation (`usable` is False).
@@ -25,6 +33,9 @@ from typing import Any
 
 import torch
 
+# slots x rank at most this: a mixed batch multiplies by every adapter's matrices at once
+DENSE_LIMIT = 1024
+
 
 class LoraBank:
     def __init__(self, peft_model: Any) -> None:
@@ -34,7 +45,7 @@ class LoraBank:
         self.slots: dict[str, int] = {}  # adapter name -> its row in every stack; 0: none
         self.rows: torch.Tensor | None = None  # the slot of each row of the forward pass under way
         self.uniform: int | None = None  # the slot of every row, when they all have the same one
-        self._stacks: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = {}
+        self._stacks: dict[int, tuple[torch.Tensor, ...] | None] = {}
         self._stale = True
 
     def changed(self) -> None:
@@ -74,7 +85,7 @@ class LoraBank:
     def clear(self) -> None:
         self.rows, self.uniform = None, None
 
-    def _stack(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _stack(self, layer: Any) -> tuple[torch.Tensor, ...] | None:
         present = [(slot, name) for name, slot in self.slots.items() if name in layer.lora_A]
         if not present:
             return None
@@ -91,7 +102,8 @@ class LoraBank:
                 a[slot, :lora_a.shape[0]] = lora_a
                 b[slot, :, :lora_b.shape[1]] = lora_b
                 scaling[slot] = float(layer.scaling[name])
-        return a, b, scaling
+        # every adapter's B side by side, [out, slots * rank], for the dense path
+        return a, b, scaling, b.permute(1, 0, 2).reshape(out_features, count * rank).contiguous()
 
     def _add_adapters(self, layer: Any, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
         rows = self.rows
@@ -100,12 +112,21 @@ class LoraBank:
         stacks = self._stacks.get(id(layer))
         if stacks is None:
             return output
-        a, b, scaling = stacks
+        a, b, scaling, b_side_by_side = stacks
         x = inputs[0].to(a.dtype)  # [rows, positions, in]
         if self.uniform is not None:  # one adapter for all: its own matrices, nothing gathered
             slot = self.uniform
             delta = (x @ a[slot].T) @ b[slot].T * scaling[slot].to(a.dtype)
-        else:
+        elif a.shape[0] * a.shape[1] <= DENSE_LIMIT:
+            # few adapters of small rank: every adapter's A at once (one dense product), each row
+            # keeping only its own adapter's part, then every B at once; cheaper than gathering
+            # weights per row where the products are small (a CPU, a handful of adapters)
+            slots, rank = a.shape[0], a.shape[1]
+            hidden = (x @ a.reshape(slots * rank, -1).T).view(*x.shape[:2], slots, rank)
+            own = torch.nn.functional.one_hot(rows, slots).to(a.dtype) * scaling.to(a.dtype)
+            hidden = hidden * own.view(-1, 1, slots, 1)
+            delta = hidden.view(*x.shape[:2], slots * rank) @ b_side_by_side.T
+        else:  # each row gathers its own adapter's matrices (S-LoRA / Punica's grouped product)
             hidden = torch.bmm(x, a[rows].transpose(1, 2))  # [rows, positions, rank]
             delta = torch.bmm(hidden, b[rows].transpose(1, 2)) * scaling[rows].view(-1, 1, 1).to(a.dtype)
         return output + delta.to(output.dtype)

@@ -294,3 +294,14 @@ def test_a_failing_step_fails_its_batch_not_the_engine(world, monkeypatch):  # n
     holder.join(30)
     again = engine.complete(targets["a"], Prompt(text=PROMPT), params)
     assert again.usage.completion_tokens >= 1
+
+
+def test_many_adapters_of_large_rank_gather_each_rows_own_weights(world, monkeypatch):  # noqa: F811
+    """Past DENSE_LIMIT (slots x rank) a mixed batch gathers each row's A and B instead of
+    multiplying by every adapter's: the same tokens and log probabilities."""
+    from tuneforge.serve import lora_bank
+
+    monkeypatch.setattr(lora_bank, "DENSE_LIMIT", 0)
+    alone, batched, engine = _alone_and_batched(world[0], _requests(world, 8), 8)
+    _assert_same(batched, alone)
+    assert engine.stats()["largest_batch"] == 8
