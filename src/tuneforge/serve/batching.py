@@ -2,8 +2,8 @@
 
 A `ModelBatcher` owns one loaded model (a base with its adapters, or a full
 fine-tune) and a thread that runs it. Between two decoding steps it admits
-waiting requests: each new prompt is prefilled alone (its own KV cache) and
-its cache joins the batch's. A step then feeds every running sequence's last
+waiting requests: the new prompts are prefilled together in one forward pass
+(left-padded to the longest) and their caches join the batch's. A step then feeds every running sequence's last
 token at once, each at its own position, and each sequence's `SequenceDecoder`
 picks its next token from its row of the logits with its own sampling
 parameters and random generator. Finished or cancelled sequences leave the
@@ -51,6 +51,7 @@ from tuneforge.serve.sinks import Sink
 log = logging.getLogger(__name__)
 
 BASE_ROW = "__base__"  # PEFT's name for a row that runs the base model alone
+PREFILL_TOKENS = 8192  # padded prompt tokens prefilled in one forward pass, at most (a longer prompt goes alone)
 @dataclass(eq=False)
 class Request:
     prompt_ids: list[int]
@@ -198,13 +199,21 @@ class ModelBatcher:
             self._queued += 1
 
     def _admit(self) -> None:
-        while len(self._rows) < self.max_batch:
+        """Waiting requests join, as many as the batch has room for (and at most
+        `PREFILL_TOKENS` padded prompt tokens at once), prefilled together."""
+        ready: list[Request] = []
+        while len(self._rows) + len(ready) < self.max_batch:
             with self._work:
                 request = self._next_waiting()
             if request is None:
-                return
+                break
+            width = max([len(request.prompt_ids), *(len(r.prompt_ids) for r in ready)])
+            if ready and width * (len(ready) + 1) > PREFILL_TOKENS:
+                self._put_back(request)  # it starts with the next step's admissions
+                break
             if request.adapter is not None:
                 busy = {row.request.adapter for row in self._rows if row.request.adapter is not None}
+                busy |= {r.adapter for r in ready if r.adapter is not None}
                 try:
                     loaded = self._ensure_adapter(request.adapter, request.adapter_dir, busy)
                 except Exception as exc:  # noqa: BLE001 - this request's adapter, not the batch
@@ -212,14 +221,18 @@ class ModelBatcher:
                     continue
                 if not loaded:  # every adapter slot is in use: wait for a sequence to finish
                     self._put_back(request)
-                    return
-            try:
-                self._prefill(request)
-            except ApiError as exc:
-                request.sink.put(exc)
-            except Exception as exc:  # noqa: BLE001 - this request fails; the batch goes on
+                    break
+            ready.append(request)
+        if not ready:
+            return
+        try:
+            self._prefill(ready)
+        except Exception as exc:  # noqa: BLE001 - these requests fail; the running batch goes on
+            failure = exc if isinstance(exc, ApiError) else _internal(exc)
+            if not isinstance(exc, ApiError):
                 log.exception("prefill failed on %s", self.entry.key)
-                request.sink.put(_internal(exc))
+            for request in ready:
+                request.sink.put(failure)
 
     # -- the model ---------------------------------------------------------------------------------
 
@@ -252,42 +265,58 @@ class ModelBatcher:
             entry.peft.set_adapter(name, inference_mode=True)
         return entry.peft(**inputs)
 
-    def _prefill(self, request: Request) -> None:
+    def _prefill(self, requests: list[Request]) -> None:
+        """The prompts in one forward pass (left-padded to the longest), each one's first token
+        picked; those that go on join the batch."""
         from transformers.cache_utils import DynamicCache
 
         started_s = time.perf_counter()
-        entry = self.entry
-        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=entry.device)
+        entry, device = self.entry, self.entry.device
+        lengths = [len(request.prompt_ids) for request in requests]
+        width = max(lengths)
+        ids = torch.zeros(len(requests), width, dtype=torch.long, device=device)
+        mask = torch.zeros(len(requests), width, dtype=torch.long, device=device)
+        for row, request in enumerate(requests):
+            ids[row, width - lengths[row]:] = torch.tensor(request.prompt_ids, dtype=torch.long, device=device)
+            mask[row, width - lengths[row]:] = 1
+        padded = min(lengths) < width
+        inputs: dict[str, Any] = {"input_ids": ids}
+        if padded:  # without padding the model takes its plain causal path
+            inputs |= {"attention_mask": mask, "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0)}
         with torch.inference_mode():
-            output = self._forward([request], DynamicCache(), input_ids=ids)
-        self.counters.prefills += 1
-        decoder = SequenceDecoder(entry.tokenizer, request.prompt_ids, request.params, eos_ids=entry.eos_ids,
-                                  device=entry.device)
-        token, chunks = decoder.step(output.logits[0, -1])
-        self._deliver(request, chunks)
-        if decoder.done or token is None:
-            request.sink.end()
-            return
-        self._join(_layer_tensors(output), len(request.prompt_ids))
-        self._rows.append(_Row(request, decoder, token, len(request.prompt_ids)))
+            output = self._forward(requests, DynamicCache(), **inputs)
+        self.counters.prefills += len(requests)
+        going_on: list[int] = []
+        for row, request in enumerate(requests):
+            decoder = SequenceDecoder(entry.tokenizer, request.prompt_ids, request.params, eos_ids=entry.eos_ids,
+                                      device=device)
+            token, chunks = decoder.step(output.logits[row, -1])
+            self._deliver(request, chunks)
+            if decoder.done or token is None:
+                request.sink.end()
+                continue
+            going_on.append(row)
+            self._rows.append(_Row(request, decoder, token, lengths[row]))
+        if going_on:
+            index = torch.tensor(going_on, dtype=torch.long, device=device)
+            layers = [(keys[index], values[index]) for keys, values in _layer_tensors(output)]
+            kept = mask[index]
+            unused = int((kept.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # padding only the others needed
+            self._join([(keys[:, :, unused:], values[:, :, unused:]) for keys, values in layers], kept[:, unused:])
         self._step_s.append(time.perf_counter() - started_s)
 
-    def _join(self, layers: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
-        """A prefilled sequence's cache (`length` positions) becomes the batch's last row."""
-        device = self.entry.device
+    def _join(self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
+        """Prefilled sequences' caches (rows of `mask`, 1 where a token is) become the batch's last rows."""
         if self._layers is None:
-            self._layers = layers
-            self._mask = torch.ones(1, length, dtype=torch.long, device=device)
-            self._padded = False
-            return
-        assert self._mask is not None
-        width = max(self._mask.shape[1], length)
-        self._layers = [(torch.cat([_left_pad(keys, width), _left_pad(new_keys, width)]),
-                         torch.cat([_left_pad(values, width), _left_pad(new_values, width)]))
-                        for (keys, values), (new_keys, new_values) in zip(self._layers, layers)]
-        row = torch.zeros(1, width, dtype=torch.long, device=device)
-        row[0, width - length:] = 1
-        self._mask = torch.cat([torch.nn.functional.pad(self._mask, (width - self._mask.shape[1], 0)), row])
+            self._layers, self._mask = layers, mask
+        else:
+            assert self._mask is not None
+            width = max(self._mask.shape[1], mask.shape[1])
+            self._layers = [(torch.cat([_left_pad(keys, width), _left_pad(new_keys, width)]),
+                             torch.cat([_left_pad(values, width), _left_pad(new_values, width)]))
+                            for (keys, values), (new_keys, new_values) in zip(self._layers, layers)]
+            self._mask = torch.cat([torch.nn.functional.pad(self._mask, (width - self._mask.shape[1], 0)),
+                                    torch.nn.functional.pad(mask, (width - mask.shape[1], 0))])
         self._padded = not bool(self._mask.all())
 
     def _step(self) -> None:

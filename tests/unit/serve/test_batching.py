@@ -203,9 +203,9 @@ def test_waiting_tenants_are_admitted_in_turn(world, monkeypatch):  # noqa: F811
     admitted: list[str] = []
     prefill: Callable = batcher._prefill
 
-    def recording(request):  # noqa: ANN001, ANN202
-        admitted.append(request.tenant)
-        return prefill(request)
+    def recording(requests):  # noqa: ANN001, ANN202
+        admitted.extend(request.tenant for request in requests)
+        return prefill(requests)
 
     monkeypatch.setattr(batcher, "_prefill", recording)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
