@@ -298,11 +298,7 @@ class ModelBatcher:
             going_on.append(row)
             self._rows.append(_Row(request, decoder, token, lengths[row]))
         if going_on:
-            index = torch.tensor(going_on, dtype=torch.long, device=device)
-            layers = [(keys[index], values[index]) for keys, values in _layer_tensors(output)]
-            kept = mask[index]
-            unused = int((kept.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # padding only the others needed
-            self._join([(keys[:, :, unused:], values[:, :, unused:]) for keys, values in layers], kept[:, unused:])
+            self._join(*_select_rows(_layer_tensors(output), mask, going_on))
         self._step_s.append(time.perf_counter() - started_s)
 
     def _join(self, layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
@@ -362,12 +358,8 @@ class ModelBatcher:
             self._layers = self._mask = None
             return
         assert self._layers is not None and self._mask is not None
-        index = torch.tensor(keep, dtype=torch.long, device=self.entry.device)
-        mask = self._mask[index]
-        unused = int((mask.sum(dim=0) == 0).long().cumprod(dim=0).sum())  # leading columns nobody uses
-        self._mask = mask[:, unused:]
+        self._layers, self._mask = _select_rows(self._layers, self._mask, keep)
         self._padded = not bool(self._mask.all())
-        self._layers = [(keys[index][:, :, unused:], values[index][:, :, unused:]) for keys, values in self._layers]
 
     def _deliver(self, request: Request, chunks: list[Chunk]) -> None:
         for chunk in chunks:
@@ -389,6 +381,15 @@ def _layer_tensors(output: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The keys and values of every layer of a forward pass's cache."""
     cache = output.cache if getattr(output, "cache", None) is not None else output.past_key_values
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _select_rows(layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor, rows: list[int]
+                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """The cache and mask of `rows` only, without the leading columns that only the other rows used."""
+    index = torch.tensor(rows, dtype=torch.long, device=mask.device)
+    kept = mask[index]
+    unused = int((kept.sum(dim=0) == 0).long().cumprod(dim=0).sum())
+    return [(keys[index][:, :, unused:], values[index][:, :, unused:]) for keys, values in layers], kept[:, unused:]
 
 
 def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:

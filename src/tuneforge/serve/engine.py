@@ -146,7 +146,7 @@ class InferenceEngine:
         (iterate it, or `async for` it). Errors of the request itself (prompt, context, a full
         queue: 429) are raised here."""
         entry = self._model(target)
-        adapter_dir = self._adapter_dir(target)
+        adapter, adapter_dir = self._adapter(target)
         prompt_ids = prompt_token_ids(entry.tokenizer, prompt, target.name)
         if not prompt_ids:
             raise invalid(f"The {prompt.param} is empty", param=prompt.param)
@@ -157,7 +157,6 @@ class InferenceEngine:
                           param=prompt.param, code="context_length_exceeded")
         # The completion ends where the context does (finish_reason "length").
         params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
-        adapter = adapter_name(str(target.artifact_prefix)) if adapter_dir is not None else None
         request = Request(prompt_ids, params, tenant=tenant, adapter=adapter, adapter_dir=adapter_dir)
         return self._batcher(entry).submit(request)
 
@@ -165,8 +164,7 @@ class InferenceEngine:
         """Next-token logits at every position of `token_ids` ([positions, vocabulary],
         float32, on the CPU), from exactly the weights a request on `target` uses."""
         entry = self._model(target)
-        adapter_dir = self._adapter_dir(target)
-        adapter = adapter_name(str(target.artifact_prefix)) if adapter_dir is not None else None
+        adapter, adapter_dir = self._adapter(target)
         batcher = self._batcher(entry)
 
         def score() -> torch.Tensor:
@@ -244,10 +242,13 @@ class InferenceEngine:
             torch.cuda.empty_cache()
         return True
 
-    def _adapter_dir(self, target: ModelTarget) -> Path | None:
+    def _adapter(self, target: ModelTarget) -> tuple[str | None, Path | None]:
+        """The adapter a request on `target` runs with (its name in the PEFT model and its local
+        files), or (None, None) for the base alone and full fine-tunes."""
         if target.is_base or target.artifact_kind == FULL_MODEL:
-            return None
-        return self._artifact_dir(str(target.artifact_prefix))
+            return None, None
+        prefix = str(target.artifact_prefix)
+        return adapter_name(prefix), self._artifact_dir(prefix)
 
     def _artifact_dir(self, prefix: str) -> Path:
         """A local copy of the artifact under `prefix`, downloaded once: artifacts are

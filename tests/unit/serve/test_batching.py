@@ -21,7 +21,7 @@ from tuneforge.serve.engine import InferenceEngine
 from tuneforge.storage.store import open_store
 from tuneforge.serve.generation import adjusted_logits
 from tuneforge.serve.params import FULL_MODEL, Completion, ModelTarget, Prompt, SamplingParams
-from tuneforge.serve.sinks import Sink
+from tuneforge.serve.sinks import Sink, completion_of
 
 LOGPROB_TOLERANCE = 1e-4
 PROMPTS = [PROMPT, "hello there", "a b c d e f g h i j k l m n o p q r s t u v w x y z", "x = 1\ny ="]
@@ -60,13 +60,7 @@ def _alone_and_batched(make_engine: Callable, requests: list, max_batch: int) ->
 
 
 def _collect(sinks: list[Sink]) -> list[Completion]:
-    results: list[Completion] = []
-    for sink in sinks:
-        chunks = list(sink)
-        logprobs = tuple(entry for chunk in chunks for entry in chunk.logprobs)
-        last = chunks[-1]
-        results.append(Completion("".join(c.text for c in chunks), last.finish_reason, last.usage, logprobs))
-    return results
+    return [sink.completion() for sink in sinks]
 
 
 def _requests(world, count: int) -> list[tuple[ModelTarget, Prompt, SamplingParams]]:  # noqa: F811
@@ -117,7 +111,7 @@ def test_sequences_join_a_running_batch_between_steps(world):  # noqa: F811
         # half stream, half wait for the whole answer; they arrive while others decode
         if index % 2:
             chunks = list(engine.stream(target, prompt, params))
-            results[index] = _collect_chunks(chunks)
+            results[index] = completion_of(chunks)
         else:
             results[index] = engine.complete(target, prompt, params)
 
@@ -127,11 +121,6 @@ def test_sequences_join_a_running_batch_between_steps(world):  # noqa: F811
     for thread in threads:
         thread.join(120)
     _assert_same([results[index] for index in range(len(requests))], alone)
-
-
-def _collect_chunks(chunks) -> Completion:  # noqa: ANN001
-    logprobs = tuple(entry for chunk in chunks for entry in chunk.logprobs)
-    return Completion("".join(c.text for c in chunks), chunks[-1].finish_reason, chunks[-1].usage, logprobs)
 
 
 def test_seeded_sampling_with_the_extensions_repeats_in_a_batch(world):  # noqa: F811
@@ -251,7 +240,7 @@ def test_every_architecture_decodes_the_same_in_a_batch(arch, tmp_path):
     running = iter(sinks[0])
     first = [next(running)]  # the batch is running: the others join it
     sinks += [engine.submit(base, prompt, params) for prompt, params in requests[2:]]
-    batched = [_collect_chunks(first + list(running))] + _collect(sinks[1:])
+    batched = [completion_of(first + list(running))] + _collect(sinks[1:])
     holder.join(30)
     _assert_same(batched, alone)
     assert engine.stats()["largest_batch"] >= 3
