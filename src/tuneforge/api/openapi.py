@@ -72,11 +72,15 @@ _LINKS: dict[tuple[str, str, str], tuple[str, str, str, tuple[tuple[str, str], .
     ("post", "/v1/webhooks", "200"): ("webhook_id", "$response.body#/id", "/v1/webhooks/{webhook_id}", (
         ("get", "GetWebhook"), ("post", "UpdateWebhook"), ("get", "GetWebhookDeliveries"),
         ("delete", "DeleteWebhook"))),
+    ("post", "/v1/routes", "200"): ("name", "$response.body#/name", "/v1/routes/{name}", (
+        ("get", "GetRoute"), ("patch", "UpdateRoute"), ("get", "GetRouteStats"), ("post", "PromoteRouteVersion"),
+        ("delete", "DeleteRoute"))),
     ("post", "/v1/secrets", "201"): ("name", "$response.body#/name", "/v1/secrets/{name}", (
         ("delete", "DeleteSecret"),)),
 }
 _SUFFIXES = {"GetFileContent": "/content", "GetFileValidation": "/validation", "CancelJob": "/cancel",
-             "GetJobEvents": "/events", "GetJobCheckpoints": "/checkpoints", "GetWebhookDeliveries": "/deliveries"}
+             "GetJobEvents": "/events", "GetJobCheckpoints": "/checkpoints", "GetWebhookDeliveries": "/deliveries",
+             "GetRouteStats": "/stats", "PromoteRouteVersion": "/promote"}
 
 
 def _with_links(document: dict[str, Any]) -> None:

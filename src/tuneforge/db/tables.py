@@ -353,3 +353,40 @@ class TenantSecret(Base):
     updated_at: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_tenant_secrets_tenant_name"),)
+
+
+class Route(Base):
+    """A tenant's A/B route (services/routes.py): a name that requests use as `model: "route:NAME"`,
+    and the versions (fine-tuned or base models) it splits traffic between, by integer weight."""
+
+    __tablename__ = "routes"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    route_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    name: Mapped[str] = mapped_column(String(64))
+    versions: Mapped[list[Any]] = mapped_column(JSON)  # [{"model": id, "weight": int}], in order
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_routes_tenant_name"),)
+
+
+class RouteRequest(Base):
+    """One request a route served: which version, how it went and how long it took, and the
+    feedback score the tenant later gave its answer (by the answer's id)."""
+
+    __tablename__ = "route_requests"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    response_id: Mapped[str] = mapped_column(String(64), unique=True)  # "chatcmpl-…" / "cmpl-…"
+    route_id: Mapped[str] = mapped_column(ForeignKey("routes.route_id"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    model: Mapped[str] = mapped_column(String(256))
+    outcome: Mapped[str] = mapped_column(String(16))  # ok | error | cancelled
+    latency_ms: Mapped[float] = mapped_column(Float)
+    first_token_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    feedback: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_route_requests_route_created", "route_id", "created_at"),)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import routes as route_repo
 from tuneforge.db.tables import FineTunedModel, Job, ModelStageChange
 from tuneforge.db.tenancy import owned
 from tuneforge.domain.errors import ApiError, invalid, not_found
@@ -135,6 +136,8 @@ def promote(session: Session, row: FineTunedModel, target: str, *, actor: str, o
     if not can_move(row.stage, target):
         raise ApiError(409, f"{row.model_id} is in {row.stage}; it cannot move to {target} directly",
                        param="stage", code="invalid_stage_transition")
+    if target == "archived":
+        refuse_while_routed(session, row, "archived")
     if target in GATED and not row.promotable:
         if not override:
             reasons = "; ".join(failure_reasons(row)) or "its gates failed"
@@ -162,11 +165,20 @@ def deprecate(session: Session, row: FineTunedModel, *, grace_s: float, actor: s
     """Deleting a model: hidden from listings at once, artifacts removed after the grace period
     (`purge_expired`); `restore` undoes it until then."""
     if row.deprecated_at is None:
+        refuse_while_routed(session, row, "deleted")
         now = int(time.time())
         row.deprecated_at, row.delete_after = now, now + int(grace_s)
         session.add(ModelStageChange(model_id=row.model_id, tenant_id=row.tenant_id, from_stage=row.stage,
                                      to_stage="deprecated", actor=actor, created_at=now))
     return row
+
+
+def refuse_while_routed(session: Session, row: FineTunedModel, what: str) -> None:
+    """A model that a route sends traffic cannot be archived or deleted under it."""
+    names = [route.name for route in route_repo.using(session, row.tenant_id, row.model_id)]
+    if names:
+        raise ApiError(409, f"{row.model_id} takes traffic in the route(s) {', '.join(names)}; give it weight 0 "
+                            f"or remove it there before it is {what}", param="model", code="model_in_route")
 
 
 def restore(session: Session, row: FineTunedModel, *, actor: str) -> FineTunedModel:

@@ -28,7 +28,9 @@ from tuneforge.scheduler.leader import LeaderLock
 from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
 from tuneforge.scheduler.spec_builder import build_spec
 from tuneforge.scheduler.state import ClusterState, read_state
+from tuneforge.serve import vllm
 from tuneforge.services import artifacts, quotas
+from tuneforge.services import routes as route_service
 from tuneforge.services import files as file_service
 from tuneforge.services import uploads as upload_service
 from tuneforge.scheduler.validation import validate_job
@@ -71,6 +73,8 @@ class Scheduler:
         self._release_ended()
         self._purge_deleted_models()
         self._expire_uploads_and_files()
+        self._prune_route_requests()
+        self._sync_vllm()
         self._reap_executor()
 
     def _release_ended(self) -> None:
@@ -146,6 +150,32 @@ class Scheduler:
                 log.info("expired %d upload(s) and deleted %d expired file(s)", uploads, removed)
         except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
             log.exception("expiring uploads and files failed")
+
+    def _prune_route_requests(self, every_s: float = 3600.0) -> None:
+        """Forget the requests routes served longer ago than their retention (hourly)."""
+        if not self._due("routes", every_s):
+            return
+        try:
+            with self.platform.db.session() as session:
+                pruned = route_service.prune(session, self.platform.settings.route_request_retention_days * 86_400)
+            if pruned:
+                log.info("forgot %d routed request(s) past their retention", pruned)
+        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
+            log.exception("pruning routed requests failed")
+
+    def _sync_vllm(self) -> None:
+        """Every vLLM server holds the deployed adapters of its base, and no others of ours: a
+        restarted server gets them back (serve/vllm.py)."""
+        handoff = vllm.handoff_for(self.platform)
+        if handoff is None or not self._due("vllm", self.platform.settings.vllm_sync_interval_s):
+            return
+        try:
+            with self.platform.db.session() as session:
+                report = handoff.sync(session)
+            if report["loaded"] or report["unloaded"]:
+                log.info("vLLM: loaded %s; unloaded %s", report["loaded"], report["unloaded"])
+        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
+            log.exception("syncing the vLLM servers failed")
 
     def _validate_new_jobs(self) -> None:
         with self.platform.db.session() as session:

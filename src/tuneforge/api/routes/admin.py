@@ -21,6 +21,7 @@ from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
 from tuneforge.domain.errors import ApiError, unauthorized
 from tuneforge.registry import models as registry
+from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import queue as queue_service
 from tuneforge.services import quotas, usage
 from tuneforge.services import tenants as tenant_service
@@ -170,8 +171,10 @@ class AdminPromote(_Strict):
 
 
 @router.post("/models/{model_id:path}/promote", dependencies=[Depends(admin)], responses=error_responses(409))
-def promote_model(model_id: str, body: AdminPromote, session: Session = deps.SESSION) -> dict:
+def promote_model(model_id: str, body: AdminPromote, session: Session = deps.SESSION,
+                  platform: Platform = Depends(deps.platform)) -> dict:
     """Any tenant's model; with `override` past failed gates — audited in the model's stage history."""
     row = registry.get_any(session, model_id)
     registry.promote(session, row, body.stage, actor="admin", override=body.override, reason=body.reason)
+    serving_changed(platform, session)
     return fine_tuned_model_object(row)

@@ -23,6 +23,7 @@ from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError
 from tuneforge.registry import models as registry
 from tuneforge.registry import parents
+from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services.context import Platform
 
@@ -68,13 +69,18 @@ def promote_model(model_id: str, body: PromoteBody, tenant: Tenant = Depends(dep
             raise
         row = registry.register_checkpoint(session, platform.store, checkpoint.job, model_id=model_id,
                                            step=checkpoint.step, source_prefix=checkpoint.checkpoint.prefix)
-    return fine_tuned_model_object(registry.promote(session, row, body.stage, actor=_actor(tenant)))
+    registry.promote(session, row, body.stage, actor=_actor(tenant))
+    serving_changed(platform, session)
+    return fine_tuned_model_object(row)
 
 
 @router.post("/{model_id:path}/restore", responses=error_responses(409))
-def restore_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
+def restore_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
+                  platform: Platform = Depends(deps.platform)) -> dict:
     row = registry.get(session, tenant.tenant_id, model_id)
-    return fine_tuned_model_object(registry.restore(session, row, actor=_actor(tenant)))
+    registry.restore(session, row, actor=_actor(tenant))
+    serving_changed(platform, session)
+    return fine_tuned_model_object(row)
 
 
 @router.get("/{model_id:path}/stages")
@@ -110,4 +116,5 @@ def delete_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: 
     if row.deprecated_at is not None:  # deleted already: gone, as OpenAI answers a second delete
         raise registry.model_not_found(model_id)
     registry.deprecate(session, row, grace_s=platform.settings.model_delete_grace_s, actor=_actor(tenant))
+    serving_changed(platform, session)
     return {"id": row.model_id, "object": "model", "deleted": True, "delete_after": row.delete_after}
