@@ -3,6 +3,8 @@
 # tiny and ~0.5B models, LoRA, QLoRA and full, on 1 GPU and on all; prints tokens/s, MFU and
 # peak memory per job. On a machine without a CUDA GPU it says so and exits 0 (CI runs it so).
 #   bash benchmarks/gpu_smoke.sh [--model HUB_ID_OR_PATH] [--tiny-only] [--gpus N]
+# With VLLM_URL (and VLLM_BASE_NAME, VLLM_BASE_SOURCE) set, it then checks the hand-off to that
+# vLLM server (benchmarks/vllm_handoff.py has the details and how to start vLLM).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python}"
@@ -11,4 +13,8 @@ if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     exit 0
 fi
 "$PYTHON" -c "import torch; print('gpu_smoke:', torch.cuda.device_count(), 'x', torch.cuda.get_device_name(0))"
-exec "$PYTHON" benchmarks/gpu_smoke.py "$@"
+"$PYTHON" benchmarks/gpu_smoke.py "$@"
+if [[ -n "${VLLM_URL:-}" ]]; then
+    "$PYTHON" benchmarks/vllm_handoff.py --vllm-url "$VLLM_URL" --base-name "${VLLM_BASE_NAME:?set VLLM_BASE_NAME}" \
+        --base-source "${VLLM_BASE_SOURCE:?set VLLM_BASE_SOURCE}" ${VLLM_API_KEY:+--api-key "$VLLM_API_KEY"}
+fi

@@ -275,7 +275,7 @@ class Settings(BaseSettings):
                                         "feedback (docs/serving.md).")
     vllm_urls: dict[str, list[str]] = Field(
         default_factory=dict,
-        description='vLLM servers by base model name (JSON), e.g. {"Qwen/Qwen2.5-7B-Instruct": '
+        description='vLLM servers by base model name (JSON), e.g. {"qwen2.5-7b-instruct": '
                     '["http://vllm-0:8000", "http://vllm-1:8000"]}. Each runs that base (its --served-model-name '
                     'is the name here) with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. Adapters of '
                     'that base in production, or with weight in a route, are loaded into every server, and '

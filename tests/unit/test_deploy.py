@@ -8,8 +8,11 @@ and names that must match across files do.
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -51,17 +54,19 @@ def dockerfile_args(name: str) -> dict[str, str]:
     return dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.MULTILINE))
 
 
-def test_every_tuneforge_variable_is_a_setting(control_plane_env):
+def test_every_tuneforge_variable_is_a_setting(control_plane_env, monkeypatch):
     fields = {f"TUNEFORGE_{name.upper()}" for name in Settings.model_fields}
     named = set(control_plane_env)
     for dockerfile in (DEPLOY / "docker").glob("*.Dockerfile"):
         named |= set(re.findall(r"\b(TUNEFORGE_[A-Z0-9_]+)=", dockerfile.read_text()))
     tuneforge_names = {name for name in named if name.startswith("TUNEFORGE_")}
     assert tuneforge_names and tuneforge_names <= fields, sorted(tuneforge_names - fields)
-    # and each value is one the settings accept
-    values = {name[len("TUNEFORGE_"):].lower(): value for name, value in control_plane_env.items()
-              if name.startswith("TUNEFORGE_") and isinstance(value, str)}
-    settings = Settings(**values)
+    # and each value is one the settings accept, read from the environment as the pod reads it
+    # (JSON values such as TUNEFORGE_VLLM_URLS are decoded there)
+    for name, value in control_plane_env.items():
+        if name.startswith("TUNEFORGE_") and isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    settings = Settings()
     assert settings.executor == "ray" and settings.resolved_storage_url.startswith("s3://")
 
 
@@ -137,3 +142,292 @@ def test_dockerfiles_copy_what_exists_and_run_a_real_command():
             from tuneforge.cli.main import app
 
             assert entry.group(2) in get_command(app).commands
+
+
+# --- vLLM: deploy/compose/vllm.compose.yaml, deploy/kubernetes/vllm.yaml ----------------------------
+
+VLLM_MAX_LORA_RANKS = {1, 8, 16, 32, 64, 128, 256, 320, 512}   # the values vLLM's --max-lora-rank takes
+LARGEST_DEFAULT_RANK = 64   # tuneforge's rank by model size goes up to 64 (docs/methods.md)
+VLLM_DEFAULT_PORT = 8000
+BASE_MODEL_NAME = re.compile(r"[A-Za-z0-9._-]+")   # what services/base_models.add_base_model accepts
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value of `name` in an argument list (`--name value` or `--name=value`), None when absent."""
+    for index, arg in enumerate(args):
+        if arg == name:
+            assert index + 1 < len(args), f"{name} has no value"
+            return args[index + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def vllm_port(args: list[str]) -> int:
+    return int(flag(args, "--port") or VLLM_DEFAULT_PORT)
+
+
+def assert_vllm_serves_loras_at_run_time(args: list[str], env: dict[str, object]) -> None:
+    """The flags and environment tuneforge's hand-off needs from a vLLM server."""
+    assert "--enable-lora" in args
+    assert env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") == "True"   # else no /v1/load_lora_adapter
+    rank = int(flag(args, "--max-lora-rank") or 16)
+    assert rank in VLLM_MAX_LORA_RANKS and rank >= LARGEST_DEFAULT_RANK, rank
+    max_loras = int(flag(args, "--max-loras") or 1)
+    assert int(flag(args, "--max-cpu-loras") or max_loras) >= max_loras   # vLLM refuses fewer
+    # runtime LoRA updating is refused with several API server processes
+    assert int(flag(args, "--api-server-count") or 1) == 1
+    assert int(flag(args, "--data-parallel-size") or 1) == 1
+    assert flag(args, "--api-key"), "vLLM without a key would load adapters for anyone who asks"
+    assert flag(args, "--model")
+    served = flag(args, "--served-model-name")
+    assert served and BASE_MODEL_NAME.fullmatch(served) and not served.startswith("ft:"), \
+        f"--served-model-name {served!r} cannot be a tuneforge base model's name"
+
+
+def vllm_urls(value: object) -> dict[str, list[str]]:
+    urls = json.loads(str(value))
+    assert isinstance(urls, dict) and urls
+    return {base: [servers] if isinstance(servers, str) else servers for base, servers in urls.items()}
+
+
+def pinned_tag(image: str) -> str:
+    name, _, tag = image.rpartition(":")
+    assert name == "vllm/vllm-openai" and re.fullmatch(r"v\d+\.\d+\.\d+", tag), image
+    return tag
+
+
+def control_plane_uid() -> int:
+    return int(re.search(r"--uid (\d+)", (DEPLOY / "docker" / "control-plane.Dockerfile").read_text()).group(1))
+
+
+# Kubernetes
+
+@pytest.fixture(scope="module")
+def vllm_manifest() -> list[dict]:
+    return documents("vllm.yaml")
+
+
+@pytest.fixture(scope="module")
+def vllm_deployment(vllm_manifest) -> dict:
+    [deployment] = by_kind(vllm_manifest, "Deployment")
+    return deployment
+
+
+@pytest.fixture(scope="module")
+def vllm_container(vllm_deployment) -> dict:
+    [container] = vllm_deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.fixture(scope="module")
+def control_plane_pod() -> dict:
+    [deployment] = by_kind(documents("control-plane.yaml"), "Deployment")
+    return deployment["spec"]["template"]
+
+
+def container_args(container: dict) -> list[str]:
+    return [str(arg) for arg in container.get("command", []) + container.get("args", [])]
+
+
+def container_env(container: dict) -> dict[str, object]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container.get("env", [])}
+
+
+def named_port(container: dict, port: int | str) -> int:
+    """A probe's or Service's port (a number or a container port's name) as a number."""
+    if isinstance(port, int):
+        return port
+    [number] = [item["containerPort"] for item in container["ports"] if item.get("name") == port]
+    return number
+
+
+def claim_mount(pod: dict, claim: str) -> dict:
+    """The mount of the volume that is PersistentVolumeClaim `claim` in a pod template's first container."""
+    [volume] = [volume["name"] for volume in pod["spec"]["volumes"]
+                if volume.get("persistentVolumeClaim", {}).get("claimName") == claim]
+    [mount] = [mount for mount in pod["spec"]["containers"][0]["volumeMounts"] if mount["name"] == volume]
+    return mount
+
+
+def test_vllm_serves_the_base_model_the_control_plane_sends_it(vllm_manifest, vllm_container, control_plane_env):
+    args = container_args(vllm_container)
+    urls = vllm_urls(control_plane_env["TUNEFORGE_VLLM_URLS"])
+    served = flag(args, "--served-model-name")
+    assert served in urls, (served, sorted(urls))
+    [service] = by_kind(vllm_manifest, "Service")
+    labels = vllm_manifest[0]["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    for url in urls[served]:
+        parts = urlsplit(url)
+        assert parts.scheme == "http" and parts.path in ("", "/"), url
+        host = parts.hostname or ""
+        assert host == service["metadata"]["name"] or host.startswith(service["metadata"]["name"] + "."), url
+        [port] = [port for port in service["spec"]["ports"] if port["port"] == parts.port]
+        assert named_port(vllm_container, port["targetPort"]) == vllm_port(args)
+
+
+def test_vllm_loads_lora_adapters_at_run_time_on_one_gpu(vllm_deployment, vllm_container):
+    assert_vllm_serves_loras_at_run_time(container_args(vllm_container), container_env(vllm_container))
+    pinned_tag(vllm_container["image"])
+    assert vllm_container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    probe = vllm_container["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/health" and named_port(vllm_container, probe["port"]) == \
+        vllm_port(container_args(vllm_container))
+    # tuneforge loads an adapter into each URL it has: a Service over several pods would load it into one
+    assert vllm_deployment["spec"]["replicas"] == 1
+    assert vllm_deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_the_adapter_claim_is_written_by_the_control_plane_and_read_by_vllm(
+        vllm_manifest, vllm_deployment, control_plane_pod, control_plane_env):
+    [claim] = by_kind(vllm_manifest, "PersistentVolumeClaim")
+    name = claim["metadata"]["name"]
+    assert name == "tuneforge-vllm-adapters"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]   # every replica and vLLM pod, on any node
+    in_vllm = claim_mount(vllm_deployment["spec"]["template"], name)
+    assert in_vllm["mountPath"] == control_plane_env["TUNEFORGE_VLLM_ADAPTER_DIR_ON_SERVER"]
+    assert in_vllm["readOnly"] is True
+    in_control_plane = claim_mount(control_plane_pod, name)
+    assert in_control_plane["mountPath"] == control_plane_env["TUNEFORGE_VLLM_ADAPTER_DIR"]
+    assert not in_control_plane.get("readOnly")
+    # the image's user is not root: the claim's root must be made writable for it
+    assert control_plane_pod["spec"]["securityContext"]["fsGroup"] == control_plane_uid()
+
+
+def test_the_vllm_api_key_is_one_secret_on_both_sides(vllm_container, control_plane_env):
+    reference = {"secretKeyRef": {"name": "tuneforge", "key": "vllm-api-key"}}
+    env = container_env(vllm_container)
+    [variable] = re.fullmatch(r"\$\((\w+)\)", flag(container_args(vllm_container), "--api-key")).groups()
+    assert env[variable] == reference
+    assert control_plane_env["TUNEFORGE_VLLM_API_KEY"] == reference
+    # and the instructions that create the Secret give that key
+    assert "--from-literal=vllm-api-key=" in (DEPLOY / "kubernetes" / "control-plane.yaml").read_text()
+
+
+def test_vllm_runs_on_the_ray_clusters_gpu_pool(vllm_deployment, raycluster):
+    pod = vllm_deployment["spec"]["template"]["spec"]
+    gpu_flavors = [flavor for flavor in by_kind(documents("kueue.yaml"), "ResourceFlavor")
+                   if flavor.get("spec", {}).get("nodeLabels")]
+    [flavor] = gpu_flavors
+    assert pod["nodeSelector"] == flavor["spec"]["nodeLabels"]
+    [workers] = raycluster["spec"]["workerGroupSpecs"]
+    for toleration in workers["template"]["spec"]["tolerations"]:
+        assert toleration in pod["tolerations"]
+
+
+def test_only_the_control_plane_reaches_vllm(vllm_manifest, vllm_container, control_plane_pod):
+    [policy] = by_kind(vllm_manifest, "NetworkPolicy")
+    labels = vllm_manifest[0]["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    [rule] = policy["spec"]["ingress"]
+    [source] = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= control_plane_pod["metadata"]["labels"].items()
+    assert [port["port"] for port in rule["ports"]] == [vllm_port(container_args(vllm_container))]
+
+
+# Docker Compose
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose" / "vllm.compose.yaml").read_text())
+
+
+def compose_env(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {name: str(value) for name, value in env.items()}
+
+
+def compose_args(service: dict) -> list[str]:
+    command = service.get("command", [])
+    return shlex.split(command) if isinstance(command, str) else [str(arg) for arg in command]
+
+
+def compose_mounts(service: dict) -> dict[str, tuple[str, bool]]:
+    """Mount path -> (volume or host path, read-only)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target, *mode = volume.split(":")
+            mounts[target] = (source, "ro" in (mode[0].split(",") if mode else []))
+        else:
+            mounts[volume["target"]] = (volume["source"], bool(volume.get("read_only")))
+    return mounts
+
+
+def compose_variable(value: str) -> str:
+    """The one variable a value is read from (`${NAME}`, `${NAME:?message}`, ...)."""
+    match = re.fullmatch(r"\$\{(\w+)(?:[:?-][^}]*)?\}", value)
+    assert match, f"{value!r} should come from the environment, not the file"
+    return match.group(1)
+
+
+def interpolated(value: str) -> str:
+    """A compose value with every `${NAME...}` replaced by a stand-in, as `docker compose` would."""
+    return re.sub(r"\$\{(\w+)[^}]*\}", lambda match: f"{match.group(1).lower()}-value", value)
+
+
+def test_compose_tuneforge_variables_are_settings_it_accepts(compose, monkeypatch):
+    fields = {f"TUNEFORGE_{name.upper()}" for name in Settings.model_fields}
+    named = {name for service in compose["services"].values() for name in compose_env(service)
+             if name.startswith("TUNEFORGE_")}
+    assert named and named <= fields, sorted(named - fields)
+    env = compose_env(compose["services"]["tuneforge"])
+    for name, value in env.items():
+        monkeypatch.setenv(name, interpolated(value))
+    settings = Settings()
+    assert settings.executor == "local"
+    # the object store and the database are the compose file's own
+    mounts = compose_mounts(compose["services"]["tuneforge"])
+    assert any(settings.resolved_storage_url.startswith(path + "/") and source in compose["volumes"]
+               for path, (source, _) in mounts.items())
+    database = urlsplit(settings.resolved_database_url)
+    assert database.hostname in compose["services"] and database.hostname == "postgres"
+    assert compose["services"]["tuneforge"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_compose_vllm_serves_the_base_model_tuneforge_sends_it(compose):
+    vllm = compose["services"]["vllm"]
+    args = compose_args(vllm)
+    assert_vllm_serves_loras_at_run_time(args, compose_env(vllm))
+    urls = vllm_urls(compose_env(compose["services"]["tuneforge"])["TUNEFORGE_VLLM_URLS"])
+    served = flag(args, "--served-model-name")
+    assert served in urls, (served, sorted(urls))
+    for url in urls[served]:
+        parts = urlsplit(url)
+        assert (parts.scheme, parts.hostname, parts.port) == ("http", "vllm", vllm_port(args)), url
+    assert f"127.0.0.1:{vllm_port(args)}/health" in " ".join(vllm["healthcheck"]["test"])
+    [device] = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"] and device["count"] >= 1
+
+
+def test_compose_shares_the_adapter_volume(compose):
+    tuneforge, vllm = compose["services"]["tuneforge"], compose["services"]["vllm"]
+    env = compose_env(tuneforge)
+    volume, read_only = compose_mounts(tuneforge)[env["TUNEFORGE_VLLM_ADAPTER_DIR"]]
+    assert volume in compose["volumes"] and not read_only
+    assert compose_mounts(vllm)[env["TUNEFORGE_VLLM_ADAPTER_DIR_ON_SERVER"]] == (volume, True)
+    # a new volume's root is root's: a service hands it to the image's user before tuneforge starts
+    owners = [name for name, service in compose["services"].items()
+              if volume in {source for source, _ in compose_mounts(service).values()}
+              and compose_args(service)[:1] == ["chown"]]
+    [owner] = owners
+    chown = compose_args(compose["services"][owner])
+    assert chown[1].split(":")[0] == str(control_plane_uid())
+    assert compose_mounts(compose["services"][owner])[chown[2]] == (volume, False)
+    assert tuneforge["depends_on"][owner]["condition"] == "service_completed_successfully"
+
+
+def test_compose_vllm_key_is_one_variable_on_both_sides(compose):
+    args = compose_args(compose["services"]["vllm"])
+    env = compose_env(compose["services"]["tuneforge"])
+    assert compose_variable(flag(args, "--api-key")) == compose_variable(env["TUNEFORGE_VLLM_API_KEY"])
+
+
+def test_compose_builds_the_control_plane_image_and_pins_vllm_as_kubernetes_does(compose, vllm_container):
+    build = compose["services"]["tuneforge"]["build"]
+    context = (DEPLOY / "compose" / build["context"]).resolve()
+    assert context == ROOT and (context / build["dockerfile"]) == DEPLOY / "docker" / "control-plane.Dockerfile"
+    assert pinned_tag(compose["services"]["vllm"]["image"]) == pinned_tag(vllm_container["image"])
