@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.fake_vllm import FakeVllm
 from tests.helpers.platform import make_platform
-from tests.unit.api.test_routes import Fleet, version_dirs  # noqa: F401 - the module's fixture, reused
+from tests.unit.api.test_routes import Fleet, users_of_each_version, version_dirs  # noqa: F401 - fixture
 from tuneforge.api.app import create_app
 from tuneforge.db.tables import FineTunedModel, Job
 from tuneforge.domain.job_config import JobRequest
@@ -154,7 +153,7 @@ def test_a_route_loads_its_versions_and_records_what_vllm_served(handed_off):
     assert sorted(loads) == sorted([v1, v2])
 
     served = set()
-    for user in ("a", "b", "c", "d", "e", "f", "g", "h"):
+    for user in users_of_each_version(created.json(), 4):
         answer = http.post("/v1/chat/completions", headers=_auth(fleet), json={
             "model": "route:ab", "messages": HI, "user": user}).json()
         assert answer["choices"][0]["message"]["content"] == f"vllm says hi from {answer['model']}"
