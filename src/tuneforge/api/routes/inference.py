@@ -481,6 +481,8 @@ async def _observed(routed: Routed | None, platform: Platform, work: Awaitable[T
     """`work`'s result; a routed request that fails there is recorded as an error."""
     try:
         return await work
+    except vllm.AdapterMissing:  # retried by the caller: not an outcome yet
+        raise
     except Exception:
         if routed is not None:
             await routed.finish(platform, "error", [])

@@ -12,18 +12,20 @@ import {jobView} from "./views/job.js";
 import {createJobView} from "./views/create.js";
 import {filesView, datasetView} from "./views/files.js";
 import {modelsView, modelView} from "./views/models.js";
+import {routesView, routeView} from "./views/routes.js";
 import {usageView} from "./views/usage.js";
 import {playgroundView} from "./views/playground.js";
 import {tenantsView, queueView, adminUsageView} from "./views/admin.js";
 
 const TENANT_NAV = [["#/jobs", "Jobs"], ["#/jobs/new", "New job"], ["#/files", "Files"], ["#/models", "Models"],
-  ["#/usage", "Usage"], ["#/playground", "Playground"]];
+  ["#/routes", "Routes"], ["#/usage", "Usage"], ["#/playground", "Playground"]];
 const ADMIN_NAV = [["#/admin/tenants", "Tenants"], ["#/admin/queue", "Queue"], ["#/admin/usage", "Usage"]];
 
 const tenantRoutes = [
   ["/jobs", jobsView], ["/jobs/new", createJobView], ["/jobs/:jobId", jobView],
   ["/files", filesView], ["/files/:fileId", datasetView],
   ["/models", modelsView], ["/models/:modelId", modelView],
+  ["/routes", routesView], ["/routes/:name", routeView],
   ["/usage", usageView], ["/playground", playgroundView],
 ];
 const adminRoutes = [["/admin/tenants", tenantsView], ["/admin/queue", queueView], ["/admin/usage", adminUsageView]];
