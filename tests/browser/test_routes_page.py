@@ -4,17 +4,15 @@ traffic shifted from the page."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from tests.browser.steps import assert_fits, client, sign_in
 from tests.helpers.lora import save_random_lora
+from tests.helpers.registry import add_adapter_model
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import FineTunedModel, Job
-from tuneforge.domain.job_config import JobRequest
-from tuneforge.storage import layout
+from tuneforge.db.tables import FineTunedModel
 
 pytestmark = [pytest.mark.browser, pytest.mark.sqlite_pass_only]
 
@@ -27,18 +25,8 @@ def _register_models(plane, tmp_path) -> list[str]:  # noqa: ANN001 - the runnin
         tenant = tenant_repo.by_name(session, "acme")
         base = base_model_repo.by_name(session, "tiny-chat")
         for version, seed in (("v1", 31), ("v2", 32)):
-            job_id = f"ftjob-route-{version}"
-            session.add(Job(job_id=job_id, tenant_id=tenant.tenant_id, model="tiny-chat",
-                            base_model_sha256=base.sha256, training_file="file-train", status="succeeded", seed=0,
-                            request=JobRequest(model="tiny-chat", training_file="file-train"), request_hash="0" * 64,
-                            created_at=int(time.time())))
-            session.flush()
-            prefix = layout.artifact_prefix(tenant.tenant_id, job_id, "adapter")
-            platform.store.upload_dir(save_random_lora(plane.model_dir, tmp_path / version, seed=seed), prefix)
-            models.append(f"ft:tiny-chat:acme:{version}:route1")
-            session.add(FineTunedModel(model_id=models[-1], tenant_id=tenant.tenant_id, job_id=job_id,
-                                       base_model="tiny-chat", base_model_sha256=base.sha256, artifact_prefix=prefix,
-                                       created_at=int(time.time()), artifact_kind="adapter"))
+            adapter = save_random_lora(plane.model_dir, tmp_path / version, seed=seed)
+            models.append(add_adapter_model(session, platform.store, tenant, base, f"route-{version}", adapter))
     return models
 
 

@@ -16,15 +16,14 @@ from fastapi.testclient import TestClient
 
 from tests.helpers.lora import save_random_lora
 from tests.helpers.platform import make_platform
+from tests.helpers.registry import add_adapter_model
 from tests.unit.api.test_inference import BASE, MESSAGES, _expected_chat_text
 from tuneforge.api.app import create_app
-from tuneforge.db.tables import FineTunedModel, Job
+from tuneforge.db.tables import FineTunedModel
 from tuneforge.serve import routing
-from tuneforge.domain.job_config import JobRequest
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import routes as route_service
 from tuneforge.services import tenants as tenant_service
-from tuneforge.storage import layout
 
 
 @dataclass
@@ -45,7 +44,6 @@ def version_dirs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
 def fleet(tmp_path, database_url, tiny_model_dir, version_dirs):
     platform = make_platform(tmp_path, database_url)
     keys, models = {}, {}
-    now = int(time.time())
     with platform.db.session() as session:
         base = base_model_service.add_base_model(session, platform.store, BASE, str(tiny_model_dir),
                                                  platform.settings.home / "hub")
@@ -53,22 +51,11 @@ def fleet(tmp_path, database_url, tiny_model_dir, version_dirs):
         for name in ("acme", "globex"):
             tenants[name], keys[name] = tenant_service.create_tenant(session, name)
         for version, adapter_dir in version_dirs.items():
-            tenant = tenants["globex" if version == "other" else "acme"]
-            job_id = f"ftjob-{version}"
-            session.add(Job(job_id=job_id, tenant_id=tenant.tenant_id, model=BASE, base_model_sha256=base.sha256,
-                            training_file="file-train", status="succeeded", seed=0,
-                            request=JobRequest(model=BASE, training_file="file-train"), request_hash="0" * 64,
-                            created_at=now))
-            session.flush()
-            prefix = layout.artifact_prefix(tenant.tenant_id, job_id, "adapter")
-            platform.store.upload_dir(adapter_dir, prefix)
-            models[version] = f"ft:{BASE}:{tenant.name}:{version}:{job_id[-6:]}"
-            session.add(FineTunedModel(
-                model_id=models[version], tenant_id=tenant.tenant_id, job_id=job_id, base_model=BASE,
-                base_model_sha256=base.sha256, artifact_prefix=prefix, created_at=now, artifact_kind="adapter",
-                promotable=version != "failed",
-                gate_report={"passed": version != "failed", "gates": [
-                    {"metric": "accuracy", "passed": version != "failed", "reason": "accuracy 0.2 < 0.5"}]}))
+            passed = version != "failed"
+            models[version] = add_adapter_model(
+                session, platform.store, tenants["globex" if version == "other" else "acme"], base, version,
+                adapter_dir, promotable=passed, gate_report={"passed": passed, "gates": [
+                    {"metric": "accuracy", "passed": passed, "reason": "accuracy 0.2 < 0.5"}]})
     http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
     yield platform, http, Fleet(keys, models, dict(version_dirs))
     http.close()

@@ -9,21 +9,18 @@ built-in engine."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.fake_vllm import FakeVllm
 from tests.helpers.platform import make_platform
+from tests.helpers.registry import add_adapter_model
 from tests.unit.api.test_routes import Fleet, users_of_each_version, version_dirs  # noqa: F401 - fixture
 from tuneforge.api.app import create_app
-from tuneforge.db.tables import FineTunedModel, Job
-from tuneforge.domain.job_config import JobRequest
 from tuneforge.serve import vllm
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import tenants as tenant_service
-from tuneforge.storage import layout
 
 BASE = "tiny-chat"
 API_KEY = "vllm-secret"
@@ -38,24 +35,12 @@ def handed_off(tmp_path, database_url, tiny_model_dir, version_dirs):  # noqa: F
     platform = make_platform(tmp_path, database_url, vllm_urls={BASE: [fake.url]}, vllm_adapter_dir=shared,
                              vllm_adapter_dir_on_server=ON_SERVER, vllm_api_key=API_KEY)
     keys, models = {}, {}
-    now = int(time.time())
     with platform.db.session() as session:
         base = base_model_service.add_base_model(session, platform.store, BASE, str(tiny_model_dir),
                                                  platform.settings.home / "hub")
         tenant, keys["acme"] = tenant_service.create_tenant(session, "acme")
         for version in ("v1", "v2"):
-            job_id = f"ftjob-{version}"
-            session.add(Job(job_id=job_id, tenant_id=tenant.tenant_id, model=BASE, base_model_sha256=base.sha256,
-                            training_file="file-train", status="succeeded", seed=0,
-                            request=JobRequest(model=BASE, training_file="file-train"), request_hash="0" * 64,
-                            created_at=now))
-            session.flush()
-            prefix = layout.artifact_prefix(tenant.tenant_id, job_id, "adapter")
-            platform.store.upload_dir(version_dirs[version], prefix)
-            models[version] = f"ft:{BASE}:acme:{version}:{job_id[-6:]}"
-            session.add(FineTunedModel(model_id=models[version], tenant_id=tenant.tenant_id, job_id=job_id,
-                                       base_model=BASE, base_model_sha256=base.sha256, artifact_prefix=prefix,
-                                       created_at=now, artifact_kind="adapter"))
+            models[version] = add_adapter_model(session, platform.store, tenant, base, version, version_dirs[version])
     http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
     yield platform, http, Fleet(keys, models, {}), fake, shared
     http.close()

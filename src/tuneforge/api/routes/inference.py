@@ -159,13 +159,11 @@ async def chat_completions(body: ChatCompletionBody, request: Request, tenant: T
     if shapes.wants_json(body.response_format) or schema is not None:
         params = replace(params, json_mode=True)
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
-    resolved, routed = await _resolve(request, session, tenant, platform, body, "chatcmpl", started)
-    target = resolved.target
-    reply_id, created = routed.response_id if routed else new_id("chatcmpl"), int(time.time())
-    if resolved.upstream is not None:
-        answer = await _proxied("/v1/chat/completions", body, resolved, reply_id, routed, platform)
-        if answer is not None:
-            return answer
+    resolved, routed, reply_id = await _resolve(request, session, tenant, platform, body, "chatcmpl", started)
+    target, created = resolved.target, int(time.time())
+    if resolved.upstream is not None and (answer := await _proxied("/v1/chat/completions", body, resolved, reply_id, routed,
+                                                                   platform)) is not None:
+        return answer
     engine = await _engine(platform, tenant)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
@@ -231,13 +229,11 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
     if body.logprobs is not None:
         params = replace(params, logprobs=int(body.logprobs))
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
-    resolved, routed = await _resolve(request, session, tenant, platform, body, "cmpl", started)
-    target = resolved.target
-    reply_id, created = routed.response_id if routed else new_id("cmpl"), int(time.time())
-    if resolved.upstream is not None:
-        answer = await _proxied("/v1/completions", body, resolved, reply_id, routed, platform)
-        if answer is not None:
-            return answer
+    resolved, routed, reply_id = await _resolve(request, session, tenant, platform, body, "cmpl", started)
+    target, created = resolved.target, int(time.time())
+    if resolved.upstream is not None and (answer := await _proxied("/v1/completions", body, resolved, reply_id, routed,
+                                                                   platform)) is not None:
+        return answer
     echoed = prompt.text if body.echo and prompt.text is not None else ""
     engine = await _engine(platform, tenant)
     if body.stream:
@@ -361,17 +357,18 @@ class Resolved:
 
 
 async def _resolve(request: Request, session: Session, tenant: Tenant, platform: Platform, body: _Sampling,
-                   kind: str, started: float) -> tuple[Resolved, Routed | None]:
-    """What `model` names, and where it is served; for `route:NAME`, the version the route picked
-    (the answer's headers say which)."""
+                   kind: str, started: float) -> tuple[Resolved, Routed | None, str]:
+    """What `model` names, where it is served, and the answer's id (`kind-…`); for `route:NAME`,
+    the version the route picked (the answer's headers say which)."""
     resolved = await run_in_threadpool(_target, session, tenant, platform, body.model, body.user)
+    reply_id = new_id(kind)
     choice = resolved.choice
     if choice is None:
-        return resolved, None
+        return resolved, None, reply_id
     request.scope.setdefault(ANSWER_HEADERS, {}).update({
         "X-Tuneforge-Route": quote(choice.route.name, safe=_HEADER_SAFE),
         "X-Tuneforge-Model": quote(choice.model, safe=_HEADER_SAFE)})
-    return resolved, Routed(choice, new_id(kind), started)
+    return resolved, Routed(choice, reply_id, started), reply_id
 
 
 _HEADER_SAFE = "!#$&'()*+,/:;=?@[]~"
