@@ -55,6 +55,19 @@ DEFAULT_RATE_LIMITS: dict[str, dict[str, float | int | None]] = {
 }
 
 
+class CapacityPool(BaseModel):
+    """One pool of the inventory (scheduler/pools.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["spot", "on_demand", "reserved"]
+    price_per_gpu_hour: float = Field(ge=0)
+    preemptions_per_hour: float = Field(
+        0.0, ge=0, description="Spot: reclaims per node-hour, observed or as the provider publishes them.")
+    nodes: list[str] = Field(default_factory=list, description="Its nodes by name (the local executor's "
+                                                               "local, local-1, ...); Ray nodes may say their "
+                                                               "pool themselves (a tuneforge.io/pool label).")
+
+
 class Settings(BaseSettings):
     # protected_namespaces=(): fields such as model_delete_grace_s are settings, not pydantic API (older
     # pydantic releases warn about the "model_" prefix otherwise)
@@ -270,6 +283,21 @@ class Settings(BaseSettings):
     inference_device: str = Field(
         default="auto", description="Device of inference models: 'auto' (cuda if available, else cpu), "
                                     "'cpu', 'cuda' or 'cuda:N'.")
+    capacity_pools: dict[str, CapacityPool] = Field(
+        default_factory=dict,
+        description='Capacity pools by name (JSON), e.g. {"spot": {"kind": "spot", "price_per_gpu_hour": 1.2, '
+                    '"preemptions_per_hour": 0.05, "nodes": ["local-1"]}, "on-demand": {"kind": "on_demand", '
+                    '"price_per_gpu_hour": 4.0, "nodes": ["local"]}}. Jobs start on the cheapest pool that can '
+                    'still meet their deadline; each attempt is billed at its pool\'s price. Unset: one pool, '
+                    'priced by TUNEFORGE_PRICE_PER_GPU_HOUR (docs/scheduling.md).')
+    capacity_by_tier: dict[str, Literal["auto", "spot", "on_demand"]] = Field(
+        default_factory=lambda: {"free": "spot", "standard": "auto", "premium": "on_demand"},
+        description="A job's resources.capacity when it sets none, by its tenant's tier.")
+    spot_max_preemptions: int = Field(
+        default=2, ge=0, description="An auto job preempted this many times on spot runs on on-demand from then on.")
+    spot_max_wait_s: float = Field(
+        default=1800.0, ge=0, description="An auto job without a deadline that waited this long for spot may take "
+                                          "on-demand; one with a deadline may when its slack is below this.")
     route_request_retention_days: float = Field(
         default=30.0, gt=0, description="How long the requests an A/B route served are kept for its stats and "
                                         "feedback (docs/serving.md).")

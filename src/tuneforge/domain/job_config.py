@@ -121,6 +121,14 @@ class Resources(_Strict):
         None, ge=1, le=256, description="Nodes the GPUs are spread over, the same number on each: 1 keeps every "
                                         "GPU on one node (the job waits rather than split); default: one node up to "
                                         "TUNEFORGE_GPUS_PER_NODE GPUs, whole nodes of that size above.")
+    capacity: Literal["auto", "spot", "on_demand"] | None = Field(
+        None, description='Where it may run when the platform has capacity pools: "spot" (cheap, preemptible; '
+                          'resumed from checkpoints), "on_demand", or "auto": spot while it can still meet the '
+                          "deadline, then on-demand. Default: by the tenant's tier (docs/scheduling.md).")
+    deadline: int | None = Field(None, ge=0, le=2**53, description="Unix seconds it should finish by (auto "
+                                                                   "capacity keeps it met).")
+    max_price: float | None = Field(None, gt=0, le=1e6, description="Most it pays per GPU-hour: pools above "
+                                                                    "it are not used.")
 
 
 class Distributed(_Strict):

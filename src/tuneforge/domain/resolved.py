@@ -40,6 +40,12 @@ class ResolvedResources:
     """The trainer recomputes activations so that a step fits (QLoRA, or a job that needs it to fit)."""
     strategy: str = ""
     """How several GPUs share the job: "ddp" (each holds the model) or "fsdp" (sharded); "" on one GPU."""
+    capacity: str = ""
+    """auto, spot or on_demand as asked; "": as the tenant's tier says (scheduler/pools.py)."""
+    deadline: float | None = None
+    """Unix seconds the job should finish by."""
+    max_price: float | None = None
+    """Most it pays per GPU-hour."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ class NodeCapacity:
     name: str
     total_gpus: int
     free_gpus: int
+    pool: str = ""  # its capacity pool, when the executor can tell (a Ray node's label); else from the settings
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class RayExecutor:
                 continue
             node_id = node["NodeID"]
             free = total if free_by_node is None else int(free_by_node.get(node_id, {}).get(resource, 0))
-            nodes.append(NodeCapacity(node_id, total, max(0, min(total, free))))
+            nodes.append(NodeCapacity(node_id, total, max(0, min(total, free)), pool=node_pool(node)))
         return Capacity(nodes=sorted(nodes, key=lambda n: n.name))
 
     def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
@@ -350,3 +350,20 @@ def _connect(ray: Any, address: str, options: dict[str, Any], tries: int = 3, ba
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+POOL_LABEL = "tuneforge.io/pool"
+POOL_RESOURCE_PREFIX = "tuneforge_pool_"
+
+
+def node_pool(node: dict[str, Any]) -> str:
+    """The capacity pool a Ray node says it is in: its `tuneforge.io/pool` label (`ray start
+    --labels`, a KubeRay worker group's rayStartParams), else a custom resource
+    `tuneforge_pool_<name>`; "" when it says neither (the settings' node lists decide)."""
+    label = (node.get("Labels") or {}).get(POOL_LABEL)
+    if label:
+        return str(label)
+    for resource in node.get("Resources") or {}:
+        if resource.startswith(POOL_RESOURCE_PREFIX):
+            return resource[len(POOL_RESOURCE_PREFIX):]
+    return ""

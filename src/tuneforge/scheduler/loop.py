@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -26,10 +27,11 @@ from tuneforge.executors.protocol import Executor, Placement, PollResult
 from tuneforge.registry import models as registry
 from tuneforge.scheduler.leader import LeaderLock
 from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
+from tuneforge.scheduler.pools import PoolSetup
 from tuneforge.scheduler.spec_builder import build_spec
 from tuneforge.scheduler.state import ClusterState, read_state
 from tuneforge.serve import vllm
-from tuneforge.services import artifacts, quotas
+from tuneforge.services import artifacts, quotas, usage
 from tuneforge.services import routes as route_service
 from tuneforge.services import files as file_service
 from tuneforge.services import uploads as upload_service
@@ -55,6 +57,7 @@ class Scheduler:
         # memory: a new leader starts without holds, and preempts again if it must.
         self._holds: dict[str, Hold] = {}
         self._last_run: dict[str, float] = {}  # housekeeping task -> when it last ran
+        self.pools = PoolSetup.from_settings(settings)  # capacity pools (scheduler/pools.py); None: not configured
 
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:
@@ -210,7 +213,7 @@ class Scheduler:
                 transition(session, job, JobStatus.CANCELLED, "Fine-tuning job cancelled")
             artifacts.discard_checkpoints(session, self.platform.store, job)
             return
-        if job.pause_requested and handle and not handle.get("preempt_sent"):
+        if (job.pause_requested or handle.get("reclaim_requested")) and handle and not handle.get("preempt_sent"):
             self.executor.signal(handle, "preempt")  # checkpoint and stop; the exit is handled below
             attempt.handle = {**handle, "preempt_sent": time.time()}
         poll = self.executor.poll(handle) if handle else PollResult("unknown")
@@ -333,19 +336,22 @@ class Scheduler:
         if capacity is None:
             return
         with self.platform.db.session() as session:
-            state = read_state(session, capacity, now)
+            state = read_state(session, capacity, now, self.pools)
             allowed = quotas.start_gate(session, Counter(job.tenant_id for job in state.running))
         queue = QueueIndex(state.queued)
         self._holds = {job_id: hold for job_id, hold in self._holds.items() if job_id in queue and hold.until > now}
         decision = decide(queue, state.nodes, state.running, now, self.policy, state.recent_gpu_hours,
                           stopping=state.stopping, holds=self._holds, can_start=lambda job: allowed(job.tenant_id))
+        pool_of = {node.name: node.pool for node in state.nodes}
         for job, assignment in decision.starts:
             self._holds.pop(job.job_id, None)
             try:
                 self._launch(job.job_id, Placement.from_assignment(assignment) if assignment
-                             else Placement("", []))
+                             else Placement("", []), pool_of.get(min(assignment), "") if assignment else "")
             except Exception:  # noqa: BLE001
                 log.exception("launching %s failed", job.job_id)
+        for job_id in state.moving:
+            self._move_off_spot(job_id, state, now)
         for hold in decision.holds(now, self.policy):
             self._holds[hold.job_id] = hold
         for job, victims, _landing in decision.preemptions:
@@ -367,7 +373,23 @@ class Scheduler:
                            f"(waited {now - job.queued_at:.0f} s so far): checkpoint, then requeue",
                            level="warn", data={"for_job": job.job_id}, attempt=number)
 
-    def _launch(self, job_id: str, placement: Placement) -> None:
+    def _move_off_spot(self, job_id: str, state: ClusterState, now: float) -> None:
+        """An auto job whose deadline spot can no longer meet: checkpoint, then requeue (it starts
+        again on on-demand, from its checkpoint)."""
+        number, handle = state.handles[job_id]
+        with self.platform.db.session() as session:
+            job = job_repo.get_for_update(session, job_id)
+            attempt = attempt_repo.current(session, job.tenant_id, job_id, number) if job is not None else None
+            if job is None or attempt is None or attempt.status not in ("starting", "running"):
+                return
+            if handle:
+                self.executor.signal(handle, "preempt")
+            attempt.handle = {**(attempt.handle or {}), "preempt_sent": now}
+            events.add(session, job, f"Moving off spot capacity: attempt {number} checkpoints and the job resumes "
+                                     "on on-demand capacity, which can still meet its deadline", level="warn",
+                       data={"code": "capacity_fallback", "reason": "deadline_at_risk"}, attempt=number)
+
+    def _launch(self, job_id: str, placement: Placement, pool: str = "") -> None:
         token = secrets.token_urlsafe(32)
         with self.platform.db.session() as session:
             job = job_repo.get_for_update(session, job_id)
@@ -380,12 +402,14 @@ class Scheduler:
             attempt = Attempt(
                 job_id=job_id, number=number, status=AttemptStatus.STARTING.value, token_hash=token_hash(token),
                 gpus=sum(len(ids) for ids in (placement.spans or {placement.node: placement.gpu_ids}).values()),
-                placement=placement.to_dict(), heartbeat_at=now, started_at=now,
+                placement=self._priced(placement, pool), heartbeat_at=now, started_at=now,
             )
             session.add(attempt)
+            kind = self.pools.pools[pool].kind.replace("_", "-") if self.pools and pool in self.pools.pools else ""
             transition(session, job, JobStatus.RUNNING,
-                       "Fine-tuning job started" + (f" (attempt {number})" if number > 1 else ""),
-                       data={"attempt": number})
+                       "Fine-tuning job started" + (f" (attempt {number})" if number > 1 else "")
+                       + (f" on {kind} capacity (pool {pool})" if kind else ""),
+                       data={"attempt": number, **({"pool": pool} if pool else {})})
         try:
             handle = self.executor.launch(spec, placement)
         except Exception as exc:  # noqa: BLE001 - record it, requeue or fail
@@ -399,6 +423,16 @@ class Scheduler:
         with self.platform.db.session() as session:
             attempt = attempt_repo.current(session, tenant_id, job_id, number)
             attempt.handle = handle
+
+    def _priced(self, placement: Placement, pool: str) -> dict[str, Any]:
+        """The placement as stored: where it runs, its pool and what a GPU-hour costs there (and
+        on demand), so metering bills each attempt at its own pool's price."""
+        if self.pools is None:
+            price = usage.default_price(self.platform.settings)
+            return {**placement.to_dict(), "pool": "", "price_per_gpu_hour": price,
+                    "on_demand_price_per_gpu_hour": price}
+        return {**placement.to_dict(), "pool": pool, "price_per_gpu_hour": self.pools.price(pool),
+                "on_demand_price_per_gpu_hour": self.pools.on_demand_price()}
 
     # ---- the thread -----------------------------------------------------
     def start(self) -> None:

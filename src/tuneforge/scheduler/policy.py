@@ -51,9 +51,20 @@ __all__ = [
 
 def place(job: QueuedJob, nodes: Sequence[Node]) -> Assignment | None:
     """All of the job's GPUs or None. One node: the fullest node that fits
-    (keeps whole nodes free for big jobs); several: the emptiest nodes."""
+    (keeps whole nodes free for big jobs); several: the emptiest nodes. A job limited to
+    capacity pools takes the first of them (its cheapest) where it fits, on that pool's nodes."""
     if job.gpus <= 0:
         return {}
+    if job.pools is not None:
+        for pool in job.pools:
+            placed = _place_on(job, [node for node in nodes if node.pool == pool])
+            if placed is not None:
+                return placed
+        return None
+    return _place_on(job, nodes)
+
+
+def _place_on(job: QueuedJob, nodes: Sequence[Node]) -> Assignment | None:
     if not job.gpus_per_node:
         best: Node | None = None
         best_free = 0
@@ -86,7 +97,7 @@ def _give(nodes: Sequence[Node], assignment: Assignment) -> None:
 
 
 def _copy(nodes: Sequence[Node]) -> list[Node]:
-    return [Node(node.name, node.total, set(node.free)) for node in nodes]
+    return [Node(node.name, node.total, set(node.free), node.pool) for node in nodes]
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class QueuedJob:
     runtime_s: float  # estimated
     gpus_per_node: int = 0  # 0: all on one node; else a multi-node job takes gpus / gpus_per_node nodes
     seq: int = 0  # breaks ties between jobs queued in the same second: arrival order (e.g. the row's key)
+    pools: tuple[str, ...] | None = None  # capacity pools it may start on, in order (scheduler/pools.py); None: any
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Node:
     name: str
     total: int
     free: set[int]
+    pool: str = ""  # the capacity pool it belongs to ("" when pools are not configured)
 
 
 Assignment = dict[str, tuple[int, ...]]  # node -> GPU ids

@@ -11,7 +11,7 @@ attempts is taken away from the node's free GPUs as well.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
@@ -23,6 +23,7 @@ from tuneforge.domain.resolved import ResolvedResources
 from tuneforge.domain.status import JobStatus
 from tuneforge.executors.protocol import Capacity
 from tuneforge.scheduler.policy import Node, QueuedJob, RunningJob
+from tuneforge.scheduler.pools import SPOT, PoolSetup, allowed_pools, at_risk
 
 FAIR_SHARE_WINDOW_S = 24 * 3600.0
 
@@ -35,6 +36,7 @@ class ClusterState:
     recent_gpu_hours: dict[str, float]  # tenant -> GPU-hours in the fair-share window
     stopping: set[str]  # jobs whose attempt was asked to checkpoint and stop
     handles: dict[str, tuple[int, dict[str, Any]]]  # running job -> (attempt number, handle)
+    moving: list[str] = field(default_factory=list)  # auto jobs on spot whose deadline is at risk there
 
 
 def placement_spans(placement: dict[str, Any] | None) -> dict[str, tuple[int, ...]]:
@@ -53,8 +55,9 @@ def _runtime_s(job: Job) -> float:
     return (estimate.estimated_runtime_seconds if estimate is not None else 0.0) or 3600.0
 
 
-def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState:
-    nodes = {n.name: Node(n.name, n.total_gpus, set(range(n.total_gpus))) for n in capacity.nodes}
+def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetup | None = None) -> ClusterState:
+    nodes = {n.name: Node(n.name, n.total_gpus, set(range(n.total_gpus)),
+                          pools.node_pool(n.name, n.pool) if pools else "") for n in capacity.nodes}
     active = attempt_repo.active(session)
     jobs = {j.job_id: j for j in session.scalars(select(Job).where(
         Job.job_id.in_([a.job_id for a in active]) | (Job.status == JobStatus.QUEUED.value)))}
@@ -64,6 +67,7 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
 
     running: list[RunningJob] = []
     stopping: set[str] = set()
+    moving: list[str] = []
     handles: dict[str, tuple[int, dict[str, Any]]] = {}
     held: dict[str, int] = defaultdict(int)  # node -> GPUs our attempts hold there
     for attempt in active:
@@ -85,20 +89,55 @@ def read_state(session: Session, capacity: Capacity, now: float) -> ClusterState
         handles[job.job_id] = (attempt.number, attempt.handle or {})
         if (attempt.handle or {}).get("preempt_sent"):
             stopping.add(job.job_id)
+        elif pools is not None and _deadline_at_risk(pools, job, attempt, tiers, running[-1], now):
+            moving.append(job.job_id)
 
     _take_foreign_use(nodes, capacity, held)
 
     queued = []
-    for job in jobs.values():
-        if job.status != JobStatus.QUEUED.value or (job.not_before and job.not_before > now):
-            continue
+    waiting = [job for job in jobs.values()
+               if job.status == JobStatus.QUEUED.value and not (job.not_before and job.not_before > now)]
+    preempted = spot_preemptions(session, pools, [job.job_id for job in waiting]) if pools else {}
+    for job in waiting:
         resources = job.resolved.resources if job.resolved is not None else ResolvedResources()
+        tier = tiers.get(job.tenant_id, "standard")
+        allowed = None
+        if pools is not None:
+            ask = pools.ask(tier, resources.capacity, resources.deadline, resources.max_price,
+                            preempted.get(job.job_id, 0), float(job.created_at))
+            allowed = allowed_pools(ask, _runtime_s(job), list(pools.pools.values()), now, pools.rules)
         queued.append(QueuedJob(
-            job_id=job.job_id, tenant_id=job.tenant_id, tier=tiers.get(job.tenant_id, "standard"),
+            job_id=job.job_id, tenant_id=job.tenant_id, tier=tier,
             gpus=resources.gpus, queued_at=float(job.created_at), runtime_s=_runtime_s(job),
-            gpus_per_node=resources.gpus_per_node, seq=job.pk))
+            gpus_per_node=resources.gpus_per_node, seq=job.pk, pools=allowed))
     queued.sort(key=lambda job: (job.queued_at, job.seq, job.job_id))  # arrival order: QueueIndex appends
-    return ClusterState(list(nodes.values()), running, queued, recent_usage(session, now), stopping, handles)
+    return ClusterState(list(nodes.values()), running, queued, recent_usage(session, now), stopping, handles,
+                        moving)
+
+
+def spot_preemptions(session: Session, pools: PoolSetup, job_ids: list[str]) -> dict[str, int]:
+    """How many times each job's attempts were preempted on a spot pool."""
+    if not job_ids:
+        return {}
+    counts: dict[str, int] = defaultdict(int)
+    for job_id, placement in session.execute(select(Attempt.job_id, Attempt.placement).where(
+            Attempt.job_id.in_(job_ids), Attempt.failure_class == "preempted")).all():
+        pool = pools.pools.get((placement or {}).get("pool", ""))
+        if pool is not None and pool.kind == SPOT:
+            counts[job_id] += 1
+    return dict(counts)
+
+
+def _deadline_at_risk(pools: PoolSetup, job: Job, attempt: Attempt, tiers: dict[str, str], running: RunningJob,
+                      now: float) -> bool:
+    pool = pools.pools.get((attempt.placement or {}).get("pool", ""))
+    if pool is None or pool.kind != SPOT or job.resolved is None:
+        return False
+    resources = job.resolved.resources
+    ask = pools.ask(tiers.get(job.tenant_id, "standard"), resources.capacity, resources.deadline,
+                    resources.max_price, 0, float(job.created_at))
+    remaining = max(0.0, running.expected_end - now)
+    return at_risk(ask, remaining, pool, now, pools.rules)
 
 
 def _take_foreign_use(nodes: dict[str, Node], capacity: Capacity, held: dict[str, int]) -> None:

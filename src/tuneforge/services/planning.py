@@ -155,7 +155,10 @@ def resolve_resources(settings: Settings, request: JobRequest, base: BaseModelRo
     strategy = choose_strategy(asked_strategy, training_type, gpus, fits_one_gpu=fits_one_gpu)
     return ResolvedResources(gpus=gpus, gpus_per_node=per_node,
                              gpu_type=(asked and asked.gpu_type) or settings.gpu_type,
-                             gpu_memory_gb=memory_gb, gradient_checkpointing=checkpointing, strategy=strategy)
+                             gpu_memory_gb=memory_gb, gradient_checkpointing=checkpointing, strategy=strategy,
+                             capacity=(asked and asked.capacity) or "",
+                             deadline=float(asked.deadline) if asked and asked.deadline is not None else None,
+                             max_price=asked.max_price if asked else None)
 
 
 def check_strategy(asked: str | None, training_type: str) -> None:

@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -91,17 +92,38 @@ def _overlaps(attempt: Attempt, now: float, start: float, end: float) -> bool:
     return attempt.started_at < end and attempt_end(attempt, now) >= start
 
 
+def default_price(settings: Any) -> float:
+    """A GPU-hour's price where no capacity pool sets one (TUNEFORGE_PRICE_PER_GPU_HOUR)."""
+    table = settings.price_per_gpu_hour
+    return float(table.get(settings.gpu_type, table.get("default", 0.0)))
+
+
+def attempt_prices(attempt: Attempt) -> tuple[float, float]:
+    """(price per GPU-hour where the attempt ran, the on-demand price of the same GPU-hour), as
+    recorded at its launch (0 for attempts launched before prices were recorded)."""
+    placement = attempt.placement or {}
+    price = float(placement.get("price_per_gpu_hour") or 0.0)
+    return price, float(placement.get("on_demand_price_per_gpu_hour") or price)
+
+
 @dataclass
 class Metered:
-    """GPU-seconds of some attempts, split into billed and refunded."""
+    """GPU-seconds of some attempts, split into billed and refunded, and what the billed ones
+    cost at their pools' prices (and would have cost on demand)."""
 
     billable_gpu_seconds: float = 0.0
     refunded_gpu_seconds: float = 0.0
     attempts: int = 0
+    cost: float = 0.0
+    on_demand_cost: float = 0.0
 
     @property
     def gpu_seconds(self) -> float:
         return self.billable_gpu_seconds + self.refunded_gpu_seconds
+
+    @property
+    def saving(self) -> float:
+        return self.on_demand_cost - self.cost
 
     def add(self, attempt: Attempt, now: float, start: float, end: float) -> None:
         seconds = gpu_seconds(attempt, now, start, end)
@@ -109,6 +131,9 @@ class Metered:
             self.refunded_gpu_seconds += seconds
         else:
             self.billable_gpu_seconds += seconds
+            price, on_demand = attempt_prices(attempt)
+            self.cost += seconds / 3600 * price
+            self.on_demand_cost += seconds / 3600 * on_demand
         self.attempts += 1
 
 

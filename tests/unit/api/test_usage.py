@@ -35,21 +35,26 @@ def add_job(platform: Platform, tenant: str, status: str = "succeeded", *, creat
 
 
 def add_attempt(platform: Platform, job_id: str, number: int, *, started_at: float, ended_at: float | None,
-                gpus: int = 1, status: str = "succeeded", failure_class: str | None = None) -> None:
+                gpus: int = 1, status: str = "succeeded", failure_class: str | None = None,
+                price: tuple[float, float] | None = None) -> None:
+    """`price`: (per GPU-hour where it ran, per GPU-hour on demand), as a launch records them."""
+    placement = None if price is None else {"node": "n", "gpu_ids": [], "pool": "p", "price_per_gpu_hour": price[0],
+                                            "on_demand_price_per_gpu_hour": price[1]}
     with platform.db.session() as session:
         session.add(Attempt(job_id=job_id, number=number, status=status, token_hash="0" * 64, gpus=gpus,
                             heartbeat_at=ended_at or started_at, started_at=started_at, ended_at=ended_at,
-                            failure_class=failure_class))
+                            failure_class=failure_class, placement=placement))
 
 
 def march_history(platform: Platform) -> dict[str, str]:
     """alpha's March 2025: 6300 billable and 900 refunded GPU-seconds (2.0 GPU-hours in all)."""
     retried = add_job(platform, "alpha")
     add_attempt(platform, retried, 1, started_at=M0 + 100, ended_at=M0 + 450, gpus=2, status="failed",
-                failure_class="platform")  # crashed: 700 GPU-s refunded
+                failure_class="platform", price=(1.8, 3.6))  # crashed: 700 GPU-s refunded
     add_attempt(platform, retried, 2, started_at=M0 + 500, ended_at=M0 + 1500, gpus=2, status="preempted",
-                failure_class="preempted")  # 2000 GPU-s billed: its work was checkpointed
-    add_attempt(platform, retried, 3, started_at=M0 + 1600, ended_at=M0 + 2600, gpus=2)  # 2000 billed
+                failure_class="preempted", price=(1.8, 3.6))  # 2000 GPU-s billed on spot: checkpointed
+    add_attempt(platform, retried, 3, started_at=M0 + 1600, ended_at=M0 + 2600, gpus=2,
+                price=(3.6, 3.6))  # 2000 billed on demand
     lost = add_job(platform, "alpha", "failed")
     add_attempt(platform, lost, 1, started_at=M0 + 100, ended_at=M0 + 300, status="lost")  # 200 refunded
     spanning = add_job(platform, "alpha")
@@ -74,7 +79,9 @@ def test_usage_sums_exact_gpu_seconds_refunds_platform_failures_and_hides_other_
     assert list(by_id) == [jobs["bad_data"], jobs["spanning"], jobs["lost"], jobs["retried"]]  # newest first
     assert by_id[jobs["retried"]] == {
         "object": "usage.job", "job_id": jobs["retried"], "model": "tiny-base", "status": "succeeded",
-        "gpu_seconds": 4700.0, "billable_gpu_seconds": 4000.0, "refunded_gpu_seconds": 700.0, "attempts": 3}
+        "gpu_seconds": 4700.0, "billable_gpu_seconds": 4000.0, "refunded_gpu_seconds": 700.0, "attempts": 3,
+        # each attempt at its pool's price: 2000 GPU-s at 1.8/h and 2000 at 3.6/h; the refunded one costs nothing
+        "cost": 3.0, "on_demand_cost": 4.0, "saving": 1.0}
     assert (by_id[jobs["lost"]]["billable_gpu_seconds"], by_id[jobs["lost"]]["refunded_gpu_seconds"]) == (0.0, 200.0)
     assert by_id[jobs["spanning"]]["gpu_seconds"] == 2000.0  # the February part is February's
     assert by_id[jobs["bad_data"]]["billable_gpu_seconds"] == 300.0

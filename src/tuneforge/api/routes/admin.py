@@ -19,7 +19,8 @@ from tuneforge.api import deps
 from tuneforge.api.limits import MAX_NAME_CHARS, MONTH_PATTERN
 from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
-from tuneforge.domain.errors import ApiError, unauthorized
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.domain.errors import ApiError, not_found, unauthorized
 from tuneforge.registry import models as registry
 from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import queue as queue_service
@@ -162,6 +163,32 @@ def whole_queue(session: Session = deps.SESSION, platform: Platform = Depends(de
         {"position": e.position, "job_id": e.job_id, "tenant_id": e.tenant_id, "tier": e.tier, "gpus": e.gpus,
          "queued_at": int(e.queued_at),
          "estimated_start": None if e.estimated_start is None else int(e.estimated_start)} for e in entries]}
+
+
+class Reclaim(_Strict):
+    nodes: list[Annotated[str, Field(max_length=256)]] | None = Field(
+        None, max_length=1024, description="Only attempts on these nodes (the nodes being reclaimed); default: "
+                                           "the whole pool.")
+
+
+@router.post("/pools/{pool}/reclaim", dependencies=[Depends(admin)], responses=error_responses(404))
+def reclaim_pool(pool: str, body: Reclaim | None = Body(default=None), session: Session = deps.SESSION,
+                 platform: Platform = Depends(deps.platform)) -> dict:
+    """A reclaim notice for spot capacity (the provider's interruption notice, or a drained node),
+    forwarded by whatever watches for it: every attempt running there checkpoints and stops, and
+    its job resumes elsewhere. The scheduler sends the signal on its next tick."""
+    if pool not in platform.settings.capacity_pools:
+        raise not_found(f"no capacity pool named {pool!r}", param="pool", code="pool_not_found")
+    nodes = set(body.nodes) if body and body.nodes else None
+    marked = []
+    for attempt in attempt_repo.active(session):
+        placement = attempt.placement or {}
+        if placement.get("pool") != pool or (nodes is not None and not nodes & set(placement.get("spans") or {})):
+            continue
+        if not (attempt.handle or {}).get("reclaim_requested"):
+            attempt.handle = {**(attempt.handle or {}), "reclaim_requested": time.time()}
+        marked.append({"job_id": attempt.job_id, "attempt": attempt.number})
+    return {"object": "pool.reclaim", "pool": pool, "attempts": marked}
 
 
 class AdminPromote(_Strict):

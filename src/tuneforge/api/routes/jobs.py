@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import re
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -21,7 +22,7 @@ from tuneforge.api.objects import checkpoint_object, event_object, job_object, l
 from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.services import artifacts, datasets, event_streams, job_export
+from tuneforge.services import artifacts, datasets, event_streams, job_export, usage
 from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
 
@@ -228,7 +229,19 @@ def list_attempts(job_id: str, tenant: Tenant = Depends(deps.tenant), session: S
     """Extension: every attempt of the job, with how it ended and why (failure_class: platform failures are
     retried and not billed, user errors are not retried)."""
     rows = job_service.list_attempts(session, tenant.tenant_id, job_id)
-    return {"object": "list", "has_more": False, "data": [
-        {"object": "fine_tuning.job.attempt", "number": a.number, "status": a.status, "exit_code": a.exit_code,
-         "failure_class": a.failure_class, "gpus": a.gpus, "started_at": a.started_at, "ended_at": a.ended_at}
-        for a in rows]}
+    now = time.time()
+    total, data = usage.Metered(), []
+    for a in rows:
+        metered = usage.Metered()
+        metered.add(a, now, float("-inf"), float("inf"))
+        total.add(a, now, float("-inf"), float("inf"))
+        price, _on_demand = usage.attempt_prices(a)
+        data.append({"object": "fine_tuning.job.attempt", "number": a.number, "status": a.status,
+                     "exit_code": a.exit_code, "failure_class": a.failure_class, "gpus": a.gpus,
+                     "started_at": a.started_at, "ended_at": a.ended_at,
+                     "pool": (a.placement or {}).get("pool") or None, "price_per_gpu_hour": price,
+                     "cost": round(metered.cost, 4)})
+    # the job so far: its billed attempts at their pools' prices, against the same GPU time on demand
+    return {"object": "list", "has_more": False, "data": data,
+            "cost": {"so_far": round(total.cost, 4), "on_demand": round(total.on_demand_cost, 4),
+                     "saving": round(total.saving, 4)}}

@@ -25,6 +25,10 @@ def usage_job_object(row: usage.JobUsage) -> dict:
         "billable_gpu_seconds": round(row.metered.billable_gpu_seconds, 3),
         "refunded_gpu_seconds": round(row.metered.refunded_gpu_seconds, 3),
         "attempts": row.metered.attempts,
+        # what the billed GPU time cost at each attempt's pool price, and what it would have on demand
+        "cost": round(row.metered.cost, 4),
+        "on_demand_cost": round(row.metered.on_demand_cost, 4),
+        "saving": round(row.metered.saving, 4),
     }
 
 

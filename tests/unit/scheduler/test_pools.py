@@ -1,0 +1,99 @@
+"""Capacity pools as the policy applies them: which pools a job may start on (cheapest first,
+spot only while it can meet the deadline, on-demand after too many preemptions), when a running
+spot job must move, and placement on the first allowed pool with room."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneforge.scheduler.policy import Node, QueuedJob, place
+from tuneforge.scheduler.pools import (
+    SAFETY,
+    CapacityAsk,
+    Pool,
+    PoolSetup,
+    SpotRules,
+    allowed_pools,
+    at_risk,
+    spot_duration_s,
+)
+from tuneforge.settings import Settings
+
+SPOT_POOL = Pool("spot", "spot", 1.2, preemptions_per_hour=0.5)
+ON_DEMAND = Pool("od", "on_demand", 4.0)
+RESERVED = Pool("res", "reserved", 2.5)
+POOLS = [ON_DEMAND, SPOT_POOL, RESERVED]
+RULES = SpotRules(max_preemptions=2, max_wait_s=1800.0, checkpoint_interval_s=600.0, restart_s=120.0)
+HOUR = 3600.0
+
+
+def test_spot_duration_counts_the_work_each_expected_preemption_loses():
+    # 0.5 reclaims per hour, each losing 300 s of work and 120 s of restart: 0.5 * 420/3600 more time
+    assert spot_duration_s(HOUR, SPOT_POOL, RULES) == pytest.approx(HOUR * (1 + 0.5 * 420 / 3600))
+
+
+@pytest.mark.parametrize("ask, expected", [
+    (CapacityAsk("on_demand"), ("res", "od")),
+    (CapacityAsk("spot"), ("spot",)),
+    (CapacityAsk("auto", queued_at=0.0), ("spot",)),  # no deadline, has not waited long: spot only
+    (CapacityAsk("auto", queued_at=-2000.0), ("spot", "res", "od")),  # waited past spot_max_wait_s
+    (CapacityAsk("auto", spot_preemptions=2), ("res", "od")),  # preempted too often: off spot for good
+    (CapacityAsk("auto", max_price=3.0), ("spot",)),
+    (CapacityAsk("on_demand", max_price=3.0), ("res",)),
+    (CapacityAsk("spot", max_price=1.0), ()),  # nothing it would pay for: it waits
+])
+def test_allowed_pools_cheapest_first(ask, expected):
+    assert allowed_pools(ask, HOUR, POOLS, now=0.0, rules=RULES) == expected
+
+
+def test_a_deadline_keeps_spot_only_while_it_can_still_be_met():
+    expected_spot = SAFETY * spot_duration_s(HOUR, SPOT_POOL, RULES)
+    roomy = CapacityAsk("auto", deadline=expected_spot + RULES.max_wait_s + 60)
+    assert allowed_pools(roomy, HOUR, POOLS, now=0.0, rules=RULES) == ("spot",)
+    # spot still meets it, but waiting for spot would eat the slack: on-demand is allowed too
+    tight = CapacityAsk("auto", deadline=expected_spot + 60)
+    assert allowed_pools(tight, HOUR, POOLS, now=0.0, rules=RULES) == ("spot", "res", "od")
+    # spot's expected slowdown would miss it: on-demand only
+    too_tight = CapacityAsk("auto", deadline=expected_spot - 60)
+    assert allowed_pools(too_tight, HOUR, POOLS, now=0.0, rules=RULES) == ("res", "od")
+
+
+def test_a_running_spot_job_moves_when_its_deadline_is_at_risk():
+    ask = CapacityAsk("auto", deadline=10 * HOUR)
+    assert not at_risk(ask, HOUR, SPOT_POOL, now=0.0, rules=RULES)
+    assert at_risk(ask, HOUR, SPOT_POOL, now=10 * HOUR - HOUR, rules=RULES)
+    assert not at_risk(ask, HOUR, ON_DEMAND, now=9 * HOUR, rules=RULES)  # only spot jobs move
+    assert not at_risk(CapacityAsk("spot", deadline=HOUR), HOUR, SPOT_POOL, now=0.0, rules=RULES)  # chose spot
+
+
+def _nodes() -> list[Node]:
+    return [Node("a", 4, set(range(4)), "od"), Node("b", 4, set(range(4)), "spot")]
+
+
+def test_a_job_limited_to_pools_lands_on_the_first_with_room():
+    job = QueuedJob("j", "t", "standard", gpus=2, queued_at=0.0, runtime_s=HOUR, pools=("spot", "od"))
+    assert place(job, _nodes()) == {"b": (0, 1)}
+    full_spot = _nodes()
+    full_spot[1].free = {3}
+    assert place(job, full_spot) == {"a": (0, 1)}
+    assert place(QueuedJob("j", "t", "standard", 2, 0.0, HOUR, pools=("spot",)), full_spot) is None
+    assert place(QueuedJob("j", "t", "standard", 2, 0.0, HOUR, pools=()), _nodes()) is None
+    # no pools asked (none configured): any node, as before
+    assert place(QueuedJob("j", "t", "standard", 2, 0.0, HOUR), full_spot) == {"a": (0, 1)}
+
+
+def test_the_setup_from_settings_prices_pools_and_maps_nodes():
+    settings = Settings(capacity_pools={
+        "spot": {"kind": "spot", "price_per_gpu_hour": 1.2, "preemptions_per_hour": 0.1, "nodes": ["local-1"]},
+        "od": {"kind": "on_demand", "price_per_gpu_hour": 4.0, "nodes": ["local"]}},
+        price_per_gpu_hour={"default": 3.0}, spot_max_preemptions=3)
+    setup = PoolSetup.from_settings(settings)
+    assert setup.node_pool("local-1") == "spot" and setup.node_pool("local") == "od"
+    assert setup.node_pool("ray-node-7", reported="spot") == "spot"  # a node that says its pool
+    assert setup.node_pool("elsewhere") == ""
+    assert (setup.price("spot"), setup.price("od"), setup.price(""), setup.on_demand_price()) == (1.2, 4.0, 3.0, 4.0)
+    assert setup.rules.max_preemptions == 3
+    assert setup.ask("free", "", None, None, 0, 0.0).capacity == "spot"
+    assert setup.ask("premium", "", None, None, 0, 0.0).capacity == "on_demand"
+    assert setup.ask("premium", "auto", None, None, 0, 0.0).capacity == "auto"
+    assert PoolSetup.from_settings(Settings()) is None
