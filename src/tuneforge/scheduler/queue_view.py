@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.executors.protocol import Capacity
 from tuneforge.scheduler.policy import Node, PolicyConfig, expected_end, order_queue, place
+from tuneforge.scheduler.pools import PoolSetup
 from tuneforge.scheduler.state import read_state
 
 
@@ -31,13 +32,14 @@ class QueueEntry:
     estimated_start: float | None  # None: larger than the whole inventory, or the inventory is unknown
 
 
-def queue_view(session: Session, capacity: Capacity | None, policy: PolicyConfig, now: float) -> list[QueueEntry]:
-    state = read_state(session, capacity or Capacity(nodes=[]), now)
+def queue_view(session: Session, capacity: Capacity | None, policy: PolicyConfig, now: float,
+               pools: PoolSetup | None = None) -> list[QueueEntry]:
+    state = read_state(session, capacity or Capacity(nodes=[]), now, pools)
     ordered = order_queue(state.queued, policy, state.recent_gpu_hours)
     if capacity is None:
         return [QueueEntry(position, job.job_id, job.tenant_id, job.tier, job.gpus, job.queued_at, None)
                 for position, job in enumerate(ordered, start=1)]
-    nodes = [Node(n.name, n.total, set(n.free)) for n in state.nodes]
+    nodes = [Node(n.name, n.total, set(n.free), n.pool) for n in state.nodes]
     by_name = {n.name: n for n in nodes}
     ends: list[tuple[float, int, dict[str, tuple[int, ...]]]] = []
     for index, job in enumerate(state.running):

@@ -15,7 +15,7 @@ from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Job
+from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import DivergencePolicy, ResolvedResources
 from tuneforge.domain.spec import CheckpointPolicy
@@ -27,6 +27,7 @@ from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import transition
 from tuneforge.scheduler.policy import Node, QueuedJob, place
+from tuneforge.scheduler.pools import PoolSetup, allowed_pools
 from tuneforge.storage import layout
 
 
@@ -56,6 +57,10 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
     unplaceable = _never_fits(platform, plan.resources)
     if unplaceable:
         _fail(session, job, "resources_unavailable", unplaceable, param="resources.gpus")
+        return
+    no_pool = _no_pool_fits(session, platform, job, plan.resources)
+    if no_pool:
+        _fail(session, job, "resources_unavailable", no_pool[1], param=no_pool[0])
         return
     policy, divergence = request.checkpointing, request.divergence
     checkpoint = CheckpointPolicy(
@@ -130,3 +135,28 @@ def _never_fits(platform: Platform, resources: ResolvedResources) -> str | None:
              if probe.gpus_per_node else "all of them on one node")
     return (f"resources.gpus = {probe.gpus} cannot be placed: the job needs {shape}, and the inventory has "
             f"{len(nodes)} node(s) of {', '.join(map(str, sizes))} GPUs")
+
+
+def _no_pool_fits(session: Session, platform: Platform, job: Job, resources: ResolvedResources) -> tuple[str, str] | None:
+    """(param, why) when no capacity pool the job may use could ever hold it: none of the kind it
+    asked for at its price, or none with room on an idle inventory."""
+    pools = PoolSetup.from_settings(platform.settings)
+    capacity = platform.capacity()
+    if pools is None or capacity is None:
+        return None
+    tier = session.scalar(select(Tenant.tier).where(Tenant.tenant_id == job.tenant_id)) or "standard"
+    ask = pools.ask(tier, resources.capacity, None, resources.max_price, 0, float("-inf"))
+    allowed = allowed_pools(ask, 0.0, list(pools.pools.values()), 0.0, pools.rules)
+    if not allowed:
+        price = f" at {resources.max_price} or less per GPU-hour" if resources.max_price is not None else ""
+        kind = {"spot": "spot", "on_demand": "on-demand or reserved"}.get(ask.capacity, "")
+        return ("resources.max_price" if resources.max_price is not None else "resources.capacity",
+                f"no {kind + ' ' if kind else ''}capacity pool{price} exists: the platform has "
+                + ", ".join(f"{p.name} ({p.kind}, {p.price_per_gpu_hour} per GPU-hour)" for p in pools.pools.values()))
+    nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus)), pools.node_pool(n.name, n.pool))
+             for n in capacity.nodes]
+    probe = QueuedJob("probe", "probe", tier, resources.gpus, 0.0, 0.0, resources.gpus_per_node, pools=allowed)
+    if place(probe, nodes) is None:
+        return ("resources.gpus", f"resources.gpus = {resources.gpus} does not fit the nodes of the pools it may "
+                                  f"use ({', '.join(allowed)})")
+    return None

@@ -94,6 +94,10 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
                       f"{', '.join(SUPPORTED_TRAINING_TYPES)}", param="training_type.type")
     if request.distributed is not None:
         check_strategy(request.distributed.strategy, training_type)
+    deadline = request.resources.deadline if request.resources is not None else None
+    if deadline is not None and deadline <= time.time():
+        raise invalid(f"resources.deadline ({deadline}) is in the past: it is a time in unix seconds the job "
+                      "should finish by", param="resources.deadline")
     if training_type == "qlora" and not qlora_available(settings):
         raise invalid(
             "training_type.type 'qlora' needs trainers with an NVIDIA GPU (CUDA) and the bitsandbytes package for "

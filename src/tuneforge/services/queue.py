@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.tables import Job, JobEvent
 from tuneforge.scheduler.policy import PolicyConfig
+from tuneforge.scheduler.pools import PoolSetup
 from tuneforge.scheduler.queue_view import QueueEntry, queue_view
 from tuneforge.services.context import Platform
 
@@ -19,7 +20,7 @@ from tuneforge.services.context import Platform
 def whole_queue(session: Session, platform: Platform, now: float | None = None) -> list[QueueEntry]:
     """Every queued job in the order it will start (jobs waiting out a retry backoff are left out)."""
     return queue_view(session, platform.capacity(), PolicyConfig.from_settings(platform.settings),
-                      time.time() if now is None else now)
+                      time.time() if now is None else now, PoolSetup.from_settings(platform.settings))
 
 
 # How long a computed queue may answer `place_of` while no job has changed state.

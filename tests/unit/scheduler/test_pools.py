@@ -97,3 +97,52 @@ def test_the_setup_from_settings_prices_pools_and_maps_nodes():
     assert setup.ask("premium", "", None, None, 0, 0.0).capacity == "on_demand"
     assert setup.ask("premium", "auto", None, None, 0, 0.0).capacity == "auto"
     assert PoolSetup.from_settings(Settings()) is None
+
+
+@pytest.fixture
+def pooled(tmp_path, database_url, tiny_model_dir):
+    """An API whose platform has one on-demand pool (node local) and one reserved (local-1), no spot."""
+    import io
+
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_platform
+    from tuneforge.api.app import create_app
+
+    platform = make_platform(tmp_path, database_url, local_gpus=1, local_nodes=2, capacity_pools={
+        "od": {"kind": "on_demand", "price_per_gpu_hour": 4.0, "nodes": ["local"]},
+        "res": {"kind": "reserved", "price_per_gpu_hour": 2.0, "nodes": ["local-1"]}})
+    add_base_model(platform, "tiny-base", tiny_model_dir)
+    auth = {"Authorization": f"Bearer {add_tenant(platform, 'acme')}"}
+    http = TestClient(create_app(platform=platform))
+    file_id = http.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(chat_lines(20)))},
+                        data={"purpose": "fine-tune"}, headers=auth).json()["id"]
+
+    def create(resources: dict):  # noqa: ANN202
+        return http.post("/v1/fine_tuning/jobs", headers=auth, json={
+            "model": "tiny-base", "training_file": file_id, "resources": resources})
+
+    yield http, auth, create
+    http.close()
+    platform.db.dispose()
+
+
+def test_a_job_no_pool_can_take_fails_validation_naming_the_field(pooled):
+    http, auth, create = pooled
+    for resources, param, words in (({"capacity": "spot"}, "resources.capacity", "no spot capacity pool"),
+                                    ({"max_price": 1.5}, "resources.max_price", "at 1.5 or less per GPU-hour")):
+        created = create(resources)
+        assert created.status_code == 200, created.text
+        job = http.get(f"/v1/fine_tuning/jobs/{created.json()['id']}", headers=auth).json()
+        assert job["status"] == "failed", (resources, job)
+        assert job["error"]["code"] == "resources_unavailable" and job["error"]["param"] == param
+        assert words in job["error"]["message"], job["error"]["message"]
+    fine = create({"capacity": "on_demand", "max_price": 2.5})
+    assert http.get(f"/v1/fine_tuning/jobs/{fine.json()['id']}", headers=auth).json()["status"] == "queued"
+
+
+def test_a_deadline_in_the_past_is_refused(pooled):
+    _http, _auth, create = pooled
+    refused = create({"deadline": 1_000})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "resources.deadline"
+    assert create({"capacity": "cheap"}).json()["error"]["param"] == "resources.capacity"
