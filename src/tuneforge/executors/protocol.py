@@ -19,6 +19,8 @@ class NodeCapacity:
     total_gpus: int
     free_gpus: int
     pool: str = ""  # its capacity pool, when the executor can tell (a Ray node's label); else from the settings
+    draining: bool = False  # being drained (a spot reclaim, a scale-down): nothing new starts there, and
+    # what runs there checkpoints and moves
 
 
 @dataclass(frozen=True)

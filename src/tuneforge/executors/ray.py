@@ -114,6 +114,7 @@ class RayExecutor:
     def capacity(self) -> Capacity:
         resource = self.settings.ray_gpu_resource
         free_by_node = self._available_per_node()
+        draining = self._draining_nodes()
         nodes = []
         for node in self._ray.nodes():
             total = int(node.get("Resources", {}).get(resource, 0))
@@ -121,8 +122,20 @@ class RayExecutor:
                 continue
             node_id = node["NodeID"]
             free = total if free_by_node is None else int(free_by_node.get(node_id, {}).get(resource, 0))
-            nodes.append(NodeCapacity(node_id, total, max(0, min(total, free)), pool=node_pool(node)))
+            nodes.append(NodeCapacity(node_id, total, max(0, min(total, free)), pool=node_pool(node),
+                                      draining=node_id in draining))
         return Capacity(nodes=sorted(nodes, key=lambda n: n.name))
+
+    def _draining_nodes(self) -> set[str]:
+        """Nodes the cluster is draining (a spot provider's reclaim notice or an autoscaler's
+        scale-down reaches Ray as a drain with a deadline). Read from the GCS, which a driver
+        inside the cluster reaches; through Ray Client it is not known (empty)."""
+        try:
+            from ray._private import state as ray_state
+
+            return {str(node_id) for node_id in ray_state.state.get_draining_nodes()}
+        except Exception:  # noqa: BLE001 - a private interface, and absent through Ray Client
+            return set()
 
     def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
         """Reserve the attempt's GPUs, start its actors, then its ranks; on any failure free

@@ -23,13 +23,13 @@ from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.ids import correlation_id
 from tuneforge.domain.status import AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub
-from tuneforge.executors.protocol import Executor, Placement, PollResult
+from tuneforge.executors.protocol import Capacity, Executor, Placement, PollResult
 from tuneforge.registry import models as registry
 from tuneforge.scheduler.leader import LeaderLock
 from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
 from tuneforge.scheduler.pools import PoolSetup
 from tuneforge.scheduler.spec_builder import build_spec
-from tuneforge.scheduler.state import ClusterState, read_state
+from tuneforge.scheduler.state import ClusterState, placement_spans, read_state
 from tuneforge.serve import vllm
 from tuneforge.services import artifacts, quotas, usage
 from tuneforge.services import routes as route_service
@@ -70,6 +70,7 @@ class Scheduler:
             inventory_known = False
         if self.platform.inventory is not None:  # validation checks that a job fits the inventory
             self._validate_new_jobs()
+            self._reclaim_draining(self.platform.inventory)
         self._reconcile_attempts()
         if inventory_known:
             self._admit_queued_jobs()
@@ -372,6 +373,24 @@ class Scheduler:
                            f"Preempting attempt {number} for a {job.tier} job that would wait past its target "
                            f"(waited {now - job.queued_at:.0f} s so far): checkpoint, then requeue",
                            level="warn", data={"for_job": job.job_id}, attempt=number)
+
+    def _reclaim_draining(self, capacity: Capacity) -> None:
+        """Attempts on nodes the executor reports draining (a reclaim notice) checkpoint and
+        stop, as a reclaim sent to their pool does; their jobs resume elsewhere."""
+        draining = {node.name for node in capacity.nodes if node.draining}
+        if not draining:
+            return
+        with self.platform.db.session() as session:
+            for attempt in attempt_repo.active(session):
+                spans = placement_spans(attempt.placement)
+                handle = attempt.handle or {}
+                if draining & set(spans) and not handle.get("reclaim_requested"):
+                    attempt.handle = {**handle, "reclaim_requested": time.time()}
+                    job = job_repo.get_for_update(session, attempt.job_id)
+                    if job is not None:
+                        events.add(session, job, f"The node under attempt {attempt.number} is being reclaimed: it "
+                                                 "checkpoints and the job resumes elsewhere", level="warn",
+                                   data={"code": "capacity_reclaimed"}, attempt=attempt.number)
 
     def _move_off_spot(self, job_id: str, state: ClusterState, now: float) -> None:
         """An auto job whose deadline spot can no longer meet: checkpoint, then requeue (it starts

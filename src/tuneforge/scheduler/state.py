@@ -93,6 +93,9 @@ def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetu
             moving.append(job.job_id)
 
     _take_foreign_use(nodes, capacity, held)
+    for reported in capacity.nodes:  # a node being drained takes nothing new
+        if reported.draining and reported.name in nodes:
+            nodes[reported.name].free.clear()
 
     queued = []
     waiting = [job for job in jobs.values()

@@ -408,3 +408,29 @@ def test_a_platform_side_read_for_update_holds_sqlites_write_lock(setup, db_back
                     other.execute("UPDATE jobs SET cancel_requested = 1 WHERE job_id = ?", (job_id,))
             finally:
                 other.close()
+
+
+def test_a_draining_node_takes_nothing_new_and_its_attempts_checkpoint_and_move(setup):
+    platform, _http, scheduler, executor, create_job, job, _auth = setup
+    executor.capacity = lambda: Capacity([NodeCapacity("a", 1, 1), NodeCapacity("b", 1, 1)])
+    first = create_job()
+    scheduler.tick()
+    with platform.db.session() as session:
+        node = attempt_of(session, first, 1).placement["node"]
+    other = "b" if node == "a" else "a"
+    # the node under the attempt is reclaimed: its attempt is asked to checkpoint and stop, and the
+    # next job goes to the other node only
+    executor.capacity = lambda: Capacity([NodeCapacity(node, 1, 0, draining=True), NodeCapacity(other, 1, 1)])
+    second = create_job()
+    scheduler.tick()
+    with platform.db.session() as session:
+        assert attempt_of(session, first, 1).handle["reclaim_requested"]
+        assert attempt_of(session, second, 1).placement["node"] == other
+    scheduler.tick()  # the reconcile sends the checkpoint signal once
+    assert executor.signals.count((1, "preempt")) == 1
+    events = [e["message"] for e in _http.get(f"/v1/fine_tuning/jobs/{first}/events",
+                                              headers=_auth).json()["data"]]
+    assert any(m.startswith("The node under attempt 1 is being reclaimed") for m in events)
+    executor.states[1] = PollResult("exited", TrainerExit.PREEMPTED)
+    scheduler.tick()  # requeued; the drained node still takes nothing, the other is busy
+    assert job(first)["status"] == "queued"
