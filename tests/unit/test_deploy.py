@@ -431,3 +431,31 @@ def test_compose_builds_the_control_plane_image_and_pins_vllm_as_kubernetes_does
     context = (DEPLOY / "compose" / build["context"]).resolve()
     assert context == ROOT and (context / build["dockerfile"]) == DEPLOY / "docker" / "control-plane.Dockerfile"
     assert pinned_tag(compose["services"]["vllm"]["image"]) == pinned_tag(vllm_container["image"])
+
+
+def test_the_pooled_ray_cluster_names_the_pools_its_settings_price(monkeypatch):
+    """deploy/kubernetes/raycluster-pools.yaml: every worker group is a pool the ConfigMap prices,
+    named through the custom resource the Ray executor reads; spot pods go to spot nodes and have
+    the time to checkpoint."""
+    from tuneforge.executors.ray import POOL_RESOURCE_PREFIX, node_pool
+
+    docs = documents("raycluster-pools.yaml")
+    [config] = by_kind(docs, "ConfigMap")
+    for name, value in config["data"].items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    pools = settings.capacity_pools
+    assert {p.kind for p in pools.values()} == {"spot", "on_demand"}
+    assert all(not p.nodes for p in pools.values())  # the nodes say their pool
+    [cluster] = by_kind(docs, "RayCluster")
+    seen = set()
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        resources = json.loads(json.loads(group["rayStartParams"]["resources"]))
+        pool = node_pool({"Resources": {**resources, "GPU": 8.0}})
+        assert pool in pools and f"{POOL_RESOURCE_PREFIX}{pool}" in resources, group["groupName"]
+        seen.add(pool)
+        spec = group["template"]["spec"]
+        if pools[pool].kind == "spot":
+            assert spec["nodeSelector"] and any(t["key"] == "cloud.google.com/gke-spot" for t in spec["tolerations"])
+            assert spec["terminationGracePeriodSeconds"] >= settings.preempt_grace_s
+    assert seen == set(pools)
