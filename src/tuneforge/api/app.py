@@ -16,8 +16,8 @@ from tuneforge.api.hot_path import HotPath
 from tuneforge.api.keys import KeyLookups
 from tuneforge.api.lean_reads import EventPages, JobBodies
 from tuneforge.api.ratelimits import RefuseWhileOver, RequestLimiter
-from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, traffic,
-                                  uploads, usage, webhooks)
+from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, sweeps,
+                                  traffic, uploads, usage, webhooks)
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     health.install(app, platform)
     for router in (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
                    jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
-                   secrets.router, traffic.router):
+                   secrets.router, traffic.router, sweeps.router):
         app.include_router(router)
     console.install(app)  # the web console at /console (its routes are not in the API's schema)
     openapi.install(app)

@@ -390,3 +390,38 @@ class RouteRequest(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_route_requests_route_created", "route_id", "created_at"),)
+
+
+class Sweep(Base):
+    """A hyperparameter sweep (services/sweeps.py): a base job body, a search space, a sampler,
+    an objective and early stopping; its trials are ordinary jobs."""
+
+    __tablename__ = "sweeps"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # running | succeeded | failed | cancelled
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # the request as checked
+    best_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_sweeps_tenant_pk", "tenant_id", "pk"),)
+
+
+class SweepTrial(Base):
+    """One trial of a sweep: its parameters, its job, and what early stopping saw of it."""
+
+    __tablename__ = "sweep_trials"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.sweep_id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.job_id"), nullable=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))  # pending | running | completed | stopped | failed
+    rungs: Mapped[list[Any]] = mapped_column(JSON)  # the objective at each rung it passed
+    objective: Mapped[float | None] = mapped_column(Float, nullable=True)  # its final value
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (UniqueConstraint("sweep_id", "number", name="uq_sweep_trials_sweep_number"),)

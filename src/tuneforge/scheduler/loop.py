@@ -33,6 +33,7 @@ from tuneforge.scheduler.state import ClusterState, placement_spans, read_state
 from tuneforge.serve import vllm
 from tuneforge.services import artifacts, quotas, usage
 from tuneforge.services import routes as route_service
+from tuneforge.services import sweeps as sweep_service
 from tuneforge.services import files as file_service
 from tuneforge.services import uploads as upload_service
 from tuneforge.scheduler.validation import validate_job
@@ -72,6 +73,7 @@ class Scheduler:
             self._validate_new_jobs()
             self._reclaim_draining(self.platform.inventory)
         self._reconcile_attempts()
+        sweep_service.advance(self.platform)  # follows trials, stops weak ones, creates the next (validated below)
         if inventory_known:
             self._admit_queued_jobs()
         self._release_ended()

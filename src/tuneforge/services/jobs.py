@@ -156,6 +156,12 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
     return base, training, validation, request, parent
 
 
+def check_inputs(session: Session, settings: Settings, tenant: Tenant, request: JobRequest,
+                 store: ObjectStore | None = None) -> None:
+    """Everything a job create checks of a request before it stores anything (400 naming the field)."""
+    _check_inputs(session, settings, tenant, request, store)
+
+
 def _check_lock(request: JobRequest, base: BaseModelRow, training: FileRow, validation: FileRow | None) -> None:
     """A re-run finds what its lock names: the same base weights and the same data bytes."""
     lock = request.lock

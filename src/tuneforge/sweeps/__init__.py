@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps: a search space over a job body, samplers, and early stopping."""

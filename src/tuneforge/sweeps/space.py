@@ -1,0 +1,152 @@
+"""A sweep's search space and the samplers that draw trials from it (pure, seeded).
+
+The space maps a parameter to its values. A parameter is a hyperparameter's name (placed in
+`method.<type>.hyperparameters` of the job body) or a dotted path into the body that starts
+with `training_type.` or `method.` (e.g. `training_type.rank`):
+
+    {"learning_rate": {"type": "loguniform", "low": 1e-4, "high": 1e-2},
+     "batch_size": {"type": "choice", "values": [4, 8, 16]},
+     "training_type.rank": {"type": "int", "low": 4, "high": 32, "log": true}}
+
+Samplers: `grid` (every combination of `choice` values, in order), `random` (each trial drawn
+from its own seeded generator), `tpe` (Optuna's Tree-structured Parzen Estimator, told every
+finished trial's objective; trials still running are not yet known to it).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuneforge.domain.errors import invalid
+
+KINDS = ("choice", "uniform", "loguniform", "int")
+SAMPLERS = ("grid", "random", "tpe")
+MAX_PARAMETERS = 16
+MAX_CHOICES = 64
+BODY_ROOTS = ("training_type.", "method.")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    kind: str
+    values: tuple[Any, ...] = ()
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+
+
+def parse_space(space: Any) -> list[Dimension]:
+    if not isinstance(space, Mapping) or not space:
+        raise invalid("search_space must be an object of parameters", param="search_space")
+    if len(space) > MAX_PARAMETERS:
+        raise invalid(f"search_space takes at most {MAX_PARAMETERS} parameters", param="search_space")
+    return [_dimension(str(name), spec) for name, spec in space.items()]
+
+
+def _dimension(name: str, spec: Any) -> Dimension:
+    param = f"search_space.{name}"
+    if not name.replace("_", "").replace(".", "").isalnum() or ("." in name and not name.startswith(BODY_ROOTS)):
+        raise invalid(f"{param}: a parameter is a hyperparameter's name or a path starting with "
+                      f"{' or '.join(BODY_ROOTS)}", param=param)
+    if not isinstance(spec, Mapping) or spec.get("type") not in KINDS:
+        raise invalid(f"{param}.type must be one of {', '.join(KINDS)}", param=f"{param}.type")
+    kind = spec["type"]
+    if kind == "choice":
+        values = spec.get("values")
+        if not isinstance(values, list) or not 1 <= len(values) <= MAX_CHOICES or not all(
+                isinstance(v, (int, float, str, bool)) for v in values):
+            raise invalid(f"{param}.values must be a list of 1-{MAX_CHOICES} numbers or strings",
+                          param=f"{param}.values")
+        return Dimension(name, kind, tuple(values))
+    low, high = spec.get("low"), spec.get("high")
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high))
+    if not numbers or not low < high:
+        raise invalid(f"{param}: low and high must be numbers with low < high", param=param)
+    log = kind == "loguniform" or bool(spec.get("log"))
+    if log and low <= 0:
+        raise invalid(f"{param}: a log scale needs low > 0", param=f"{param}.low")
+    if kind == "int" and not (float(low).is_integer() and float(high).is_integer()):
+        raise invalid(f"{param}: low and high of an int parameter must be integers", param=param)
+    return Dimension(name, kind, (), float(low), float(high), log)
+
+
+def grid_size(space: Sequence[Dimension]) -> int:
+    return math.prod(len(d.values) for d in space)
+
+
+def check_sampler(sampler: str, space: Sequence[Dimension]) -> None:
+    if sampler not in SAMPLERS:
+        raise invalid(f"sampler must be one of {', '.join(SAMPLERS)}", param="sampler")
+    if sampler == "grid" and any(d.kind != "choice" for d in space):
+        raise invalid("the grid sampler needs every parameter to be a choice", param="sampler")
+
+
+def grid_point(space: Sequence[Dimension], index: int) -> dict[str, Any]:
+    combos = itertools.product(*(d.values for d in space))
+    return dict(zip((d.name for d in space), next(itertools.islice(combos, index, None))))
+
+
+def random_point(space: Sequence[Dimension], seed: int, index: int) -> dict[str, Any]:
+    rng = random.Random(f"{seed}:{index}")
+    return {d.name: _draw(d, rng) for d in space}
+
+
+def _draw(d: Dimension, rng: random.Random) -> Any:
+    if d.kind == "choice":
+        return rng.choice(d.values)
+    if d.log:
+        value = math.exp(rng.uniform(math.log(d.low), math.log(d.high)))
+    else:
+        value = rng.uniform(d.low, d.high)
+    return int(round(value)) if d.kind == "int" else value
+
+
+def tpe_point(space: Sequence[Dimension], seed: int, index: int, *, minimize: bool,
+              finished: Sequence[tuple[Mapping[str, Any], float]]) -> dict[str, Any]:
+    """Optuna's TPE suggestion given the finished trials (parameters, objective)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    distributions = {d.name: _distribution(d) for d in space}
+    study = optuna.create_study(direction="minimize" if minimize else "maximize",
+                                sampler=optuna.samplers.TPESampler(seed=seed + index))
+    for params, value in finished:
+        if all(name in params for name in distributions):
+            study.add_trial(optuna.trial.create_trial(params={n: params[n] for n in distributions},
+                                                      distributions=distributions, value=value))
+    return dict(study.ask(distributions).params)
+
+
+def _distribution(d: Dimension) -> Any:
+    from optuna import distributions
+
+    if d.kind == "choice":
+        return distributions.CategoricalDistribution(list(d.values))
+    if d.kind == "int":
+        return distributions.IntDistribution(int(d.low), int(d.high), log=d.log)
+    return distributions.FloatDistribution(d.low, d.high, log=d.log)
+
+
+def apply(body: Mapping[str, Any], method_type: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The job body of a trial: the sweep's base body with the trial's parameters set."""
+    trial = copy.deepcopy(dict(body))
+    for name, value in params.items():
+        path = name.split(".") if "." in name else ["method", method_type, "hyperparameters", name]
+        node = trial
+        for key in path[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node = child
+        node[path[-1]] = value
+    if any("." not in name for name in params):
+        trial.setdefault("method", {}).setdefault("type", method_type)
+    return trial

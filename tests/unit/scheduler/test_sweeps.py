@@ -1,0 +1,161 @@
+"""Sweeps driven by the scheduler with a fake executor and the trainers' reports: trials are
+ordinary jobs created up to max_parallel, ASHA stops the ones behind at each rung (their jobs
+cancelled, their GPUs freed for the next trial), the best finished trial wins and its model can
+be promoted; a sweep continues under a new scheduler (a restart), and cancelling it cancels its
+running trials. Bad sweep bodies answer 400 naming the field."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from tests.helpers.platform import chat_lines
+from tests.unit.scheduler.test_loop import _report, setup  # noqa: F401 - the fixture, reused
+from tuneforge.scheduler.loop import Scheduler
+
+RATES = [0.01, 0.02, 0.03, 0.04]
+
+
+def _files(http, auth) -> tuple[str, str]:
+    ids = []
+    for name in ("train.jsonl", "valid.jsonl"):
+        ids.append(http.post("/v1/files", files={"file": (name, io.BytesIO(chat_lines(20)))},
+                             data={"purpose": "fine-tune"}, headers=auth).json()["id"])
+    return ids[0], ids[1]
+
+
+def _sweep_body(training: str, validation: str, **extra) -> dict:
+    return {"job": {"model": "tiny-base", "training_file": training, "validation_file": validation,
+                    "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 4}}}},
+            "search_space": {"learning_rate": {"type": "choice", "values": RATES}},
+            "max_parallel": 2, "early_stopping": {"type": "asha", "min_epochs": 1, "eta": 2}, **extra}
+
+
+def _spec_of(executor, job_id: str):
+    return next(spec for spec in reversed(executor.launched) if spec.job_id == job_id)
+
+
+def _checkpoint(http, spec, seq: int, epoch: int, loss: float) -> None:
+    step = epoch * 10
+    prefix = f"tenants/{spec.tenant_id}/jobs/{spec.job_id}/checkpoints/step-{step}"
+    answer = _report(http, spec, "checkpoints", {"seq": seq, "step": step, "prefix": prefix, "epoch": epoch,
+                                                 "metrics": {"train_loss": loss, "valid_loss": loss}})
+    assert answer.status_code == 200, answer.text
+
+
+def _finish(platform, http, spec, seq: int) -> None:
+    adapter = f"tenants/{spec.tenant_id}/jobs/{spec.job_id}/artifacts/adapter"
+    platform.store.put_bytes(f"{adapter}/adapter_config.json", b"{}")
+    assert _report(http, spec, "result", {"seq": seq, "trained_tokens": 10, "adapter_prefix": adapter}).status_code \
+        == 200
+
+
+def test_asha_stops_the_trials_behind_and_the_best_wins(setup):
+    platform, http, scheduler, executor, _create_job, job, auth = setup
+    executor.gpus = 2
+    training, validation = _files(http, auth)
+    created = http.post("/v1/fine_tuning/sweeps", headers=auth, json=_sweep_body(training, validation))
+    assert created.status_code == 200, created.text
+    sweep_id = created.json()["id"]
+    assert created.json()["sampler"] == "grid" and created.json()["max_trials"] == 4
+
+    def sweep():
+        return http.get(f"/v1/fine_tuning/sweeps/{sweep_id}", headers=auth).json()
+
+    scheduler.tick()  # two trials created (max_parallel), then validated and launched
+    scheduler.tick()
+    trials = sweep()["trials"]
+    assert [(t["number"], t["params"], t["status"]) for t in trials] == [
+        (0, {"learning_rate": 0.01}, "running"), (1, {"learning_rate": 0.02}, "running")]
+    jobs = [t["job_id"] for t in trials]
+    assert [job(j)["status"] for j in jobs] == ["running", "running"]
+    assert job(jobs[0])["method"]["supervised"]["hyperparameters"]["learning_rate"] == 0.01
+    assert job(jobs[0])["metadata"] == {"sweep_id": sweep_id, "sweep_trial": "0"}
+
+    t0, t1 = (_spec_of(executor, j) for j in jobs)
+    _checkpoint(http, t0, 1, epoch=1, loss=1.0)
+    scheduler.tick()
+    _checkpoint(http, t1, 1, epoch=1, loss=2.0)  # behind trial 0 at the first rung: stopped
+    scheduler.tick()
+    state = sweep()
+    assert [t["status"] for t in state["trials"][:2]] == ["running", "stopped"]
+    assert state["trials"][1]["rungs"] == [2.0]
+    assert job(jobs[1])["status"] == "cancelled"
+    events = [e["message"] for e in http.get(f"/v1/fine_tuning/jobs/{jobs[1]}/events", headers=auth).json()["data"]]
+    assert any(m.startswith(f"Stopped early by sweep {sweep_id}: validation loss 2 at epoch 1") for m in events)
+    assert len(state["trials"]) == 3  # the freed slot went to the next trial
+
+    # the scheduler restarts: a new one carries on from the database
+    scheduler = Scheduler(platform, executor)
+    scheduler.tick()
+    t2 = _spec_of(executor, sweep()["trials"][2]["job_id"])
+    _checkpoint(http, t0, 2, epoch=2, loss=0.8)
+    _checkpoint(http, t2, 1, epoch=1, loss=0.9)  # among the best 2 of 3 at rung 1: goes on
+    scheduler.tick()
+    _checkpoint(http, t2, 2, epoch=2, loss=0.95)  # behind trial 0's 0.8 at rung 2: stopped
+    scheduler.tick()
+    scheduler.tick()
+    state = sweep()
+    assert [t["status"] for t in state["trials"]] == ["running", "stopped", "stopped", "running"]
+    t3 = _spec_of(executor, state["trials"][3]["job_id"])
+    _checkpoint(http, t3, 1, epoch=1, loss=3.0)
+    _checkpoint(http, t0, 3, epoch=4, loss=0.5)
+    _finish(platform, http, t0, 4)
+    scheduler.tick()
+    scheduler.tick()
+    state = sweep()
+    assert state["status"] == "succeeded", state
+    assert [t["status"] for t in state["trials"]] == ["completed", "stopped", "stopped", "stopped"]
+    assert state["stopped_early"] == 3
+    assert state["best_trial"]["number"] == 0 and state["best_trial"]["objective"] == 0.5
+    assert state["best_trial"]["fine_tuned_model"] == job(jobs[0])["fine_tuned_model"]
+
+    promoted = http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/promote", headers=auth, json={"stage": "staging"})
+    assert promoted.status_code == 200, promoted.text
+    assert promoted.json()["id"] == job(jobs[0])["fine_tuned_model"] and promoted.json()["stage"] == "staging"
+
+
+def test_cancelling_a_sweep_cancels_its_running_trials(setup):
+    _platform, http, scheduler, executor, _create_job, job, auth = setup
+    executor.gpus = 2
+    training, validation = _files(http, auth)
+    sweep_id = http.post("/v1/fine_tuning/sweeps", headers=auth,
+                         json=_sweep_body(training, validation)).json()["id"]
+    scheduler.tick()
+    scheduler.tick()
+    cancelled = http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/cancel", headers=auth).json()
+    assert cancelled["status"] == "cancelled"
+    assert {job(t["job_id"])["status"] for t in cancelled["trials"]} == {"cancelled"}
+    scheduler.tick()
+    assert len(http.get(f"/v1/fine_tuning/sweeps/{sweep_id}", headers=auth).json()["trials"]) == 2  # no new trial
+    again = http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/cancel", headers=auth)
+    assert again.status_code == 400 and again.json()["error"]["code"] == "sweep_not_cancellable"
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"search_space": {"learning_rate": {"type": "gaussian"}}}, "search_space.learning_rate.type"),
+    ({"sampler": "grid", "search_space": {"learning_rate": {"type": "uniform", "low": 0.1, "high": 0.2}}}, "sampler"),
+    ({"max_parallel": 9}, "max_parallel"),
+    ({"objective": {"metric": "train.loss"}}, "objective.metric"),
+    ({"objective": {"metric": "eval.exact_match", "goal": "maximize"}}, "early_stopping"),
+    ({"job": {"model": "nope", "training_file": "file-x"}}, "model"),
+])
+def test_a_bad_sweep_answers_400_naming_the_field(setup, change, param):
+    _platform, http, _scheduler, _executor, _create_job, _job, auth = setup
+    training, validation = _files(http, auth)
+    refused = http.post("/v1/fine_tuning/sweeps", headers=auth, json={**_sweep_body(training, validation), **change})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == param
+    assert http.get("/v1/fine_tuning/sweeps", headers=auth).json()["data"] == []
+
+
+def test_another_tenants_sweep_is_not_found(setup):
+    platform, http, _scheduler, _executor, _create_job, _job, auth = setup
+    from tests.helpers.platform import add_tenant
+
+    training, validation = _files(http, auth)
+    sweep_id = http.post("/v1/fine_tuning/sweeps", headers=auth, json=_sweep_body(training, validation)).json()["id"]
+    other = {"Authorization": f"Bearer {add_tenant(platform, 'beta')}"}
+    assert http.get(f"/v1/fine_tuning/sweeps/{sweep_id}", headers=other).status_code == 404
+    assert http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/cancel", headers=other).status_code == 404
