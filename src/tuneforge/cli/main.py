@@ -16,7 +16,7 @@ from typing import Any
 import typer
 
 from tuneforge import __version__
-from tuneforge.cli import admin, files_cmd, jobs_cmd, queue_cmd, resources_cmd, secrets_cmd
+from tuneforge.cli import admin, files_cmd, jobs_cmd, queue_cmd, resources_cmd, secrets_cmd, sweeps_cmd
 from tuneforge.cli.output import JSON
 
 # plain click output: an error is one line on stderr (CliFailure.show), help is plain text
@@ -42,6 +42,7 @@ def _process(version: bool = typer.Option(False, "--version", callback=_version,
 # tenants' resources, over the API
 app.add_typer(files_cmd.files_app, name="files")
 app.add_typer(jobs_cmd.jobs_app, name="jobs")
+app.add_typer(sweeps_cmd.sweeps_app, name="sweeps")
 app.add_typer(resources_cmd.models_app, name="models")
 app.add_typer(resources_cmd.webhooks_app, name="webhooks")
 app.command("usage")(resources_cmd.usage)
