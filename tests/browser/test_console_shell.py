@@ -15,7 +15,8 @@ from tuneforge.console.routes import CONSOLE_CSP, static_files
 pytestmark = [pytest.mark.browser, pytest.mark.sqlite_pass_only]
 
 TENANT_VIEWS = {"#/jobs": "Fine-tuning jobs", "#/jobs/new": "New fine-tuning job", "#/files": "Files",
-                "#/models": "Models", "#/routes": "Routes", "#/usage": "Usage", "#/playground": "Playground"}
+                "#/models": "Models", "#/routes": "Routes", "#/sweeps": "Sweeps", "#/usage": "Usage",
+                "#/playground": "Playground"}
 
 
 def test_the_console_is_served_from_the_package_with_a_strict_csp(plane):

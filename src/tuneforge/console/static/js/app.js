@@ -13,12 +13,13 @@ import {createJobView} from "./views/create.js";
 import {filesView, datasetView} from "./views/files.js";
 import {modelsView, modelView} from "./views/models.js";
 import {routesView, routeView} from "./views/routes.js";
+import {sweepsView, sweepView} from "./views/sweeps.js";
 import {usageView} from "./views/usage.js";
 import {playgroundView} from "./views/playground.js";
 import {tenantsView, queueView, adminUsageView} from "./views/admin.js";
 
-const TENANT_NAV = [["#/jobs", "Jobs"], ["#/jobs/new", "New job"], ["#/files", "Files"], ["#/models", "Models"],
-  ["#/routes", "Routes"], ["#/usage", "Usage"], ["#/playground", "Playground"]];
+const TENANT_NAV = [["#/jobs", "Jobs"], ["#/jobs/new", "New job"], ["#/sweeps", "Sweeps"], ["#/files", "Files"],
+  ["#/models", "Models"], ["#/routes", "Routes"], ["#/usage", "Usage"], ["#/playground", "Playground"]];
 const ADMIN_NAV = [["#/admin/tenants", "Tenants"], ["#/admin/queue", "Queue"], ["#/admin/usage", "Usage"]];
 
 const tenantRoutes = [
@@ -26,6 +27,7 @@ const tenantRoutes = [
   ["/files", filesView], ["/files/:fileId", datasetView],
   ["/models", modelsView], ["/models/:modelId", modelView],
   ["/routes", routesView], ["/routes/:name", routeView],
+  ["/sweeps", sweepsView], ["/sweeps/:sweepId", sweepView],
   ["/usage", usageView], ["/playground", playgroundView],
 ];
 const adminRoutes = [["/admin/tenants", tenantsView], ["/admin/queue", queueView], ["/admin/usage", adminUsageView]];
