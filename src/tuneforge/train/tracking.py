@@ -48,7 +48,7 @@ from tuneforge.train.reporter import message_event
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 10_000
-FLUSH_TIMEOUT_S = 60.0
+FLUSH_TIMEOUT_S = 180.0
 _STOP = object()
 
 
@@ -346,6 +346,10 @@ class Trackers:
         self._put(("finish", summary, succeeded), block=True)
         self._put(_STOP, block=True)
         self._thread.join(FLUSH_TIMEOUT_S)
+        if self._thread.is_alive():  # a tracker still closing its run: the job goes on without waiting more
+            self.reporter.report("events", message_event(
+                f"experiment tracking did not finish within {FLUSH_TIMEOUT_S:.0f} s; its last records may arrive "
+                "after the job's result", level="warn", data={"code": "tracking_slow"}))
         self._thread = None  # finished: later records (and a second finish) are no-ops
         if self.dropped:
             self.reporter.report("events", message_event(
