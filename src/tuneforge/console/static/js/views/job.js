@@ -135,9 +135,12 @@ export async function jobView(main, params, _query, view) {
     const page = await get(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/attempts`);
     if (!view.isCurrent()) return;
     const rows = page.data.map((attempt) => [String(attempt.number), attempt.status, attempt.failure_class || "—",
-      attempt.exit_code ?? "—", String(attempt.gpus ?? "—"), formatTime(attempt.started_at), formatTime(attempt.ended_at)]);
+      attempt.exit_code ?? "—", String(attempt.gpus ?? "—"), attempt.pool || "—", formatNumber(attempt.cost),
+      formatTime(attempt.started_at), formatTime(attempt.ended_at)]);
+    const cost = page.cost || {};
     fill(attempts, rows.length
-      ? h("div", {class: "table-wrap"}, table("Attempts", ["#", "Status", "Failure class", "Exit code", "GPUs", "Started", "Ended"], rows, {hideCaption: true}))
+      ? [h("p", {"data-testid": "job-cost"}, `Cost so far ${formatNumber(cost.so_far)}; on demand it would be ${formatNumber(cost.on_demand)} (saving ${formatNumber(cost.saving)}).`),
+        h("div", {class: "table-wrap"}, table("Attempts", ["#", "Status", "Failure class", "Exit code", "GPUs", "Pool", "Cost", "Started", "Ended"], rows, {hideCaption: true}))]
       : h("p", {class: "muted"}, "Not started yet."));
   }
 
