@@ -7,9 +7,11 @@ node-hour, as observed or as the provider publishes it). A job asks for `resourc
 - `on_demand`: on-demand or reserved pools only;
 - `spot`: spot pools only, preempted as often as they are, never moved (the tenant chose it);
 - `auto` (the default for its tier): spot while it can still meet the job's deadline, else
-  on-demand. It leaves spot for good after `spot_max_preemptions` preemptions there, and when the
-  time left is too short for spot's expected slowdown. A job without a deadline that has waited
-  `spot_max_wait_s` for spot may also take on-demand.
+  on-demand. It leaves spot after `spot_max_preemptions` reclaims more than its size and length
+  make expected there, and when the time left is too short for spot's expected slowdown; it may
+  come back to spot once its deadline has passed or it has waited twice `spot_max_wait_s` for
+  on-demand. A job without a deadline that has waited `spot_max_wait_s` for spot may also take
+  on-demand.
 
 A spot run is expected to take longer than an on-demand one: each preemption costs the work
 since the last checkpoint (half the checkpoint interval on average) plus a restart. With
@@ -45,8 +47,9 @@ class CapacityAsk:
     capacity: str = "auto"
     deadline: float | None = None  # unix seconds
     max_price: float | None = None  # per GPU-hour
-    spot_preemptions: int = 0  # times its attempts were preempted on spot
+    spot_preemptions: int = 0  # times spot capacity took its attempts away (reclaims, lost spot nodes)
     queued_at: float = 0.0
+    nodes: int = 1  # nodes it spans: each one is reclaimed on its own
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,18 @@ class SpotRules:
     restart_s: float = 120.0
 
 
-def spot_duration_s(runtime_s: float, pool: Pool, rules: SpotRules) -> float:
-    """How long `runtime_s` of work is expected to take on `pool`, preemptions included."""
+def spot_duration_s(runtime_s: float, pool: Pool, rules: SpotRules, nodes: int = 1) -> float:
+    """How long `runtime_s` of work on `nodes` nodes is expected to take on `pool`, preemptions
+    included (a job on n nodes is hit n times as often)."""
     lost_per_preemption_h = (rules.checkpoint_interval_s / 2 + rules.restart_s) / 3600
-    return runtime_s * (1 + pool.preemptions_per_hour * lost_per_preemption_h)
+    return runtime_s * (1 + max(1, nodes) * pool.preemptions_per_hour * lost_per_preemption_h)
+
+
+def preemption_allowance(runtime_s: float, pool: Pool, rules: SpotRules, nodes: int = 1) -> float:
+    """How many spot preemptions an auto job may take before it leaves spot: the configured
+    number beyond what its size and length make expected there (n nodes x hours x rate)."""
+    expected = max(1, nodes) * pool.preemptions_per_hour * runtime_s / 3600
+    return rules.max_preemptions + expected
 
 
 def allowed_pools(ask: CapacityAsk, runtime_s: float, pools: Sequence[Pool], now: float,
@@ -76,6 +87,8 @@ def allowed_pools(ask: CapacityAsk, runtime_s: float, pools: Sequence[Pool], now
         chosen = spot
     else:
         usable_spot = [p for p in spot if _spot_fits(ask, runtime_s, p, now, rules)]
+        if not usable_spot and spot and _left_waiting(ask, runtime_s, now, rules):
+            usable_spot = spot  # past its deadline, or off spot and kept waiting: any capacity beats none
         chosen = usable_spot
         if not usable_spot or _needs_steady(ask, runtime_s, now, rules):
             chosen = usable_spot + steady
@@ -84,9 +97,18 @@ def allowed_pools(ask: CapacityAsk, runtime_s: float, pools: Sequence[Pool], now
 
 
 def _spot_fits(ask: CapacityAsk, runtime_s: float, pool: Pool, now: float, rules: SpotRules) -> bool:
-    if ask.spot_preemptions >= rules.max_preemptions:
+    if ask.spot_preemptions >= preemption_allowance(runtime_s, pool, rules, ask.nodes):
         return False
-    return ask.deadline is None or now + SAFETY * spot_duration_s(runtime_s, pool, rules) <= ask.deadline
+    return ask.deadline is None or now + SAFETY * spot_duration_s(runtime_s, pool, rules, ask.nodes) <= ask.deadline
+
+
+def _left_waiting(ask: CapacityAsk, runtime_s: float, now: float, rules: SpotRules) -> bool:
+    """Whether an auto job that spot's rules keep off spot may use it again: its deadline has
+    passed (nothing is left to protect), or it has waited for on-demand twice as long as a job
+    waits for spot before taking on-demand."""
+    if ask.deadline is not None and now + runtime_s > ask.deadline:
+        return True
+    return now - ask.queued_at >= 2 * rules.max_wait_s
 
 
 def _needs_steady(ask: CapacityAsk, runtime_s: float, now: float, rules: SpotRules) -> bool:
@@ -103,7 +125,8 @@ def at_risk(ask: CapacityAsk, remaining_s: float, pool: Pool, now: float, rules:
     requeue): the rest of its work, with spot's expected preemptions and the margin, would end
     past its deadline."""
     return (ask.capacity == "auto" and pool.kind == SPOT and ask.deadline is not None
-            and now + SAFETY * spot_duration_s(remaining_s, pool, rules) > ask.deadline)
+            and now + SAFETY * spot_duration_s(remaining_s, pool, rules, ask.nodes) > ask.deadline
+            and now + remaining_s <= ask.deadline)  # on-demand can still make it: moving helps
 
 
 def pool_of(node: str, pools: Mapping[str, Sequence[str]]) -> str:
@@ -141,9 +164,9 @@ class PoolSetup:
         return reported if reported in self.pools else pool_of(node, self.node_lists)
 
     def ask(self, tier: str, capacity: str, deadline: float | None, max_price: float | None,
-            spot_preemptions: int, queued_at: float) -> CapacityAsk:
+            spot_preemptions: int, queued_at: float, nodes: int = 1) -> CapacityAsk:
         return CapacityAsk(capacity or self.by_tier.get(tier, "auto"), deadline, max_price, spot_preemptions,
-                           queued_at)
+                           queued_at, nodes)
 
     def price(self, pool: str) -> float:
         return self.pools[pool].price_per_gpu_hour if pool in self.pools else self.default_price

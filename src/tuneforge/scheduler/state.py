@@ -100,15 +100,18 @@ def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetu
     queued = []
     waiting = [job for job in jobs.values()
                if job.status == JobStatus.QUEUED.value and not (job.not_before and job.not_before > now)]
-    preempted = spot_preemptions(session, pools, [job.job_id for job in waiting]) if pools else {}
+    waiting_ids = [job.job_id for job in waiting]
+    preempted = spot_preemptions(session, pools, waiting_ids) if pools else {}
+    done = work_done(session, waiting_ids) if pools else {}
     for job in waiting:
         resources = job.resolved.resources if job.resolved is not None else ResolvedResources()
         tier = tiers.get(job.tenant_id, "standard")
         allowed = None
         if pools is not None:
             ask = pools.ask(tier, resources.capacity, resources.deadline, resources.max_price,
-                            preempted.get(job.job_id, 0), float(job.created_at))
-            allowed = allowed_pools(ask, _runtime_s(job), list(pools.pools.values()), now, pools.rules)
+                            preempted.get(job.job_id, 0), float(job.created_at), _nodes(resources))
+            remaining = _runtime_s(job) * (1 - done.get(job.job_id, 0.0))
+            allowed = allowed_pools(ask, remaining, list(pools.pools.values()), now, pools.rules)
         queued.append(QueuedJob(
             job_id=job.job_id, tenant_id=job.tenant_id, tier=tier,
             gpus=resources.gpus, queued_at=float(job.created_at), runtime_s=_runtime_s(job),
@@ -119,16 +122,35 @@ def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetu
 
 
 def spot_preemptions(session: Session, pools: PoolSetup, job_ids: list[str]) -> dict[str, int]:
-    """How many times each job's attempts were preempted on a spot pool."""
+    """How many times spot capacity took each job's attempts away: a reclaim (the notice, a
+    drained node, a SIGTERM from outside) or a spot node lost outright. The scheduler's own
+    preemptions for other jobs, pauses and moves off spot do not count."""
     if not job_ids:
         return {}
     counts: dict[str, int] = defaultdict(int)
-    for job_id, placement in session.execute(select(Attempt.job_id, Attempt.placement).where(
-            Attempt.job_id.in_(job_ids), Attempt.failure_class == "preempted")).all():
+    for job_id, placement, handle, failure_class, status in session.execute(
+            select(Attempt.job_id, Attempt.placement, Attempt.handle, Attempt.failure_class, Attempt.status).where(
+                Attempt.job_id.in_(job_ids),
+                (Attempt.failure_class == "preempted") | (Attempt.status == "lost"))).all():
         pool = pools.pools.get((placement or {}).get("pool", ""))
-        if pool is not None and pool.kind == SPOT:
+        if pool is None or pool.kind != SPOT:
+            continue
+        handle = handle or {}
+        if status == "lost" or handle.get("reclaim_requested") or not handle.get("preempt_sent"):
             counts[job_id] += 1
     return dict(counts)
+
+
+def work_done(session: Session, job_ids: list[str]) -> dict[str, float]:
+    """The share of each job's training its newest checkpoint holds (0 to 1): what a requeued job
+    does not have to do again."""
+    if not job_ids:
+        return {}
+    steps = dict(session.execute(select(Checkpoint.job_id, func.max(Checkpoint.step)).where(
+        Checkpoint.job_id.in_(job_ids)).group_by(Checkpoint.job_id)).all())
+    totals = dict(session.execute(select(Attempt.job_id, func.max(Attempt.total_steps)).where(
+        Attempt.job_id.in_(job_ids)).group_by(Attempt.job_id)).all())
+    return {job_id: min(1.0, steps[job_id] / totals[job_id]) for job_id in steps if totals.get(job_id)}
 
 
 def _deadline_at_risk(pools: PoolSetup, job: Job, attempt: Attempt, tiers: dict[str, str], running: RunningJob,
@@ -138,9 +160,16 @@ def _deadline_at_risk(pools: PoolSetup, job: Job, attempt: Attempt, tiers: dict[
         return False
     resources = job.resolved.resources
     ask = pools.ask(tiers.get(job.tenant_id, "standard"), resources.capacity, resources.deadline,
-                    resources.max_price, 0, float(job.created_at))
-    remaining = max(0.0, running.expected_end - now)
+                    resources.max_price, 0, float(job.created_at), _nodes(resources))
+    if attempt.total_steps:  # the work left by the steps done, not by the clock: reclaims cost time, not steps
+        remaining = _runtime_s(job) * max(0.0, 1 - attempt.step / attempt.total_steps)
+    else:
+        remaining = max(0.0, running.expected_end - now)
     return at_risk(ask, remaining, pool, now, pools.rules)
+
+
+def _nodes(resources: ResolvedResources) -> int:
+    return max(1, resources.gpus // resources.gpus_per_node) if resources.gpus_per_node else 1
 
 
 def _take_foreign_use(nodes: dict[str, Node], capacity: Capacity, held: dict[str, int]) -> None:

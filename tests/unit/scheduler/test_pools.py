@@ -15,6 +15,7 @@ from tuneforge.scheduler.pools import (
     SpotRules,
     allowed_pools,
     at_risk,
+    preemption_allowance,
     spot_duration_s,
 )
 from tuneforge.settings import Settings
@@ -37,7 +38,8 @@ def test_spot_duration_counts_the_work_each_expected_preemption_loses():
     (CapacityAsk("spot"), ("spot",)),
     (CapacityAsk("auto", queued_at=0.0), ("spot",)),  # no deadline, has not waited long: spot only
     (CapacityAsk("auto", queued_at=-2000.0), ("spot", "res", "od")),  # waited past spot_max_wait_s
-    (CapacityAsk("auto", spot_preemptions=2), ("res", "od")),  # preempted too often: off spot for good
+    (CapacityAsk("auto", spot_preemptions=3, queued_at=-3700.0), ("spot", "res", "od")),  # kept waiting: back
+    (CapacityAsk("auto", spot_preemptions=3), ("res", "od")),  # preempted more than 2 beyond the 0.5 expected
     (CapacityAsk("auto", max_price=3.0), ("spot",)),
     (CapacityAsk("on_demand", max_price=3.0), ("res",)),
     (CapacityAsk("spot", max_price=1.0), ()),  # nothing it would pay for: it waits
@@ -58,12 +60,27 @@ def test_a_deadline_keeps_spot_only_while_it_can_still_be_met():
     assert allowed_pools(too_tight, HOUR, POOLS, now=0.0, rules=RULES) == ("res", "od")
 
 
+def test_the_preemption_allowance_grows_with_the_jobs_size_and_length():
+    assert preemption_allowance(HOUR, SPOT_POOL, RULES) == pytest.approx(2.5)
+    assert preemption_allowance(10 * HOUR, SPOT_POOL, RULES, nodes=4) == pytest.approx(2 + 4 * 10 * 0.5)
+    big = CapacityAsk("auto", spot_preemptions=10, nodes=4)
+    assert allowed_pools(big, 10 * HOUR, POOLS, now=0.0, rules=RULES) == ("spot",)  # 10 < 22 expected-ish
+    # a 4-node job is reclaimed 4 times as often: its expected run is longer
+    assert spot_duration_s(HOUR, SPOT_POOL, RULES, nodes=4) == pytest.approx(HOUR * (1 + 4 * 0.5 * 420 / 3600))
+
+
+def test_past_its_deadline_a_job_takes_whatever_is_cheapest():
+    late = CapacityAsk("auto", deadline=HOUR / 2, spot_preemptions=9)
+    assert allowed_pools(late, HOUR, POOLS, now=0.0, rules=RULES) == ("spot", "res", "od")
+
+
 def test_a_running_spot_job_moves_when_its_deadline_is_at_risk():
     ask = CapacityAsk("auto", deadline=10 * HOUR)
     assert not at_risk(ask, HOUR, SPOT_POOL, now=0.0, rules=RULES)
     assert at_risk(ask, HOUR, SPOT_POOL, now=10 * HOUR - HOUR, rules=RULES)
     assert not at_risk(ask, HOUR, ON_DEMAND, now=9 * HOUR, rules=RULES)  # only spot jobs move
     assert not at_risk(CapacityAsk("spot", deadline=HOUR), HOUR, SPOT_POOL, now=0.0, rules=RULES)  # chose spot
+    assert not at_risk(ask, HOUR, SPOT_POOL, now=9.5 * HOUR, rules=RULES)  # too late for on-demand too: moving won't help
 
 
 def _nodes() -> list[Node]:
