@@ -1,10 +1,11 @@
 """A hyperparameter sweep with ASHA early stopping against the full grid, in the same run.
 
-    python benchmarks/sweeps.py [--epochs 6] [--eta 2] [--parallel 2]
+    python benchmarks/sweeps.py [--epochs 30] [--eta 2] [--parallel 2] [--seed 0]
 
 One control plane (local executor, `--parallel` slots) and the demo's tiny model and data. The
-search space is 8 learning rates (1e-4 to 3e-1); both sweeps run every trial with the same seed
-and body, so a trial with the same learning rate trains the same way in both. The first sweep
+search space is 8 learning rates (1e-4 to 3e-1), taken in the order the sweep's seed shuffles
+them; both sweeps run every trial with the same training seed and body, so a trial with the same
+learning rate trains the same way in both. The first sweep
 judges trials with ASHA on the validation loss at epoch checkpoints (rungs at 1, eta, eta^2, ...
 epochs); the second runs the whole grid to the end. Printed: each trial's status and objective,
 the trials stopped early, the GPU-seconds each sweep spent (attempts' GPU time as metered), and
@@ -28,7 +29,8 @@ RATES = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0, help="the sweeps' seed (the grid's order)")
     parser.add_argument("--eta", type=int, default=2)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
@@ -64,7 +66,8 @@ def main() -> int:
         space = {"learning_rate": {"type": "choice", "values": RATES}}
         results = {}
         for name, stopping in (("asha", {"type": "asha", "min_epochs": 1, "eta": args.eta}), ("grid", None)):
-            body = {"job": job, "search_space": space, "sampler": "grid", "max_parallel": args.parallel}
+            body = {"job": job, "search_space": space, "sampler": "grid", "max_parallel": args.parallel,
+                    "seed": args.seed}
             if stopping:
                 body["early_stopping"] = stopping
             created = api.post("/v1/fine_tuning/sweeps", json=body)

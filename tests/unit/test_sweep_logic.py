@@ -39,8 +39,11 @@ def test_grid_random_and_tpe_points():
     grid = sweep_space.parse_space({"a": {"type": "choice", "values": [1, 2]},
                                     "b": {"type": "choice", "values": ["x", "y", "z"]}})
     assert sweep_space.grid_size(grid) == 6
-    assert [sweep_space.grid_point(grid, i) for i in range(6)] == [
-        {"a": a, "b": b} for a in (1, 2) for b in ("x", "y", "z")]
+    in_order = [{"a": a, "b": b} for a in (1, 2) for b in ("x", "y", "z")]
+    assert [sweep_space.grid_point(grid, i) for i in range(6)] == in_order
+    shuffled = [sweep_space.grid_point(grid, i, seed=3) for i in range(6)]
+    assert sorted(shuffled, key=in_order.index) == in_order and shuffled != in_order  # every point, once
+    assert shuffled == [sweep_space.grid_point(grid, i, seed=3) for i in range(6)]
     dims = sweep_space.parse_space(SPACE)
     points = [sweep_space.random_point(dims, seed=5, index=i) for i in range(50)]
     assert points == [sweep_space.random_point(dims, seed=5, index=i) for i in range(50)]  # repeatable

@@ -38,6 +38,7 @@ from tuneforge.sweeps.asha import Asha, judge
 log = logging.getLogger(__name__)
 
 MAX_TRIALS = 100
+MAX_KEPT = 100  # checkpointing.keep_last's bound
 VALIDATION_LOSS = "validation.loss"
 ACTIVE_TRIAL = ("pending", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -83,7 +84,7 @@ def check_config(session: Session, platform: Platform, tenant: Tenant, body: Map
         stopping = {"type": "asha", "min_epochs": float(min_epochs), "eta": eta}
     seed = body.get("seed")
     seed = int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else 0
-    request = _request(job, _method_type(job), _first_point(dims, sampler, seed))
+    request = _request(job, _method_type(job), _first_point(dims, sampler, seed), every_epoch=stopping is not None)
     job_service.check_inputs(session, platform.settings, tenant, request, platform.store)
     if metric == VALIDATION_LOSS and not (request.validation_file or (request.data and request.data.validation_split)):
         raise invalid("objective validation.loss needs validation data: job.validation_file or "
@@ -93,17 +94,34 @@ def check_config(session: Session, platform: Platform, tenant: Tenant, body: Map
             "objective": {"metric": metric, "goal": goal}, "early_stopping": stopping, "seed": seed}
 
 
+def _epochs(body: Mapping[str, Any]) -> int:
+    """The trial's epochs when its body sets them, else the most a job may have: every epoch's
+    checkpoint is kept, so that each rung has its measurement."""
+    method = body.get("method") if isinstance(body.get("method"), Mapping) else {}
+    section = method.get(str(method.get("type") or "supervised")) if isinstance(method, Mapping) else None
+    hyperparameters = (section or {}).get("hyperparameters") if isinstance(section, Mapping) else None
+    epochs = (hyperparameters or {}).get("n_epochs") if isinstance(hyperparameters, Mapping) else None
+    return max(1, min(int(epochs), MAX_KEPT)) if isinstance(epochs, int) and not isinstance(epochs, bool) \
+        else MAX_KEPT
+
+
 def _method_type(job: Mapping[str, Any]) -> str:
     method = job.get("method")
     return str(method.get("type") or "supervised") if isinstance(method, Mapping) else "supervised"
 
 
 def _first_point(dims: list[sweep_space.Dimension], sampler: str, seed: int) -> dict[str, Any]:
-    return sweep_space.grid_point(dims, 0) if sampler == "grid" else sweep_space.random_point(dims, seed, 0)
+    return sweep_space.grid_point(dims, 0, seed) if sampler == "grid" else sweep_space.random_point(dims, seed, 0)
 
 
-def _request(job: Mapping[str, Any], method_type: str, params: Mapping[str, Any]) -> JobRequest:
+def _request(job: Mapping[str, Any], method_type: str, params: Mapping[str, Any], *,
+             every_epoch: bool = False) -> JobRequest:
     body = sweep_space.apply(job, method_type, params)
+    if every_epoch:  # early stopping reads the validation loss at epoch ends: each one needs its checkpoint
+        checkpointing = dict(body.get("checkpointing") or {})
+        checkpointing.setdefault("every_epoch", True)
+        checkpointing.setdefault("keep_last", _epochs(body))
+        body["checkpointing"] = checkpointing
     try:
         return JobRequest.model_validate(body)
     except ValidationError as exc:
@@ -266,7 +284,8 @@ def _start_trials(session: Session, platform: Platform, sweep: Sweep, rows: list
     while len(rows) < config["max_trials"] and sum(t.status in ACTIVE_TRIAL for t in rows) < config["max_parallel"]:
         number = len(rows)
         params = _suggest(config, dims, number, rows, minimize)
-        request = _request(config["job"], _method_type(config["job"]), params)
+        request = _request(config["job"], _method_type(config["job"]), params,
+                           every_epoch=bool(config.get("early_stopping")))
         metadata = {**(request.metadata or {}), "sweep_id": sweep.sweep_id, "sweep_trial": str(number)}
         request = request.model_copy(update={"metadata": dict(list(metadata.items())[-16:])})
         try:  # the scheduler validates it like any new job; the key makes a retried pass find the same job
@@ -290,7 +309,7 @@ def _suggest(config: Mapping[str, Any], dims: list[sweep_space.Dimension], numbe
              minimize: bool) -> dict[str, Any]:
     sampler, seed = config["sampler"], config["seed"]
     if sampler == "grid":
-        return sweep_space.grid_point(dims, number)
+        return sweep_space.grid_point(dims, number, seed)
     if sampler == "tpe":
         finished = [(t.params, t.objective) for t in rows if t.status == "completed" and t.objective is not None]
         return sweep_space.tpe_point(dims, seed, number, minimize=minimize, finished=finished)

@@ -8,7 +8,8 @@ with `training_type.` or `method.` (e.g. `training_type.rank`):
      "batch_size": {"type": "choice", "values": [4, 8, 16]},
      "training_type.rank": {"type": "int", "low": 4, "high": 32, "log": true}}
 
-Samplers: `grid` (every combination of `choice` values, in order), `random` (each trial drawn
+Samplers: `grid` (every combination of `choice` values, in an order shuffled by the sweep's
+seed), `random` (each trial drawn
 from its own seeded generator), `tpe` (Optuna's Tree-structured Parzen Estimator, told every
 finished trial's objective; trials still running are not yet known to it).
 """
@@ -88,9 +89,14 @@ def check_sampler(sampler: str, space: Sequence[Dimension]) -> None:
         raise invalid("the grid sampler needs every parameter to be a choice", param="sampler")
 
 
-def grid_point(space: Sequence[Dimension], index: int) -> dict[str, Any]:
+def grid_point(space: Sequence[Dimension], index: int, seed: int | None = None) -> dict[str, Any]:
+    """Combination `index` of the grid: in order, or (with `seed`) in an order shuffled by it, so
+    that early stopping does not judge the grid's first corner against itself."""
+    order = list(range(grid_size(space)))
+    if seed is not None:
+        random.Random(f"grid:{seed}").shuffle(order)
     combos = itertools.product(*(d.values for d in space))
-    return dict(zip((d.name for d in space), next(itertools.islice(combos, index, None))))
+    return dict(zip((d.name for d in space), next(itertools.islice(combos, order[index], None))))
 
 
 def random_point(space: Sequence[Dimension], seed: int, index: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import pytest
 from tests.helpers.platform import chat_lines
 from tests.unit.scheduler.test_loop import _report, setup  # noqa: F401 - the fixture, reused
 from tuneforge.scheduler.loop import Scheduler
+from tuneforge.sweeps import space as sweep_space
 
 RATES = [0.01, 0.02, 0.03, 0.04]
 
@@ -66,11 +67,14 @@ def test_asha_stops_the_trials_behind_and_the_best_wins(setup):
     scheduler.tick()  # two trials created (max_parallel), then validated and launched
     scheduler.tick()
     trials = sweep()["trials"]
+    order = [sweep_space.grid_point(sweep_space.parse_space(_sweep_body("", "")["search_space"]), i, 0)
+             for i in range(4)]  # the grid in the order the sweep's seed (0) shuffles it
+    assert sorted(point["learning_rate"] for point in order) == RATES
     assert [(t["number"], t["params"], t["status"]) for t in trials] == [
-        (0, {"learning_rate": 0.01}, "running"), (1, {"learning_rate": 0.02}, "running")]
+        (0, order[0], "running"), (1, order[1], "running")]
     jobs = [t["job_id"] for t in trials]
     assert [job(j)["status"] for j in jobs] == ["running", "running"]
-    assert job(jobs[0])["method"]["supervised"]["hyperparameters"]["learning_rate"] == 0.01
+    assert job(jobs[0])["method"]["supervised"]["hyperparameters"]["learning_rate"] == order[0]["learning_rate"]
     assert job(jobs[0])["metadata"] == {"sweep_id": sweep_id, "sweep_trial": "0"}
 
     t0, t1 = (_spec_of(executor, j) for j in jobs)
