@@ -75,6 +75,7 @@ def main() -> int:
             started = time.perf_counter()
             results[name] = _wait(api, created.json()["id"], args.timeout_s)
             results[name]["wall_s"] = time.perf_counter() - started
+    results["epochs"] = args.epochs
     return _report(results)
 
 
@@ -95,9 +96,19 @@ def _wait(api: httpx.Client, sweep_id: str, timeout_s: float) -> dict:
     raise SystemExit(f"sweep {sweep_id} still running after {timeout_s:.0f} s")
 
 
+def _epochs_trained(sweep: dict, epochs: int) -> float:
+    """Epochs the sweep's trials trained: all of them for a completed trial, up to the rung it was
+    stopped at for the others."""
+    stopping = sweep["early_stopping"] or {}
+    rungs = [stopping.get("min_epochs", 1.0) * stopping.get("eta", 2) ** k for k in range(64)]
+    return sum(epochs if t["status"] == "completed" else rungs[max(0, len(t["rungs"]) - 1)]
+               for t in sweep["trials"])
+
+
 def _report(results: dict) -> int:
     asha, grid = results["asha"], results["grid"]
-    for name, sweep in results.items():
+    for name in ("asha", "grid"):
+        sweep = results[name]
         print(f"\n{name}: {sweep['status']}, {len(sweep['trials'])} trials, {sweep['stopped_early']} stopped early, "
               f"{sweep['gpu_seconds']:.1f} GPU-seconds, {sweep['wall_s']:.0f} s wall")
         print(f"  {'lr':>8}  {'status':<10} {'rungs (validation loss)':<34} {'objective':>10} {'GPU-s':>8}")
@@ -106,6 +117,10 @@ def _report(results: dict) -> int:
             objective = "—" if trial["objective"] is None else f"{trial['objective']:.4f}"
             print(f"  {trial['params']['learning_rate']:>8g}  {trial['status']:<10} {rungs:<34} {objective:>10} "
                   f"{trial['gpu_seconds']:>8.1f}")
+    epochs = {name: _epochs_trained(sweep, results["epochs"]) for name, sweep in (("asha", asha), ("grid", grid))}
+    print(f"\nepochs trained: ASHA {epochs['asha']:g} against the full grid's {epochs['grid']:g} "
+          f"({1 - epochs['asha'] / epochs['grid']:.0%} fewer); each trial also pays a fixed start "
+          "(process, imports, model load) that early stopping cannot save")
     best_asha, best_grid = asha["best_trial"], grid["best_trial"]
     same_best = bool(best_asha and best_grid and best_asha["params"] == best_grid["params"]
                      and best_asha["objective"] == best_grid["objective"])
