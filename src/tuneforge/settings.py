@@ -294,7 +294,8 @@ class Settings(BaseSettings):
         default_factory=lambda: {"free": "spot", "standard": "auto", "premium": "on_demand"},
         description="A job's resources.capacity when it sets none, by its tenant's tier.")
     spot_max_preemptions: int = Field(
-        default=2, ge=0, description="An auto job preempted this many times on spot runs on on-demand from then on.")
+        default=2, ge=0, description="Spot reclaims an auto job may take beyond what its nodes and length make "
+                                     "expected there; past them it runs on on-demand (docs/scheduling.md).")
     spot_max_wait_s: float = Field(
         default=1800.0, ge=0, description="An auto job without a deadline that waited this long for spot may take "
                                           "on-demand; one with a deadline may when its slack is below this.")

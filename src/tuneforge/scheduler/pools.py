@@ -9,9 +9,9 @@ node-hour, as observed or as the provider publishes it). A job asks for `resourc
 - `auto` (the default for its tier): spot while it can still meet the job's deadline, else
   on-demand. It leaves spot after `spot_max_preemptions` reclaims more than its size and length
   make expected there, and when the time left is too short for spot's expected slowdown; it may
-  come back to spot once its deadline has passed or it has waited twice `spot_max_wait_s` for
-  on-demand. A job without a deadline that has waited `spot_max_wait_s` for spot may also take
-  on-demand.
+  come back to spot once its deadline cannot be met anyway, or, kept off by its preemptions
+  alone, after waiting twice `spot_max_wait_s` for on-demand since it was last queued. A job
+  without a deadline that has waited `spot_max_wait_s` for spot may also take on-demand.
 
 A spot run is expected to take longer than an on-demand one: each preemption costs the work
 since the last checkpoint (half the checkpoint interval on average) plus a restart. With
@@ -50,6 +50,11 @@ class CapacityAsk:
     spot_preemptions: int = 0  # times spot capacity took its attempts away (reclaims, lost spot nodes)
     queued_at: float = 0.0
     nodes: int = 1  # nodes it spans: each one is reclaimed on its own
+    waiting_since: float | None = None  # when it was last queued (its last attempt's end); None: queued_at
+
+    @property
+    def waited_from(self) -> float:
+        return self.queued_at if self.waiting_since is None else self.waiting_since
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,8 @@ def allowed_pools(ask: CapacityAsk, runtime_s: float, pools: Sequence[Pool], now
         chosen = spot
     else:
         usable_spot = [p for p in spot if _spot_fits(ask, runtime_s, p, now, rules)]
-        if not usable_spot and spot and _left_waiting(ask, runtime_s, now, rules):
-            usable_spot = spot  # past its deadline, or off spot and kept waiting: any capacity beats none
+        if not usable_spot:  # past its deadline, or kept off spot by its preemptions and waiting long
+            usable_spot = [p for p in spot if _back_to_spot(ask, runtime_s, p, now, rules)]
         chosen = usable_spot
         if not usable_spot or _needs_steady(ask, runtime_s, now, rules):
             chosen = usable_spot + steady
@@ -102,20 +107,24 @@ def _spot_fits(ask: CapacityAsk, runtime_s: float, pool: Pool, now: float, rules
     return ask.deadline is None or now + SAFETY * spot_duration_s(runtime_s, pool, rules, ask.nodes) <= ask.deadline
 
 
-def _left_waiting(ask: CapacityAsk, runtime_s: float, now: float, rules: SpotRules) -> bool:
-    """Whether an auto job that spot's rules keep off spot may use it again: its deadline has
-    passed (nothing is left to protect), or it has waited for on-demand twice as long as a job
-    waits for spot before taking on-demand."""
+def _back_to_spot(ask: CapacityAsk, runtime_s: float, pool: Pool, now: float, rules: SpotRules) -> bool:
+    """Whether an auto job that spot's rules keep off spot may use it again: its deadline cannot
+    be met anyway (nothing is left to protect), or its preemptions alone keep it off and it has
+    waited for on-demand, since it was last queued, twice as long as a job waits for spot before
+    taking on-demand. A job that spot's slowdown would make late stays on on-demand: moving it
+    back and forth would only cost restarts."""
     if ask.deadline is not None and now + runtime_s > ask.deadline:
         return True
-    return now - ask.queued_at >= 2 * rules.max_wait_s
+    meets_deadline = ask.deadline is None or \
+        now + SAFETY * spot_duration_s(runtime_s, pool, rules, ask.nodes) <= ask.deadline
+    return meets_deadline and now - ask.waited_from >= 2 * rules.max_wait_s
 
 
 def _needs_steady(ask: CapacityAsk, runtime_s: float, now: float, rules: SpotRules) -> bool:
     """Whether an auto job may also take on-demand now, though spot could still do: waiting for
     spot would put its deadline at risk, or (without one) it has waited long enough."""
     if ask.deadline is None:
-        return now - ask.queued_at >= rules.max_wait_s
+        return now - ask.waited_from >= rules.max_wait_s
     slack = ask.deadline - now - SAFETY * runtime_s
     return slack < rules.max_wait_s
 
@@ -164,9 +173,10 @@ class PoolSetup:
         return reported if reported in self.pools else pool_of(node, self.node_lists)
 
     def ask(self, tier: str, capacity: str, deadline: float | None, max_price: float | None,
-            spot_preemptions: int, queued_at: float, nodes: int = 1) -> CapacityAsk:
+            spot_preemptions: int, queued_at: float, nodes: int = 1,
+            waiting_since: float | None = None) -> CapacityAsk:
         return CapacityAsk(capacity or self.by_tier.get(tier, "auto"), deadline, max_price, spot_preemptions,
-                           queued_at, nodes)
+                           queued_at, nodes, waiting_since)
 
     def price(self, pool: str) -> float:
         return self.pools[pool].price_per_gpu_hour if pool in self.pools else self.default_price

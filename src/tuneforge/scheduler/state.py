@@ -103,13 +103,16 @@ def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetu
     waiting_ids = [job.job_id for job in waiting]
     preempted = spot_preemptions(session, pools, waiting_ids) if pools else {}
     done = work_done(session, waiting_ids) if pools else {}
+    requeued = dict(session.execute(select(Attempt.job_id, func.max(Attempt.ended_at)).where(
+        Attempt.job_id.in_(waiting_ids)).group_by(Attempt.job_id)).all()) if pools and waiting_ids else {}
     for job in waiting:
         resources = job.resolved.resources if job.resolved is not None else ResolvedResources()
         tier = tiers.get(job.tenant_id, "standard")
         allowed = None
         if pools is not None:
             ask = pools.ask(tier, resources.capacity, resources.deadline, resources.max_price,
-                            preempted.get(job.job_id, 0), float(job.created_at), _nodes(resources))
+                            preempted.get(job.job_id, 0), float(job.created_at), _nodes(resources),
+                            requeued.get(job.job_id))
             remaining = _runtime_s(job) * (1 - done.get(job.job_id, 0.0))
             allowed = allowed_pools(ask, remaining, list(pools.pools.values()), now, pools.rules)
         queued.append(QueuedJob(

@@ -69,6 +69,16 @@ def test_the_preemption_allowance_grows_with_the_jobs_size_and_length():
     assert spot_duration_s(HOUR, SPOT_POOL, RULES, nodes=4) == pytest.approx(HOUR * (1 + 4 * 0.5 * 420 / 3600))
 
 
+def test_waiting_counts_from_the_last_requeue_and_never_undoes_a_deadline_move():
+    # created long ago, but requeued a minute ago after its third reclaim: it waits for on-demand
+    recent = CapacityAsk("auto", spot_preemptions=3, queued_at=-10 * HOUR, waiting_since=-60.0)
+    assert allowed_pools(recent, HOUR, POOLS, now=0.0, rules=RULES) == ("res", "od")
+    # moved off spot because spot's slowdown would make it late: waiting does not send it back
+    expected_spot = SAFETY * spot_duration_s(HOUR, SPOT_POOL, RULES)
+    late_on_spot = CapacityAsk("auto", deadline=(expected_spot + HOUR) / 2, waiting_since=-5 * HOUR)
+    assert allowed_pools(late_on_spot, HOUR, POOLS, now=0.0, rules=RULES) == ("res", "od")
+
+
 def test_past_its_deadline_a_job_takes_whatever_is_cheapest():
     late = CapacityAsk("auto", deadline=HOUR / 2, spot_preemptions=9)
     assert allowed_pools(late, HOUR, POOLS, now=0.0, rules=RULES) == ("spot", "res", "od")
