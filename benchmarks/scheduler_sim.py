@@ -83,6 +83,49 @@ and the functions where the time goes are printed.
 
 The issue's goals are printed next to the figures as met / NOT met; nothing
 is asserted. Figures go to docs/benchmarks-scheduler.md.
+
+Capacity pools:
+
+    python benchmarks/scheduler_sim.py --pools [--seed 2] [--days 7] [--spot-share 0.75]
+        [--spot-price 1.64] [--on-demand-price 4.10] [--spot-reclaims-per-node-hour 0.05]
+        [--sweep-reclaims 0.01,0.05,0.2] [--sweep-max-preemptions 0,4,10]
+
+One trace (seed 2 unless `--seed` says otherwise), the same nodes and the same
+tuneforge policy three ways: "on-demand only" (every node on demand, every
+job `capacity=on_demand`), "spot only" (every node spot, every job
+`capacity=spot`: requeued onto spot however often it is reclaimed) and
+"auto" (`--spot-share` of the nodes spot, the rest on demand, every job
+`capacity=auto` with its deadline). Each job's `QueuedJob.pools` comes from
+`pools.allowed_pools` as `scheduler/state.py` builds it: its ask carries the
+nodes it spans (gpus // gpus_per_node for a multi-node job, else 1) and its
+spot preemptions so far, only the reclaims of its attempts on spot (as
+`state.spot_preemptions` counts them: not the scheduler's own preemptions
+for premium jobs, nor moves off spot) and when it was last queued
+(`waiting_since`: the end of its last attempt, `max(Attempt.ended_at)`, None
+if it never ran); its runtime is the estimate less the
+share of the work its newest checkpoint holds (`state.work_done`). In every
+decision the running auto jobs on spot that `pools.at_risk` flags, given the
+work they have left by their progress (the estimate times the share of the
+work not done: what the trainer's steps measure), checkpoint and are
+requeued, as the loop's `_move_off_spot` does. Deadlines: arrival + U(2, 6)
+x the job's true runtime + 1 h (`--deadline-slack`,
+`--deadline-allowance-s`), drawn from a generator of their own. Spot nodes
+are reclaimed, each as a Poisson process (`--spot-reclaims-per-node-hour`,
+also the spot pool's preemption rate): a notice (`--reclaim-notice-s`, 120 s
+as on AWS) during which nothing new starts there and the attempts on it get
+SIGTERM, checkpoint and exit after `--stop-s` (when the notice is shorter,
+they are killed and lose the training since their last periodic
+checkpoint); then the node is gone and comes back `--replace-s` (10 min)
+later. Optionally, droughts (`--spot-droughts-per-week`) reclaim a share of
+the spot nodes at once for hours. Arrivals stop after `--days`; every job
+then runs to its end. Printed per scenario: cost (each attempt's GPU-hours,
+start to exit, at its pool's price), saving against on-demand only, deadline
+misses, reclaims and preemptions by cause, the jobs moved off spot (and how
+often one was), the jobs the preemption allowance kept off spot and those
+that went back to it (after what wait), GPU-hours lost to preemptions,
+the share of GPU-hours on spot, waits, the most preempted job and the missed
+deadlines; the goals as met / NOT met; optionally sweeps of the reclaim rate
+and of `--spot-max-preemptions`.
 """
 
 from __future__ import annotations
@@ -98,6 +141,7 @@ import platform
 import pstats
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,6 +160,16 @@ from tuneforge.scheduler.policy import (
     order_queue,
     place,
     waited_too_long,
+)
+from tuneforge.scheduler.pools import (
+    ON_DEMAND,
+    SPOT,
+    CapacityAsk,
+    Pool,
+    SpotRules,
+    allowed_pools,
+    at_risk,
+    preemption_allowance,
 )
 
 DAY = 86400.0
@@ -495,8 +549,8 @@ def simulate(name: str, trace: Sequence[TraceJob], args: argparse.Namespace, con
 
     capacity = args.nodes * NODE_GPUS * horizon
     offered = sum(t.gpus * min(t.work_s, horizon - t.arrival) for t in trace)
-    waits: dict[str, list[float]] = {}
-    class_waits: dict[str, list[float]] = {}
+    waits: dict[str, list[float]] = {tier: [] for tier in TIERS}  # every tier and class, if only empty
+    class_waits: dict[str, list[float]] = {c.name: [] for c in CLASSES}
     max_queued = (0.0, "")
     for state in jobs.values():
         t = state.trace
@@ -660,6 +714,13 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}{memory}; Python {platform.python_version()}{load}"
 
 
+def wait_stat(waits: Sequence[float], q: float | None = None) -> str:
+    """A percentile of the waits (their max without `q`); "-" when the trace has none of those jobs."""
+    if not waits:
+        return "-"
+    return duration(max(waits) if q is None else pct(waits, q))
+
+
 def print_results(results: list[dict]) -> None:
     names = [r["name"] for r in results]
     width = 20
@@ -675,11 +736,11 @@ def print_results(results: list[dict]) -> None:
     row("useful / offered", [f"{r['useful_utilization'] / r['offered']:.1%}" for r in results])
     for tier in TIERS:
         for q in (50, 95):
-            row(f"wait p{q} {tier}", [duration(pct(r["waits"][tier], q)) for r in results])
-        row(f"wait max {tier}", [duration(max(r["waits"][tier])) for r in results])
+            row(f"wait p{q} {tier}", [wait_stat(r["waits"][tier], q) for r in results])
+        row(f"wait max {tier}", [wait_stat(r["waits"][tier]) for r in results])
     for cls in CLASSES:
-        row(f"wait p95 {cls.name}", [duration(pct(r["class_waits"][cls.name], 95)) for r in results])
-        row(f"wait max {cls.name}", [duration(max(r["class_waits"][cls.name])) for r in results])
+        row(f"wait p95 {cls.name}", [wait_stat(r["class_waits"][cls.name], 95) for r in results])
+        row(f"wait max {cls.name}", [wait_stat(r["class_waits"][cls.name]) for r in results])
     row("longest time queued (any job)", [duration(r["max_queued"][0]) for r in results])
     row("preemptions", [str(r["preemptions"]) for r in results])
     row("  most of one job", [str(r["max_preemptions_one_job"]) for r in results])
@@ -708,10 +769,569 @@ def print_results(results: list[dict]) -> None:
         print(f"  {r['name']:18} {duration(r['max_queued'][0])}, {r['longest']}")
 
 
-def main() -> None:
+# ---- capacity pools: spot, on-demand and fallback (--pools) ----
+#
+# Prices and the reclaim rate are assumptions from public figures; docs/benchmarks-scheduler.md
+# cites them. On demand: AWS p4d.24xlarge (8 A100) at $32.77 an hour, $4.10 per GPU-hour. Spot: 60%
+# off, the low end of Google Cloud's 60-91% spot discount and below the GPU spot discounts reported
+# for AWS (about 66-80%). Reclaims: 0.05 per node-hour, a node reclaimed every 20 hours on average —
+# far above what the worst bucket of AWS's Spot Instance Advisor (">20%" a month) means for a node
+# that runs all month (0.0003 per hour); `--sweep-reclaims` shows what other rates do.
+ON_DEMAND_PRICE = 4.10
+SPOT_PRICE = 1.64
+RECLAIMS_PER_NODE_HOUR = 0.05
+SPOT_POOL, ON_DEMAND_POOL = "spot", "on-demand"
+STOP_CAUSES = ("reclaim", "move", "tier")  # a provider's reclaim, a move off spot, a preemption for a premium job
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    capacity: str  # what every job asks for (`resources.capacity`)
+    spot_nodes: int
+
+
+def scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """The same inventory three ways: all on demand, all spot, and the spot share of it spot."""
+    spot = min(args.nodes, max(0, round(args.nodes * args.spot_share)))
+    return [Scenario("on-demand only", ON_DEMAND, 0), Scenario("spot only", SPOT, args.nodes),
+            Scenario("auto", "auto", spot)]
+
+
+def pool_inventory(args: argparse.Namespace, spot_nodes: int, rate: float) -> tuple[list[Node], dict[str, Pool]]:
+    """`args.nodes` nodes, the first `spot_nodes` of them spot; the pools as an operator would
+    configure them (the spot pool's preemption rate is the simulated one)."""
+    pools = {}
+    if spot_nodes:
+        pools[SPOT_POOL] = Pool(SPOT_POOL, SPOT, args.spot_price, rate)
+    if spot_nodes < args.nodes:
+        pools[ON_DEMAND_POOL] = Pool(ON_DEMAND_POOL, ON_DEMAND, args.on_demand_price)
+    nodes = [Node(f"n{i:02d}", NODE_GPUS, set(range(NODE_GPUS)), SPOT_POOL if i < spot_nodes else ON_DEMAND_POOL)
+             for i in range(args.nodes)]
+    return nodes, pools
+
+
+def draw_deadlines(trace: Sequence[TraceJob], args: argparse.Namespace) -> dict[str, float]:
+    """Each job's deadline: arrival + U(lo, hi) x its true runtime + a fixed allowance, from a
+    generator of its own, so the trace is the one `--seed` draws for the other runs."""
+    lo, hi = (float(v) for v in args.deadline_slack.split(","))
+    rng = random.Random(f"deadlines-{args.seed}")
+    return {t.job_id: t.arrival + rng.uniform(lo, hi) * t.work_s + args.deadline_allowance_s for t in trace}
+
+
+@dataclass
+class PoolAttempt(Attempt):
+    pool: str = ""
+    restore_cause: str = ""  # what stopped the attempt before this one (its restore is lost to that)
+    cause: str = ""  # what stopped this one
+    checkpointed: bool = True  # its stop wrote a checkpoint (else the training since the last periodic one is lost)
+    reclaimed: bool = False  # its node was reclaimed under it: a spot preemption (`state.spot_preemptions`)
+
+
+# at one instant: ends and exits first, then nodes leaving and coming back, reclaims and droughts,
+# arrivals, target waits coming due, the tick
+P_END, P_EXIT, P_GONE, P_BACK, P_RECLAIM, P_DROUGHT, P_ARRIVAL, P_DUE, P_TICK = range(9)
+
+
+def simulate_pools(scenario: Scenario, trace: Sequence[TraceJob], deadlines: dict[str, float],
+                   args: argparse.Namespace, config: PolicyConfig, rate: float) -> dict:
+    """The tuneforge policy (`policy.decide`) on `trace` with capacity pools, as the scheduler loop
+    runs it: each queued job's `QueuedJob.pools` from `pools.allowed_pools` (its nodes, the work its
+    checkpoint leaves, its spot preemptions counted as `state.spot_preemptions` counts them: reclaims
+    of its attempts on spot, not the scheduler's own preemptions), running auto jobs on spot that
+    `pools.at_risk` flags on the work they have left checkpoint and are requeued (`_move_off_spot`).
+    Spot nodes are reclaimed (a Poisson process per node); the simulation runs until every job has
+    finished."""
+    nodes, pools = pool_inventory(args, scenario.spot_nodes, rate)
+    pool_list = list(pools.values())
+    rules = SpotRules(max_preemptions=args.spot_max_preemptions, max_wait_s=args.spot_max_wait_s)
+    by_name = {node.name: node for node in nodes}
+    node_pool = {node.name: node.pool for node in nodes}
+    every = args.checkpoint_every_s
+    jobs = {t.job_id: JobState(t) for t in trace}
+    # as `PoolSetup.ask` is given them (`state._nodes`: gpus // gpus_per_node for a multi-node job, else 1)
+    asks = {t.job_id: CapacityAsk(scenario.capacity, deadlines[t.job_id], None, 0, t.arrival,
+                                  max(1, t.gpus // t.gpus_per_node) if t.gpus_per_node else 1) for t in trace}
+    spot_preempted = dict.fromkeys(jobs, 0)  # reclaims of its attempts on spot (`state.spot_preemptions`)
+    kept_off: dict[str, float] = {}  # auto jobs spot's allowance kept off spot -> when it first did
+    # of those, the ones that started on spot again (`_back_to_spot`) -> how long since their last exit (or
+    # arrival) they had waited, and whether their deadline could no longer be met then
+    returned: dict[str, tuple[float, bool]] = {}
+    # when each job's last attempt ended (`max(Attempt.ended_at)`: its exit), None if it never ran: the
+    # ask's `waiting_since`, as `read_state` passes it
+    last_ended: dict[str, float | None] = dict.fromkeys(jobs)
+    moved_off: Counter = Counter()  # per job, its attempts on spot `at_risk` moved off
+    ran_on: dict[str, list[str]] = {job_id: [] for job_id in jobs}  # each attempt's pool, in order
+    stopped_by: dict[str, Counter] = {job_id: Counter() for job_id in jobs}  # its preempted attempts, by cause
+    last_cause = dict.fromkeys(jobs, "")
+    queue: dict[str, QueuedJob] = {}
+    index = QueueIndex()
+    running: dict[str, PoolAttempt] = {}
+    holds: dict[str, Hold] = {}
+    usage = UsageWindow()
+    draining: set[str] = set()  # reclaim notice received: nothing new starts there
+    gone: set[str] = set()  # terminated, its replacement not there yet
+    events: list[tuple[float, int, int, str, int]] = []
+    seq = 0
+
+    def push(at: float, kind: int, key: str = "", number: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (at, kind, seq, key, number))
+
+    # each spot node's reclaims: a generator per node name, so a node's reclaims are the same in every
+    # scenario where it is spot; a drought takes a share of the spot nodes at once, for hours
+    reclaim_rng = {node.name: random.Random(f"reclaims-{args.seed}-{node.name}") for node in nodes}
+    drought_rng = random.Random(f"droughts-{args.seed}")  # when (the same in every scenario)
+    drought_pick = random.Random(f"drought-nodes-{args.seed}")  # which nodes
+    generation = {node.name: 0 for node in nodes}  # a node reclaimed by a drought drops its pending reclaim
+    away = {node.name: args.replace_s for node in nodes}
+
+    def next_reclaim(name: str, now: float) -> None:
+        if rate > 0:
+            push(now + reclaim_rng[name].expovariate(rate / HOUR), P_RECLAIM, name, generation[name])
+
+    def next_drought(now: float) -> None:
+        if args.spot_droughts_per_week > 0 and scenario.spot_nodes:
+            push(now + drought_rng.expovariate(args.spot_droughts_per_week / (7 * DAY)), P_DROUGHT)
+
+    for t in trace:
+        push(t.arrival, P_ARRIVAL, t.job_id)
+        target = config.target_wait_s.get(t.tier)
+        if target is not None:
+            push(t.arrival + target + 1e-3, P_DUE, t.job_id)
+    for node in nodes:
+        if node.pool == SPOT_POOL:
+            next_reclaim(node.name, 0.0)
+    next_drought(0.0)
+    push(args.tick_s, P_TICK)
+
+    gpu_s = dict.fromkeys(pools, 0.0)  # GPU-seconds billed per pool (attempts, start to exit)
+    full_ft_s = dict.fromkeys(pools, 0.0)  # the same, of the full fine-tunes
+    lost_s = dict.fromkeys(STOP_CAUSES, 0.0)  # GPU-seconds lost per cause: stop, restore, training discarded
+    stops = dict.fromkeys(STOP_CAUSES, 0)
+    reclaims = reclaims_hitting = droughts = 0
+    gone_s = 0.0  # node-seconds spot nodes were away (terminated, not yet replaced) in the days of arrivals
+    finished = 0
+    policy_calls = 0
+
+    def enqueue(state: JobState, now: float) -> None:
+        t = state.trace
+        queue[t.job_id] = QueuedJob(t.job_id, t.tenant, t.tier, t.gpus, t.arrival, t.estimate_s, t.gpus_per_node)
+        index.add(queue[t.job_id])
+        state.enqueued_at = now
+
+    def start(job_id: str, assignment: dict, now: float) -> None:
+        state = jobs[job_id]
+        del queue[job_id]
+        index.remove(job_id)
+        allocate(by_name, assignment)
+        state.queued_total += now - state.enqueued_at
+        if state.first_start is None:
+            state.first_start = now
+        state.attempt += 1
+        restore = args.restore_s if state.preemptions else 0.0
+        view = RunningJob(job_id, state.trace.tenant, state.trace.tier, assignment, now,
+                          now + state.trace.estimate_s, now, 0.0, queued_at=state.trace.arrival)
+        attempt = PoolAttempt(state, state.attempt, assignment, now, restore, view,
+                              pool=node_pool[min(assignment)], restore_cause=last_cause[job_id])
+        if job_id in kept_off and job_id not in returned and pools[attempt.pool].kind == SPOT:
+            since = last_ended[job_id] if last_ended[job_id] is not None else state.trace.arrival
+            returned[job_id] = (now - since, now + work_left(state) > deadlines[job_id])
+        ran_on[job_id].append(attempt.pool)
+        running[job_id] = attempt
+        push(attempt.end_time(), P_END, job_id, attempt.number)
+
+    def stop(attempt: PoolAttempt, now: float, cause: str, checkpointed: bool = True) -> None:
+        """SIGTERM: training stops; the attempt checkpoints and exits `--stop-s` later (or, without
+        the time to, is killed when its node goes)."""
+        state = attempt.job
+        attempt.stop_at, attempt.cause, attempt.checkpointed = now, cause, checkpointed
+        state.preemptions += 1
+        last_cause[state.trace.job_id] = cause
+        stops[cause] += 1
+        stopped_by[state.trace.job_id][cause] += 1
+        if cause == "reclaim":
+            count_reclaim(attempt)
+        elif cause == "move":
+            moved_off[state.trace.job_id] += 1
+        exit_at = now + (args.stop_s if checkpointed else args.reclaim_notice_s)
+        push(exit_at, P_EXIT, state.trace.job_id, attempt.number)
+
+    def finish_attempt(attempt: PoolAttempt, now: float) -> None:
+        state = attempt.job
+        del running[state.trace.job_id]
+        release(by_name, attempt.placement)
+        last_ended[state.trace.job_id] = now  # the loop's `_end_attempt` on the exit it observes
+        held = attempt.gpus * (now - attempt.start)
+        gpu_s[attempt.pool] += held
+        if state.trace.gpus_per_node:
+            full_ft_s[attempt.pool] += held
+        trained = attempt.trained(now)
+        kept = trained if attempt.checkpointed else (trained // every) * every
+        restore = attempt.gpus * min(attempt.restore_s, now - attempt.start)
+        if restore:
+            lost_s[attempt.restore_cause] += restore
+        if attempt.cause:
+            lost_s[attempt.cause] += held - restore - attempt.gpus * kept
+        state.done_s = min(state.trace.work_s, state.done_s + kept)
+        usage.add(state.trace.tenant, attempt.gpus, attempt.start, now)
+
+    def count_reclaim(attempt: PoolAttempt) -> None:
+        """`state.spot_preemptions`: an attempt on spot whose node was reclaimed counts once (its
+        handle's `reclaim_requested`), even if it was already stopping for another reason; the
+        scheduler's own preemptions and moves off spot do not count."""
+        if pools[attempt.pool].kind == SPOT and not attempt.reclaimed:
+            attempt.reclaimed = True
+            spot_preempted[attempt.job.trace.job_id] += 1
+
+    def reclaim(name: str, now: float, away_s: float) -> None:
+        """The provider takes a spot node back: a notice, then the node is gone for `away_s`."""
+        nonlocal reclaims, reclaims_hitting
+        reclaims += 1
+        generation[name] += 1
+        away[name] = away_s
+        draining.add(name)
+        on_node = [a for a in running.values() if name in a.placement]
+        hit = [a for a in on_node if a.stop_at is None]
+        reclaims_hitting += bool(hit)
+        for victim in hit:  # checkpoint, if the notice leaves the time to
+            stop(victim, now, "reclaim", args.stop_s <= args.reclaim_notice_s)
+        for stopping_already in on_node:  # `_reclaim_draining` marks every active attempt on the node
+            count_reclaim(stopping_already)
+        push(now + args.reclaim_notice_s, P_GONE, name)
+
+    def views_now(now: float) -> list[RunningJob]:
+        return [replace(a.view, last_checkpoint_at=a.last_checkpoint(now, every),
+                        progress=min(1.0, (now - a.start) / a.job.trace.estimate_s))
+                for a in running.values()]
+
+    def work_left(state: JobState, trained: float = 0.0) -> float:
+        """The estimate less the share of the work done: `state.work_done` (the newest checkpoint's
+        step over the total) for a queued job, the attempt's step over the total for a running one.
+        Steps measure the true work, so the share is the true one."""
+        return state.trace.estimate_s * max(0.0, 1 - (state.done_s + trained) / state.trace.work_s)
+
+    def allowed(job: QueuedJob, now: float) -> tuple[str, ...]:
+        """As `state.read_state` builds `QueuedJob.pools`: the job's ask with its nodes and its spot
+        preemptions so far, its runtime the work its checkpoint leaves."""
+        ask = replace(asks[job.job_id], spot_preemptions=spot_preempted[job.job_id],
+                      waiting_since=last_ended[job.job_id])
+        remaining = work_left(jobs[job.job_id])
+        if ask.capacity == "auto" and SPOT_POOL in pools and job.job_id not in kept_off \
+                and ask.spot_preemptions >= preemption_allowance(remaining, pools[SPOT_POOL], rules, ask.nodes):
+            kept_off[job.job_id] = now
+        return allowed_pools(ask, remaining, pool_list, now, rules)
+
+    started_wall = time.perf_counter()
+    limit = args.days * DAY + 60 * DAY  # arrivals stop at --days; every job is then run to its end
+    now = 0.0
+    while events and finished < len(jobs):
+        now = events[0][0]
+        if now > limit:
+            break
+        while events and events[0][0] == now:
+            _, kind, _, key, number = heapq.heappop(events)
+            attempt = running.get(key)
+            if kind == P_ARRIVAL:
+                enqueue(jobs[key], now)
+            elif kind == P_END and attempt is not None and attempt.number == number and attempt.stop_at is None:
+                finish_attempt(attempt, now)
+                attempt.job.finished_at = now
+                finished += 1
+            elif kind == P_EXIT and attempt is not None and attempt.number == number:
+                finish_attempt(attempt, now)
+                attempt.job.checkpoint_at = now if attempt.checkpointed else \
+                    attempt.last_checkpoint(attempt.stop_at, every)
+                enqueue(attempt.job, now)
+            elif kind == P_RECLAIM and number == generation[key]:
+                reclaim(key, now, args.replace_s)
+            elif kind == P_DROUGHT:
+                up = [n.name for n in nodes if n.pool == SPOT_POOL and n.name not in draining and n.name not in gone]
+                count = min(len(up), round(args.drought_share * scenario.spot_nodes))
+                droughts += 1
+                for name in drought_pick.sample(up, count):
+                    reclaim(name, now, args.drought_hours * HOUR)
+                next_drought(now)
+            elif kind == P_GONE:
+                draining.discard(key)
+                gone.add(key)
+                push(now + away[key], P_BACK, key)
+            elif kind == P_BACK:
+                gone.discard(key)
+                gone_s += max(0.0, min(now, args.days * DAY) - (now - away[key]))  # inside the days of arrivals
+                next_reclaim(key, now)
+            elif kind == P_TICK:
+                push(now + args.tick_s, P_TICK)
+        if finished >= len(jobs):
+            break
+        # what `read_state` finds: auto jobs on spot whose deadline is at risk there, on the work they
+        # have left (`_deadline_at_risk` asks with no spot preemptions)
+        moving = [a for a in running.values() if a.stop_at is None and pools[a.pool].kind == SPOT
+                  and at_risk(asks[a.job.trace.job_id], work_left(a.job, a.trained(now)), pools[a.pool], now, rules)]
+        decision = None
+        if queue:
+            for job in list(queue.values()):
+                wanted = allowed(job, now)
+                if wanted != job.pools:
+                    queue[job.job_id] = replace(job, pools=wanted)
+                    index.add(queue[job.job_id])
+            # the inventory: terminated nodes are not in it, draining ones take nothing new
+            inventory = nodes if not (draining or gone) else \
+                [Node(n.name, n.total, set() if n.name in draining else n.free, n.pool)
+                 for n in nodes if n.name not in gone]
+            stopping = {job_id for job_id, a in running.items() if a.stop_at is not None}
+            holds = {job_id: h for job_id, h in holds.items() if job_id in queue and h.until > now}
+            decision = decide(index, inventory, views_now(now), now, config, usage.at(now, list(running.values())),
+                              stopping=stopping, holds=holds)
+            policy_calls += 1
+            for job, assignment in decision.starts:
+                holds.pop(job.job_id, None)
+                start(job.job_id, assignment, now)
+        for attempt in moving:  # `_move_off_spot`: checkpoint, requeue
+            if attempt.stop_at is None:
+                stop(attempt, now, "move")
+        if decision is not None:
+            for hold in decision.holds(now, config):
+                holds[hold.job_id] = hold
+            for _for_job, victims, _landing in decision.preemptions:
+                for victim in victims:
+                    attempt = running[victim.job_id]
+                    if attempt.stop_at is None:
+                        stop(attempt, now, "tier")
+    end = now
+    wall = time.perf_counter() - started_wall
+
+    for attempt in list(running.values()):  # only when the run hit its limit
+        finish_attempt(attempt, end)
+    spot_gpu_h = sum(s for pool, s in gpu_s.items() if pools[pool].kind == SPOT) / HOUR
+    cost = sum(s / HOUR * pools[pool].price_per_gpu_hour for pool, s in gpu_s.items())
+    # a fixed cluster pays for its nodes whether busy or not: over the days of arrivals, less the
+    # time reclaimed spot nodes were away
+    window = args.days * DAY
+    inventory_cost = sum(NODE_GPUS * pools[node.pool].price_per_gpu_hour * window for node in nodes) / HOUR \
+        - NODE_GPUS * args.spot_price * gone_s / HOUR
+    missed = [s for s in jobs.values() if s.finished_at is None or s.finished_at > deadlines[s.trace.job_id]]
+    waits = [(s.first_start if s.first_start is not None else end) - s.trace.arrival for s in jobs.values()]
+    premium = [(s.first_start if s.first_start is not None else end) - s.trace.arrival for s in jobs.values()
+               if s.trace.tier == "premium"]
+    full_ft = [(s.first_start if s.first_start is not None else end) - s.trace.arrival for s in jobs.values()
+               if s.trace.gpus_per_node]
+    late = [s.finished_at - deadlines[s.trace.job_id] for s in missed if s.finished_at is not None]
+
+    def queued(state: JobState) -> float:
+        return state.queued_total + (end - state.enqueued_at if state.trace.job_id in queue else 0.0)
+
+    def most_preempted(state: JobState) -> str:
+        t = state.trace
+        causes = ", ".join(f"{n} {cause}" for cause, n in stopped_by[t.job_id].most_common())
+        return (f"{t.job_id} {t.tier} {t.cls}, {t.work_s / HOUR:.1f} h of work (estimate "
+                f"{t.estimate_s / t.work_s:.2f}x), deadline +{(deadlines[t.job_id] - t.arrival) / HOUR:.1f} h: "
+                f"preempted {state.preemptions}x ({causes or 'never'}), {outcome(state)}")
+
+    def outcome(state: JobState) -> str:
+        if state.finished_at is None:
+            return f"not finished after {(end - state.trace.arrival) / HOUR:.1f} h"
+        return f"finished +{(state.finished_at - state.trace.arrival) / HOUR:.1f} h"
+    return {
+        "name": scenario.name, "rate": rate, "spot_nodes": scenario.spot_nodes,
+        "on_demand_nodes": args.nodes - scenario.spot_nodes,
+        "gpu_h": sum(gpu_s.values()) / HOUR, "spot_gpu_h": spot_gpu_h, "cost": cost,
+        "inventory_cost": inventory_cost, "lost_gpu_h": {cause: s / HOUR for cause, s in lost_s.items()},
+        "stops": stops, "reclaims": reclaims, "reclaims_hitting": reclaims_hitting, "droughts": droughts,
+        "max_preemptions_one_job": max(s.preemptions for s in jobs.values()),
+        "most_preempted": most_preempted(max(jobs.values(), key=lambda s: (s.preemptions, s.trace.job_id))),
+        "misses": len(missed), "jobs": len(jobs), "late_max": max(late, default=0.0),
+        "missed_classes": {c.name: sum(1 for s in missed if s.trace.cls == c.name) for c in CLASSES},
+        "missed_detail": [
+            f"{s.trace.job_id} {s.trace.tier} {s.trace.cls}: arrived day {s.trace.arrival / DAY:.2f}, "
+            f"{s.trace.work_s / HOUR:.1f} h of work (estimate {s.trace.estimate_s / s.trace.work_s:.2f}x), "
+            f"deadline +{(deadlines[s.trace.job_id] - s.trace.arrival) / HOUR:.1f} h, "
+            f"{outcome(s)}; preempted {s.preemptions}x "
+            f"({spot_preempted[s.trace.job_id]} reclaimed on spot), queued {duration(queued(s))} in all; "
+            f"ran on {', '.join(ran_on[s.trace.job_id]) or 'nothing'}"
+            for s in sorted(missed, key=lambda s: s.trace.arrival)],
+        "waits": waits, "premium_waits": premium, "full_ft_waits": full_ft, "finished": finished, "end": end,
+        "max_queued": max(queued(s) for s in jobs.values()),
+        "max_spot_preemptions_one_job": max(spot_preempted.values()),
+        "left_spot": len(kept_off), "back_on_spot": len(returned),
+        "back_on_spot_after": sorted(returned.values()),  # (wait since it was last queued, deadline lost)
+        "moved_jobs": len(moved_off), "moved_more_than_once": sum(1 for n in moved_off.values() if n > 1),
+        "max_moves_one_job": max(moved_off.values(), default=0),
+        "left_spot_classes": {c.name: sum(1 for job_id in kept_off if jobs[job_id].trace.cls == c.name)
+                              for c in CLASSES},
+        "full_ft_spot_share": sum(v for pool, v in full_ft_s.items() if pools[pool].kind == SPOT)
+        / sum(full_ft_s.values()) if sum(full_ft_s.values()) else None,
+        "policy_calls": policy_calls, "wall_s": wall,
+    }
+
+
+def run_pools(args: argparse.Namespace, trace: Sequence[TraceJob] | None = None,
+              rate: float | None = None, names: Sequence[str] | None = None) -> list[dict]:
+    """The scenarios (all, or those named) on one trace: the figures of each."""
+    trace = build_trace(args) if trace is None else trace
+    rate = args.spot_reclaims_per_node_hour if rate is None else rate
+    deadlines = draw_deadlines(trace, args)
+    config = PolicyConfig(aging_s=args.aging_s)
+    return [simulate_pools(scenario, trace, deadlines, args, config, rate)
+            for scenario in scenarios(args) if names is None or scenario.name in names]
+
+
+def share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def saving(result: dict, baseline: dict) -> float:
+    return 1.0 - result["cost"] / baseline["cost"]
+
+
+def print_pool_results(results: list[dict]) -> None:
+    baseline = results[0]
+    width = 18
+    print(f"{'':40}" + "".join(f"{r['name']:>{width}}" for r in results))
+
+    def row(label: str, values: list[str]) -> None:
+        print(f"{label:40}" + "".join(f"{value:>{width}}" for value in values))
+
+    row("nodes: spot / on-demand", [f"{r['spot_nodes']} / {r['on_demand_nodes']}" for r in results])
+    row("GPU-hours billed (attempts)", [f"{r['gpu_h']:,.0f}" for r in results])
+    row("  on spot", [f"{r['spot_gpu_h'] / r['gpu_h']:.1%}" for r in results])
+    row("cost ($, GPU-hours x pool price)", [f"{r['cost']:,.0f}" for r in results])
+    row("  saving vs on-demand only", [f"{saving(r, baseline):.1%}" for r in results])
+    row("  full fine-tunes' GPU-hours on spot", [share(r["full_ft_spot_share"]) for r in results])
+    row("fixed cluster: all nodes, --days ($)", [f"{r['inventory_cost']:,.0f}" for r in results])
+    row("  saving vs on-demand only",
+        [f"{1 - r['inventory_cost'] / baseline['inventory_cost']:.1%}" for r in results])
+    row("deadline misses", [f"{r['misses']} ({r['misses'] / r['jobs']:.2%})" for r in results])
+    row("  latest finish past a deadline", [duration(r["late_max"]) if r["misses"] else "-" for r in results])
+    for cls in CLASSES:
+        row(f"  misses, {cls.name}", [str(r["missed_classes"][cls.name]) for r in results])
+    row("spot reclaims (nodes)", [str(r["reclaims"]) for r in results])
+    if any(r["droughts"] for r in results):
+        row("  droughts", [str(r["droughts"]) for r in results])
+    row("  hitting running attempts", [str(r["reclaims_hitting"]) for r in results])
+    row("preempted attempts: reclaimed", [str(r["stops"]["reclaim"]) for r in results])
+    row("  moved off spot (at_risk)", [str(r["stops"]["move"]) for r in results])
+    row("    jobs moved / more than once", [f"{r['moved_jobs']} / {r['moved_more_than_once']}" for r in results])
+    row("    most moves of one job", [str(r["max_moves_one_job"]) for r in results])
+    row("  for a premium job (tier)", [str(r["stops"]["tier"]) for r in results])
+    row("  most of one job", [str(r["max_preemptions_one_job"]) for r in results])
+    row("  most reclaims of one job", [str(r["max_spot_preemptions_one_job"]) for r in results])
+    row("auto jobs kept off spot (allowance)", [str(r["left_spot"]) for r in results])
+    row("  back on spot (deadline lost, long wait)", [str(r["back_on_spot"]) for r in results])
+    row("    after waiting, shortest", [duration(r["back_on_spot_after"][0][0]) if r["back_on_spot_after"] else "-"
+                                         for r in results])
+    row("    after waiting, longest", [duration(r["back_on_spot_after"][-1][0]) if r["back_on_spot_after"] else "-"
+                                        for r in results])
+    row("    of them past hope of their deadline", [str(sum(lost for _, lost in r["back_on_spot_after"]))
+                                                   for r in results])
+    row("GPU-hours lost to reclaims", [f"{r['lost_gpu_h']['reclaim']:.1f}" for r in results])
+    row("GPU-hours lost to moves off spot", [f"{r['lost_gpu_h']['move']:.1f}" for r in results])
+    row("GPU-hours lost, all preemptions", [f"{sum(r['lost_gpu_h'].values()):.1f}" for r in results])
+    row("wait p50 / p95 (all jobs)",
+        [f"{duration(pct(r['waits'], 50))} / {duration(pct(r['waits'], 95))}" for r in results])
+    row("wait max", [duration(max(r["waits"])) for r in results])
+    row("wait p95 premium", [duration(pct(r["premium_waits"], 95)) if r["premium_waits"] else "-" for r in results])
+    row("wait p50 / max, full fine-tunes",
+        [f"{duration(pct(r['full_ft_waits'], 50))} / {duration(max(r['full_ft_waits']))}" if r["full_ft_waits"]
+         else "-" for r in results])
+    row("longest time queued (requeues incl.)", [duration(r["max_queued"]) for r in results])
+    row("jobs finished", [f"{r['finished']} / {r['jobs']}" for r in results])
+    row("last job finished at", [f"day {r['end'] / DAY:.2f}" for r in results])
+    row("policy calls", [str(r["policy_calls"]) for r in results])
+    row("simulated in (wall s)", [f"{r['wall_s']:.1f}" for r in results])
+
+
+def pools_main(args: argparse.Namespace) -> None:
+    began = time.perf_counter()
+    print(f"machine: {machine()}")
+    sources = [Path(policy.__file__).with_name(name)
+               for name in ("policy.py", "ordering.py", "policy_inputs.py", "pools.py")]
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in sources)).hexdigest()[:12]
+    print(f"policy: {', '.join(source.name for source in sources)} in {sources[0].parent} (sha256 {digest})")
+    trace = build_trace(args)
+    print(f"trace: seed {args.seed}, {args.days:g} days, {len(trace)} jobs, "
+          f"{sum(t.gpus * t.work_s for t in trace) / HOUR:,.0f} GPU-hours of work; deadlines: arrival + "
+          f"U({args.deadline_slack}) x true runtime + {duration(args.deadline_allowance_s)}")
+    print(f"cluster: {args.nodes} nodes x {NODE_GPUS} GPUs; auto: {args.spot_share:.0%} spot; prices per GPU-hour: "
+          f"on-demand ${args.on_demand_price:.2f}, spot ${args.spot_price:.2f} "
+          f"({1 - args.spot_price / args.on_demand_price:.0%} off)")
+    print(f"spot: {args.spot_reclaims_per_node_hour:g} reclaims per node-hour (Poisson, per node), "
+          f"{args.reclaim_notice_s:g} s notice, back {duration(args.replace_s)} after termination; "
+          f"preemption: {args.stop_s:g} s to checkpoint and exit + {args.restore_s:g} s to restore; "
+          f"periodic checkpoints every {duration(args.checkpoint_every_s)}; rules: "
+          f"{SpotRules(args.spot_max_preemptions, args.spot_max_wait_s)}")
+    if args.spot_droughts_per_week:
+        print(f"droughts: {args.spot_droughts_per_week:g} a week (Poisson), each reclaiming {args.drought_share:.0%} "
+              f"of the spot nodes at once for {args.drought_hours:g} h")
+    print()
+    results = run_pools(args, trace)
+    print_pool_results(results)
+    baseline, spot_only, auto = results
+    for r in results[1:]:
+        if r["max_preemptions_one_job"]:
+            print(f"{r['name']}, most preempted: {r['most_preempted']}")
+        if r["missed_detail"]:
+            print(f"{r['name']}, deadlines missed:")
+            for line in r["missed_detail"][:8]:
+                print(f"  {line}")
+            if len(r["missed_detail"]) > 8:
+                print(f"  ... and {len(r['missed_detail']) - 8} more")
+    print()
+    print("auto's saving at other spot discounts (same run; the placement does not depend on the price):")
+    spot_h, steady_h = auto["spot_gpu_h"], auto["gpu_h"] - auto["spot_gpu_h"]
+    print("  " + ", ".join(f"{d:.0%} off: {1 - (spot_h * (1 - d) + steady_h) / baseline['gpu_h']:.1%}"
+                           for d in (0.5, 0.6, 0.7, 0.8)))
+    print()
+    print("goals (from the issue):")
+    print(f"  auto costs >= 40% less than on-demand only: {saving(auto, baseline):.1%} -> "
+          f"{met(saving(auto, baseline) >= 0.4)}")
+    print(f"  auto misses <= 1% of the deadlines: {auto['misses']} of {auto['jobs']} "
+          f"({auto['misses'] / auto['jobs']:.2%}) -> {met(auto['misses'] <= 0.01 * auto['jobs'])}")
+    print(f"  deadline misses: spot only, no fallback {spot_only['misses']} "
+          f"({spot_only['misses'] / spot_only['jobs']:.2%}); auto {auto['misses']}; "
+          f"on-demand only {baseline['misses']}")
+    rates = [float(v) for v in args.sweep_reclaims.split(",") if v.strip()]
+    if rates:
+        print()
+        print("reclaim rate sweep (spot only and auto; on-demand only does not depend on it):")
+        head = ["reclaims/node-h", "auto saving", "auto misses", "auto reclaimed", "auto moved", "auto kept off",
+                "auto on spot", "auto lost GPU-h", "spot saving", "spot misses", "spot lost GPU-h"]
+        print("  " + "".join(f"{h:>17}" for h in head))
+        for rate in rates:
+            spot_r, auto_r = run_pools(args, trace, rate, ("spot only", "auto"))
+            cells = [f"{rate:g}", f"{saving(auto_r, baseline):.1%}",
+                     f"{auto_r['misses']} ({auto_r['misses'] / auto_r['jobs']:.1%})", str(auto_r["stops"]["reclaim"]),
+                     str(auto_r["stops"]["move"]), str(auto_r["left_spot"]),
+                     f"{auto_r['spot_gpu_h'] / auto_r['gpu_h']:.1%}",
+                     f"{auto_r['lost_gpu_h']['reclaim']:.1f}", f"{saving(spot_r, baseline):.1%}",
+                     f"{spot_r['misses']} ({spot_r['misses'] / spot_r['jobs']:.1%})",
+                     f"{spot_r['lost_gpu_h']['reclaim']:.1f}"]
+            print("  " + "".join(f"{c:>17}" for c in cells))
+    caps = [int(v) for v in args.sweep_max_preemptions.split(",") if v.strip()]
+    if caps:
+        print()
+        print(f"auto with other TUNEFORGE_SPOT_MAX_PREEMPTIONS (reclaims {args.spot_reclaims_per_node_hour:g} "
+              "per node-hour; spot only and on-demand only do not depend on it):")
+        head = ["max preemptions", "saving", "misses", "on spot", "full-ft on spot", "kept off spot",
+                "longest queued", "last job done"]
+        print("  " + "".join(f"{h:>17}" for h in head))
+        for cap in caps:
+            variant = argparse.Namespace(**{**vars(args), "spot_max_preemptions": cap})
+            (auto_c,) = run_pools(variant, trace, names=("auto",))
+            cells = [str(cap), f"{saving(auto_c, baseline):.1%}",
+                     f"{auto_c['misses']} ({auto_c['misses'] / auto_c['jobs']:.2%})",
+                     f"{auto_c['spot_gpu_h'] / auto_c['gpu_h']:.1%}", share(auto_c["full_ft_spot_share"]),
+                     str(auto_c["left_spot"]), duration(auto_c["max_queued"]), f"day {auto_c['end'] / DAY:.2f}"]
+            print("  " + "".join(f"{c:>17}" for c in cells))
+    print()
+    print(f"run time: {time.perf_counter() - began:.0f} s wall")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--days", type=float, default=7.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="the trace's seed (default 0; 2 with --pools)")
     parser.add_argument("--nodes", type=int, default=41, help="8-GPU nodes")
     parser.add_argument("--jobs-per-day", type=float, default=500.0)
     parser.add_argument("--burst-factor", type=float, default=4.0)
@@ -728,7 +1348,45 @@ def main() -> None:
     parser.add_argument("--queue-size", type=int, default=10_000)
     parser.add_argument("--ticks", type=int, default=50)
     parser.add_argument("--profile", action="store_true", help="profile the decision ticks even if the goal is met")
-    args = parser.parse_args()
+    pools = parser.add_argument_group("capacity pools (--pools)")
+    pools.add_argument("--pools", action="store_true",
+                       help="on-demand only, spot only and auto on one trace, with spot reclaims")
+    pools.add_argument("--spot-share", type=float, default=0.75, help="auto: share of the nodes that are spot")
+    pools.add_argument("--on-demand-price", type=float, default=ON_DEMAND_PRICE, help="per GPU-hour")
+    pools.add_argument("--spot-price", type=float, default=SPOT_PRICE, help="per GPU-hour")
+    pools.add_argument("--spot-reclaims-per-node-hour", type=float, default=RECLAIMS_PER_NODE_HOUR,
+                       help="reclaims of each spot node, a Poisson process (also the pool's preemptions_per_hour)")
+    pools.add_argument("--reclaim-notice-s", type=float, default=120.0,
+                       help="reclaim notice to termination; shorter than --stop-s: the trainer is killed before "
+                            "its checkpoint and loses the training since its last periodic one")
+    pools.add_argument("--replace-s", type=float, default=600.0,
+                       help="a reclaimed node is back (replaced) this long after its termination")
+    pools.add_argument("--deadline-slack", default="2,6",
+                       help="deadline = arrival + U(lo, hi) x true runtime + --deadline-allowance-s")
+    pools.add_argument("--deadline-allowance-s", type=float, default=3600.0)
+    pools.add_argument("--spot-droughts-per-week", type=float, default=0.0,
+                       help="correlated reclaims: a Poisson process taking --drought-share of the spot nodes at "
+                            "once, away for --drought-hours (illustrative, not from public figures)")
+    pools.add_argument("--drought-share", type=float, default=0.5)
+    pools.add_argument("--drought-hours", type=float, default=6.0)
+    pools.add_argument("--spot-max-preemptions", type=int, default=2, help="TUNEFORGE_SPOT_MAX_PREEMPTIONS")
+    pools.add_argument("--spot-max-wait-s", type=float, default=1800.0, help="TUNEFORGE_SPOT_MAX_WAIT_S")
+    pools.add_argument("--sweep-reclaims", default="",
+                       help="also run spot only and auto at these reclaim rates (comma-separated)")
+    pools.add_argument("--sweep-max-preemptions", default="",
+                       help="also run auto with these --spot-max-preemptions (comma-separated)")
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.pools:
+        if args.seed is None:
+            args.seed = 2
+        pools_main(args)
+        return
+    if args.seed is None:
+        args.seed = 0
     config = PolicyConfig(aging_s=args.aging_s)
 
     print(f"machine: {machine()}")
@@ -770,13 +1428,14 @@ def main() -> None:
     print()
     print("goals (from the issue):")
     print(f"  {'':44}" + "".join(f"{r['name']:>22}" for r in results))
-    premium = [pct(r["waits"]["premium"], 95) for r in results]
+    premium = [pct(r["waits"]["premium"], 95) if r["waits"]["premium"] else None for r in results]
     print(f"  {'premium p95 wait < 5 min':44}"
-          + "".join(f"{f'{duration(v)} {met(v < 300)}':>22}" for v in premium))
+          + "".join(f"{'no premium jobs' if v is None else f'{duration(v)} {met(v < 300)}':>22}" for v in premium))
     ratios = [r["useful_utilization"] / r["offered"] for r in results]
     print(f"  {'useful utilization >= 90% of offered load':44}"
           + "".join(f"{f'{v:.1%} {met(v >= 0.9)}':>22}" for v in ratios))
-    longest = [max(max(max(w) for w in r["waits"].values()), r["max_queued"][0]) for r in results]
+    longest = [max(max((max(w) for w in r["waits"].values() if w), default=0.0), r["max_queued"][0])
+               for r in results]
     print(f"  {'no job waits (queued) over 24 h':44}"
           + "".join(f"{f'{duration(v)} {met(v <= DAY)}':>22}" for v in longest))
     goal_ok = decision_p95 < 0.010
