@@ -155,8 +155,21 @@ class WandbTracker:
                                      if isinstance(value, (str, int, float)) and not isinstance(value, bool)})
             self.run.finish(exit_code=0 if succeeded else 1)
             self.run = None
+            self._wait_for_the_service()
             self.sync()
         shutil.rmtree(self.local, ignore_errors=True)
+
+    @staticmethod
+    def _wait_for_the_service() -> None:
+        """`run.finish()` returns before wandb's service process has written the run out (offline,
+        its file can still be only a header): shutting the service down waits until it has. The
+        trainer runs one job, so nothing else here uses the service."""
+        import wandb
+
+        try:
+            wandb.teardown()
+        except SystemExit as exc:  # the library exits when its service did not end well
+            raise RuntimeError(f"the W&B service ended with exit code {exc.code}") from None
 
 
 _BATCH_METRICS = 500  # MLflow's log_batch takes at most 1000 metrics

@@ -266,3 +266,30 @@ def test_mlflow_a_tenants_server_on_a_private_address_is_never_connected_to(tmp_
     with pytest.raises(socket.timeout):
         listener.accept()  # nothing ever connected
     listener.close()
+
+
+def test_a_finished_wandb_offline_run_is_whole_on_disk_when_finish_returns(tmp_path, monkeypatch):
+    """wandb's service process writes the run file after `run.finish()` returns: the tracker waits
+    for it, so the copy beside the job is never just the file's header. A race: six runs in a row, each
+    read the moment its finish returned; without the wait, now and then a run's file was still a bare
+    header."""
+    from types import SimpleNamespace
+
+    from tests.helpers.wandb_files import read_run, records
+    from tuneforge.storage.store import open_store
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    access = {"wandb": {"mode": "offline", "base_url": "https://api.wandb.ai", "api_key": None}}
+    for number in range(6):
+        job_id = f"ftjob-whole{number}"
+        spec = SimpleNamespace(tenant_id=TENANT_ID, job_id=job_id, base_model=SimpleNamespace(name="tiny"))
+        tracker = tracking.WandbTracker(spec, store, {"project": "p"}, lambda: access)
+        tracker.start({"n_epochs": 1})
+        for step in range(1, 6):
+            tracker.log(step, {"train/loss": 1.0 / step})
+        tracker.finish({"steps": 5}, succeeded=True)
+        [path] = store.download_prefix(layout.wandb_prefix(TENANT_ID, job_id), tmp_path / job_id)
+        run = read_run(path)
+        assert run["id"] == job_id and sorted(run["history"]) == [1, 2, 3, 4, 5]
+        assert run["summary"]["final/steps"] == 5
+        assert [r.WhichOneof("record_type") for r in records(path)][-1] == "exit"
