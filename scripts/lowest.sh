@@ -31,5 +31,5 @@ if [[ ${#args[@]} -eq 0 ]]; then
     args=(tests/unit)
 fi
 # test_packaging checks this environment against constraints.txt, which pins the newest: not here
-env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR "$venv/bin/python" -m pytest -p no:cacheprovider \
+env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR TUNEFORGE_TEST_LOWEST=1 "$venv/bin/python" -m pytest -p no:cacheprovider \
     --ignore=tests/unit/test_packaging.py "${args[@]}"

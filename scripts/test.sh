@@ -11,11 +11,14 @@
 #   ray       the slower cluster stage: the end-to-end suite with the Ray executor
 #             (a Ray cluster of this host) and the S3 store (moto), on that
 #             PostgreSQL, plus the Ray tests (placement, multi-node, node loss,
-#             restart); TUNEFORGE_TEST_EXECUTOR=ray. Unless PYTEST ARGS name
-#             tests, it runs tests/e2e and tests/integration.
+#             restart), and the multi-process training tests (marked distributed,
+#             which the sqlite stage then leaves to it); TUNEFORGE_TEST_EXECUTOR=ray.
+#             Unless PYTEST ARGS name tests, it runs tests/e2e, tests/integration
+#             and tests/unit/train/test_distributed.py.
 #   lowest    every direct dependency at the lowest version pyproject.toml allows, in a
 #             virtual environment of its own (scripts/lowest.sh, with uv), then the unit
-#             tests on SQLite: it checks the declared lower bounds (docs/operations.md).
+#             tests on SQLite but the distributed ones (torch is not lowered): it checks the
+#             declared lower bounds (docs/operations.md).
 # On a machine with two cores or more the stages run in two lanes side by side: sqlite then
 # lowest in the background, postgres then ray in the foreground; the background lane's output
 # follows (TUNEFORGE_TEST_PARALLEL=0: every stage one after the other).
@@ -119,7 +122,13 @@ run_stage() {
     local backend="$1"
     shift
     if [[ "$backend" == sqlite ]]; then
-        env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR "$PYTHON" -m pytest "$@"
+        # the ray stage runs the multi-process training tests when it runs: this pass then leaves them
+        local distributed_on_ray=0
+        if [[ " $BACKENDS " == *" ray "* ]]; then
+            distributed_on_ray=1
+        fi
+        env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR \
+            TUNEFORGE_TEST_DISTRIBUTED_ON_RAY="$distributed_on_ray" "$PYTHON" -m pytest "$@"
     elif [[ "$backend" == lowest ]]; then
         local args=("$@")
         if ! has_test_path "$@"; then
@@ -129,7 +138,7 @@ run_stage() {
     elif [[ "$backend" == ray ]]; then
         local args=("$@")
         if ! has_test_path "$@"; then
-            args+=(tests/e2e tests/integration)
+            args+=(tests/e2e tests/integration tests/unit/train/test_distributed.py)
         fi
         TUNEFORGE_TEST_EXECUTOR=ray TUNEFORGE_TEST_POSTGRES_URL="$pg_url" "$PYTHON" -m pytest "${args[@]}"
     else

@@ -46,7 +46,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # The ray stage runs the end-to-end suite on a Ray cluster, and the Ray tests; those
         # need a cluster, so the other passes leave them to it.
         if on_ray:
-            if not (item.get_closest_marker("e2e") or item.get_closest_marker("ray")):
+            if not (item.get_closest_marker("e2e") or item.get_closest_marker("ray")
+                    or item.get_closest_marker("distributed")):
                 item.add_marker(pytest.mark.skip(reason="the ray stage runs the end-to-end and Ray tests"))
             elif item.get_closest_marker("local_executor"):
                 item.add_marker(pytest.mark.skip(reason="about the local executor's processes"))
@@ -54,6 +55,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.skip(reason="needs a Ray cluster: runs in the ray stage of scripts/test.sh"))
             continue
+        # Training in several processes runs once: in the ray stage when scripts/test.sh runs that
+        # stage too (it says so), never in the lowest stage, which does not lower torch, the library
+        # these tests exercise.
+        if item.get_closest_marker("distributed"):
+            if os.environ.get("TUNEFORGE_TEST_LOWEST") == "1":
+                item.add_marker(pytest.mark.skip(reason="torch.distributed: torch is not lowered in this stage"))
+            elif os.environ.get("TUNEFORGE_TEST_DISTRIBUTED_ON_RAY") == "1":
+                item.add_marker(pytest.mark.skip(reason="runs in the ray stage"))
         # The PostgreSQL pass exists for what the database does: a test that never asks
         # for a database (no `database_url` among its fixtures, directly or through
         # others) gives the same result there and ran in the SQLite pass already.

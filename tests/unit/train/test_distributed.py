@@ -22,6 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import safetensors.torch
 import torch
 
@@ -30,6 +31,8 @@ from tests.helpers.fake_control_plane import FakeControlPlane
 from tests.helpers.tiny import next_attempt, stage_job
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.storage import layout
+
+pytestmark = pytest.mark.distributed
 
 OPTIONS = {"hyperparameters": {"n_epochs": 2, "batch_size": 6, "micro_batch_size": 2, "warmup_ratio": 0.0},
            "checkpoint": {"every_steps": 2, "keep_last": 5}}
