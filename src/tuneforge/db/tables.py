@@ -20,6 +20,8 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
+    true,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -178,7 +180,7 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
     request_hash: Mapped[str] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     not_before: Mapped[float | None] = mapped_column(Float, nullable=True)  # retry backoff: not admitted before
     created_at: Mapped[int] = mapped_column(BigInteger)
     started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -269,7 +271,7 @@ class FineTunedModel(Base):
     # registry (registry/models.py): stage, gates, lineage; artifacts are immutable once registered
     artifact_kind: Mapped[str] = mapped_column(String(16), default="adapter", server_default="adapter")
     stage: Mapped[str] = mapped_column(String(16), default="dev", server_default="dev")
-    promotable: Mapped[bool] = mapped_column(Boolean, default=True)
+    promotable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     eval_results: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     gate_report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     lineage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
@@ -290,7 +292,7 @@ class ModelStageChange(Base):
     from_stage: Mapped[str] = mapped_column(String(16))
     to_stage: Mapped[str] = mapped_column(String(16))
     actor: Mapped[str] = mapped_column(String(128))  # "tenant:<id>" or "admin"
-    override: Mapped[bool] = mapped_column(Boolean, default=False)
+    override: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
 

@@ -6,7 +6,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.orm import Session
 
-from tuneforge.db.migrate import downgrade, upgrade
+from tuneforge.db.migrate import current_revision, downgrade, head_revision, upgrade
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import ApiKey, Base, Job
 
@@ -17,20 +17,20 @@ TABLES = {"tenants", "api_keys", "base_models", "files", "jobs", "attempts", "jo
 
 
 def test_upgrade_creates_every_table_and_downgrade_removes_them(database_url):
-    upgrade(database_url)
+    upgrade(database_url, replay=True)
     engine = create_engine(database_url)
     try:
         assert set(inspect(engine).get_table_names()) == TABLES
         downgrade(database_url, "base")
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
-        upgrade(database_url)
+        upgrade(database_url, replay=True)
         assert set(inspect(engine).get_table_names()) == TABLES
     finally:
         engine.dispose()
 
 
 def test_migrations_match_the_table_definitions(database_url):
-    upgrade(database_url)
+    upgrade(database_url, replay=True)
     engine = create_engine(database_url)
     try:
         with engine.connect() as connection:
@@ -38,6 +38,63 @@ def test_migrations_match_the_table_definitions(database_url):
         assert diff == []
     finally:
         engine.dispose()
+
+
+def _schema(url: str) -> dict:
+    """Everything the database says about each table, in a comparable form."""
+    engine = create_engine(url)
+    try:
+        found = inspect(engine)
+        schema = {}
+        for table in sorted(found.get_table_names()):
+            schema[table] = {
+                "columns": sorted((c["name"], str(c["type"]), c["nullable"], str(c.get("default")))
+                            for c in found.get_columns(table)),
+                "primary_key": found.get_pk_constraint(table)["constrained_columns"],
+                "indexes": sorted((str(i["name"]), tuple(i["column_names"]), bool(i["unique"]))
+                                  for i in found.get_indexes(table)),
+                "unique": sorted((str(u["name"]), tuple(u["column_names"])) for u in found.get_unique_constraints(table)),
+                "foreign_keys": sorted((tuple(f["constrained_columns"]), f["referred_table"],
+                                        tuple(f["referred_columns"]), str(f.get("options", {}).get("ondelete")))
+                                       for f in found.get_foreign_keys(table)),
+                "checks": sorted(str(c["sqltext"]) for c in found.get_check_constraints(table)),
+            }
+        return schema
+    finally:
+        engine.dispose()
+
+
+def test_a_fresh_database_is_created_as_the_migrations_would_build_it(database_url, tmp_path):
+    """A fresh database gets its tables from the table definitions and a stamp at head, at once:
+    the same schema, column by column, index by index, as replaying every migration; and a second
+    upgrade leaves it alone."""
+    from tests.helpers import postgres as pg
+
+    upgrade(database_url)
+    if database_url.startswith("sqlite"):
+        replayed_url = f"sqlite:///{tmp_path}/replayed.db"
+        upgrade(replayed_url, replay=True)
+        cleanup = None
+    else:
+        import os
+        admin = os.environ[pg.POSTGRES_URL_ENV]
+        name, replayed_url = pg.create_database(admin)
+        upgrade(replayed_url, replay=True)
+        cleanup = (admin, name)
+    try:
+        created, replayed = _schema(database_url), _schema(replayed_url)
+        assert set(created) == TABLES
+        assert created == replayed
+        engine = create_engine(database_url)
+        try:
+            assert current_revision(engine) == head_revision()
+        finally:
+            engine.dispose()
+        upgrade(database_url)
+        assert _schema(database_url) == created
+    finally:
+        if cleanup:
+            pg.drop_database(*cleanup)
 
 
 def test_rows_resolved_before_0007_get_the_method_and_training_type_of_their_request(database_url):
