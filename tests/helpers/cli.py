@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 from click.testing import Result
 from typer.testing import CliRunner
@@ -19,3 +20,27 @@ def runner() -> CliRunner:
 
 def invoke(*args: str, input: str | None = None) -> Result:  # noqa: A002
     return runner().invoke(app, list(args), input=input)
+
+
+@dataclass(frozen=True)
+class Done:
+    """An in-process command's outcome, shaped like `subprocess.CompletedProcess`."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(*args: str, env: dict[str, str]) -> Done:
+    """The command line, in this process, with `env` set for the call (as a separate process
+    would see it): what it printed apart on each stream, and its exit code."""
+    from tuneforge.settings import get_settings
+
+    get_settings.cache_clear()  # the command reads its settings from `env`, as a new process would
+    try:
+        result = runner().invoke(app, list(args), env=env)
+    finally:
+        get_settings.cache_clear()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Done(result.exit_code, result.stdout, result.stderr)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 import time
 from dataclasses import fields
 
@@ -13,6 +10,7 @@ import openai
 import pytest
 from sqlalchemy import func, select
 
+from tests.helpers.cli import Done, run
 from tests.helpers.platform import add_tenant, chat_lines
 from tests.unit.api.test_usage import add_attempt, add_job
 from tuneforge.db.repos import tenants as tenant_repo
@@ -220,12 +218,11 @@ def test_hard_cap_reached_for_the_scheduler(world):
 
 
 def test_set_quota_cli(world):
-    env = {**os.environ, "TUNEFORGE_HOME": str(world.platform.settings.home),
+    env = {"TUNEFORGE_HOME": str(world.platform.settings.home),
            "TUNEFORGE_DATABASE_URL": world.platform.settings.resolved_database_url, "COLUMNS": "200"}
 
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tuneforge.cli.main", "tenants", "set-quota", *args],
-                              env=env, capture_output=True, text=True, timeout=120)
+    def cli(*args: str) -> Done:
+        return run("tenants", "set-quota", *args, env=env)
 
     done = cli("alpha", "--max-concurrent-jobs", "2", "--gpu-hours-hard", "unlimited", "--gpu-hours-soft", "12.5")
     assert done.returncode == 0, done.stderr

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.helpers.cli import run
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.ids import new_id
@@ -174,16 +172,14 @@ def test_admin_usage_report_lists_every_tenant(world):
 
 def test_usage_cli_prints_per_tenant_totals(world, tmp_path):
     march_history(world.platform)
-    env = {**os.environ, "TUNEFORGE_HOME": str(world.platform.settings.home),
+    env = {"TUNEFORGE_HOME": str(world.platform.settings.home),
            "TUNEFORGE_DATABASE_URL": world.platform.settings.resolved_database_url, "COLUMNS": "200"}
-    done = subprocess.run([sys.executable, "-m", "tuneforge.cli.main", "tenants", "usage", "--month", MARCH],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = run("tenants", "usage", "--month", MARCH, env=env)
     assert done.returncode == 0, done.stderr
     lines = {line.split()[1]: line.split() for line in done.stdout.splitlines() if line.startswith("│ ")}
     assert [cell for cell in lines["alpha"] if cell != "│"] == ["alpha", "standard", "2.00", "1.75", "0.25",
                                                                 "300", "no", "500"]
     assert [cell for cell in lines["beta"] if cell != "│"] == ["beta", "standard", "22.22", "22.22", "0.00",
                                                                "300", "no", "500"]
-    refused = subprocess.run([sys.executable, "-m", "tuneforge.cli.main", "tenants", "usage", "--month", "2025-13"],
-                             env=env, capture_output=True, text=True, timeout=120)
+    refused = run("tenants", "usage", "--month", "2025-13", env=env)
     assert refused.returncode == 2 and "YYYY-MM" in refused.stderr

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
+from tests.helpers.cli import Done, run
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
 
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuneforge.cli.main", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120)
+def _cli(env: dict[str, str], *args: str) -> Done:
+    return run(*args, env=env)
 
 
 def test_keys_create_list_and_revoke(tmp_path, database_url):
