@@ -1,14 +1,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+
+from tests.helpers.cli import Done, run
 
 
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuneforge.cli.main", *args], capture_output=True, text=True,
-                          timeout=180, env={**os.environ, "COLUMNS": "200", **(env or {})})
+def _cli(*args: str) -> Done:
+    return run(*args, env={"COLUMNS": "200"})
 
 
 def _chat(i: int) -> str:
