@@ -409,6 +409,32 @@ class UsageWindow:
 END, EXIT, ARRIVAL, DEADLINE, TICK = range(5)
 
 
+def queue_job(queue: dict, index: QueueIndex, state: JobState, now: float) -> None:
+    """Queue the job as scheduler/state.py builds it: queued since it was created, its whole estimate."""
+    t = state.trace
+    queue[t.job_id] = QueuedJob(t.job_id, t.tenant, t.tier, t.gpus, t.arrival, t.estimate_s, t.gpus_per_node)
+    index.add(queue[t.job_id])
+    state.enqueued_at = now
+
+
+def take_from_queue(state: JobState, assignment: dict, now: float, queue: dict, index: QueueIndex,
+                    by_name: dict[str, Node], restore_s: float) -> tuple[float, RunningJob]:
+    """A queued job starts an attempt on `assignment`: its GPUs taken, its wait counted; returns
+    the attempt's restore time (a resumed job reloads its checkpoint) and the scheduler's view of it."""
+    job_id = state.trace.job_id
+    del queue[job_id]
+    index.remove(job_id)
+    allocate(by_name, assignment)
+    state.queued_total += now - state.enqueued_at
+    if state.first_start is None:
+        state.first_start = now
+    state.attempt += 1
+    restore = restore_s if state.preemptions else 0.0
+    view = RunningJob(job_id, state.trace.tenant, state.trace.tier, assignment, now,
+                      now + state.trace.estimate_s, now, 0.0, queued_at=state.trace.arrival)
+    return restore, view
+
+
 def simulate(name: str, trace: Sequence[TraceJob], args: argparse.Namespace, config: PolicyConfig) -> dict:
     decide_fn = POLICIES[name]
     ours = name.startswith("tuneforge")
@@ -443,27 +469,14 @@ def simulate(name: str, trace: Sequence[TraceJob], args: argparse.Namespace, con
     policy_calls = 0
 
     def enqueue(state: JobState, now: float) -> None:
-        t = state.trace
-        # as scheduler/state.py builds it: queued since the job was created, the whole estimate
-        queue[t.job_id] = QueuedJob(t.job_id, t.tenant, t.tier, t.gpus, t.arrival, t.estimate_s, t.gpus_per_node)
-        index.add(queue[t.job_id])
-        state.enqueued_at = now
+        queue_job(queue, index, state, now)
 
     def start(job_id: str, assignment: dict, now: float) -> None:
         state = jobs[job_id]
-        del queue[job_id]
-        index.remove(job_id)
-        allocate(by_name, assignment)
-        state.queued_total += now - state.enqueued_at
-        if state.first_start is None:
-            state.first_start = now
+        restore, view = take_from_queue(state, assignment, now, queue, index, by_name, args.restore_s)
         if state.preempted_for is not None and state.preempted_for in queue:
             diag["restarted_ahead"] += 1  # back on GPUs before the job it made room for
         state.preempted_for = None
-        state.attempt += 1
-        restore = args.restore_s if state.preemptions else 0.0
-        view = RunningJob(job_id, state.trace.tenant, state.trace.tier, assignment, now,
-                          now + state.trace.estimate_s, now, 0.0, queued_at=state.trace.arrival)
         attempt = Attempt(state, state.attempt, assignment, now, restore, view)
         running[job_id] = attempt
         push(attempt.end_time(), END, job_id, attempt.number)
@@ -916,23 +929,11 @@ def simulate_pools(scenario: Scenario, trace: Sequence[TraceJob], deadlines: dic
     policy_calls = 0
 
     def enqueue(state: JobState, now: float) -> None:
-        t = state.trace
-        queue[t.job_id] = QueuedJob(t.job_id, t.tenant, t.tier, t.gpus, t.arrival, t.estimate_s, t.gpus_per_node)
-        index.add(queue[t.job_id])
-        state.enqueued_at = now
+        queue_job(queue, index, state, now)
 
     def start(job_id: str, assignment: dict, now: float) -> None:
         state = jobs[job_id]
-        del queue[job_id]
-        index.remove(job_id)
-        allocate(by_name, assignment)
-        state.queued_total += now - state.enqueued_at
-        if state.first_start is None:
-            state.first_start = now
-        state.attempt += 1
-        restore = args.restore_s if state.preemptions else 0.0
-        view = RunningJob(job_id, state.trace.tenant, state.trace.tier, assignment, now,
-                          now + state.trace.estimate_s, now, 0.0, queued_at=state.trace.arrival)
+        restore, view = take_from_queue(state, assignment, now, queue, index, by_name, args.restore_s)
         attempt = PoolAttempt(state, state.attempt, assignment, now, restore, view,
                               pool=node_pool[min(assignment)], restore_cause=last_cause[job_id])
         if job_id in kept_off and job_id not in returned and pools[attempt.pool].kind == SPOT:
