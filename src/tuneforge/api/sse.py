@@ -9,7 +9,10 @@ awaits (a generation's chunks come from a `serve.sinks.Sink`, awaited).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
@@ -27,3 +30,20 @@ def response(frames: AsyncIterator[ServerSentEvent], *, keepalive_s: float,
     return EventSourceResponse(
         frames, sep=SEPARATOR, ping=keepalive_s, background=background,
         ping_message_factory=lambda: ServerSentEvent(comment="keep-alive", sep=SEPARATOR))
+
+
+def chunks_response(events: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any]], *,
+                    keepalive_s: float) -> EventSourceResponse:
+    """An OpenAI stream: the chunks as messages, then `data: [DONE]`. Chunks still being generated
+    come from an async iterator (awaited, no thread held); whole answers from a plain one."""
+    async def frames() -> AsyncIterator[ServerSentEvent]:
+        if isinstance(events, Iterator):
+            for event in events:
+                yield message(json.dumps(event, separators=(",", ":")))
+        else:
+            async with aclosing(events) as chunks:
+                async for event in chunks:
+                    yield message(json.dumps(event, separators=(",", ":")))
+        yield message(DONE)
+
+    return response(frames(), keepalive_s=keepalive_s)

@@ -6,7 +6,9 @@ choices, log probabilities, penalties, tools) answer 400 naming the parameter
 rather than being silently ignored; a few that change nothing here (`user`,
 `metadata`, `store`, `service_tier`) are accepted. `stream: true` answers with
 Server-Sent Events, one chunk per piece of text as it is generated, then
-`data: [DONE]`.
+`data: [DONE]`. Which model answers (a route's pick, the built-in engine or a vLLM
+server) is `api/dispatch.py`'s; this module turns the bodies into prompts and
+sampling and the engine's output into OpenAI's answers.
 """
 
 from __future__ import annotations
@@ -15,22 +17,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any, Literal, TypeVar
-from urllib.parse import quote
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
-from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tuneforge.api import chat_shapes as shapes
-from tuneforge.api import deps, sse
-from tuneforge.api.headers import ANSWER_HEADERS
+from tuneforge.api import deps, dispatch, sse
 from tuneforge.api.limits import (
     MAX_GENERATED_TOKENS,
     MAX_ID_CHARS,
@@ -40,22 +39,16 @@ from tuneforge.api.limits import (
     Int64,
 )
 from tuneforge.api.openapi import error_responses
-from tuneforge.db.repos import models as model_repo
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.domain.ids import new_id
 from tuneforge.serve import engine_for
 from tuneforge.serve import tools as tool_calls
-from tuneforge.serve import vllm
 from tuneforge.serve.params import Chunk, ModelTarget, Prompt, SamplingParams, Usage
 from tuneforge.serve.sinks import Sink
-from tuneforge.serve.targets import resolve_target
-from tuneforge.services import routes as route_service
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1", tags=["inference"])
 _log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_CHOICES = 8  # n: choices per request, generated one after another
@@ -159,25 +152,29 @@ async def chat_completions(body: ChatCompletionBody, request: Request, tenant: T
     if shapes.wants_json(body.response_format) or schema is not None:
         params = replace(params, json_mode=True)
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
-    resolved, routed, reply_id = await _resolve(request, session, tenant, platform, body, "chatcmpl", started)
+    resolved, routed, reply_id = await dispatch.resolve(request, session, tenant, platform, body, "chatcmpl",
+                                                        started)
     target, created = resolved.target, int(time.time())
-    if resolved.upstream is not None and (answer := await _proxied("/v1/chat/completions", body, resolved, reply_id, routed,
-                                                                   platform)) is not None:
+    if resolved.upstream is not None and (answer := await dispatch.proxied(
+            "/v1/chat/completions", body, resolved, reply_id, routed, platform)) is not None:
         return answer
     engine = await _engine(platform, tenant)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
             "system_fingerprint": None}
     if body.stream and not shown:
-        sinks = await _observed(routed, platform, run_in_threadpool(_submitted, engine, target, prompt, params, n))
-        return _sse(_streamed_choices(sinks, head, include_usage, _chat_events, routed, platform), platform)
+        sinks = await dispatch.observed(routed, platform,
+                                        run_in_threadpool(_submitted, engine, target, prompt, params, n))
+        return sse.chunks_response(_streamed_choices(sinks, head, include_usage, _chat_events, routed, platform),
+                                   keepalive_s=platform.settings.stream_keepalive_s)
     # the choices decode side by side in the model's batch
-    answers = await _observed(routed, platform, asyncio.gather(*(
+    answers = await dispatch.observed(routed, platform, asyncio.gather(*(
         shapes.chat_choice(engine, target, prompt, _nth(params, index), schema, shown, choice) for index in range(n))))
     if routed is not None:
         await routed.finish(platform, "ok", [answer.completion.usage for answer in answers])
     if body.stream:  # with tools: whole answers (a call is known once it is complete), sent as chunks
-        return _sse(shapes.replayed(answers, head, include_usage, bool(body.logprobs)), platform)
+        return sse.chunks_response(shapes.replayed(answers, head, include_usage, bool(body.logprobs)),
+                                   keepalive_s=platform.settings.stream_keepalive_s)
     return {
         "id": reply_id, "object": "chat.completion", "created": created, "model": target.name,
         "choices": [{"index": index, "message": shapes.reply_message(answer), "finish_reason": answer.finish_reason,
@@ -229,10 +226,10 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
     if body.logprobs is not None:
         params = replace(params, logprobs=int(body.logprobs))
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
-    resolved, routed, reply_id = await _resolve(request, session, tenant, platform, body, "cmpl", started)
+    resolved, routed, reply_id = await dispatch.resolve(request, session, tenant, platform, body, "cmpl", started)
     target, created = resolved.target, int(time.time())
-    if resolved.upstream is not None and (answer := await _proxied("/v1/completions", body, resolved, reply_id, routed,
-                                                                   platform)) is not None:
+    if resolved.upstream is not None and (answer := await dispatch.proxied(
+            "/v1/completions", body, resolved, reply_id, routed, platform)) is not None:
         return answer
     echoed = prompt.text if body.echo and prompt.text is not None else ""
     engine = await _engine(platform, tenant)
@@ -241,9 +238,11 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
         head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
                 "system_fingerprint": None}
         events = partial(_completion_events, echoed=echoed, logprobs=body.logprobs is not None)
-        sinks = await _observed(routed, platform, run_in_threadpool(_submitted, engine, target, prompt, params, n))
-        return _sse(_streamed_choices(sinks, head, include_usage, events, routed, platform), platform)
-    completions = await _observed(routed, platform, asyncio.gather(*(
+        sinks = await dispatch.observed(routed, platform,
+                                        run_in_threadpool(_submitted, engine, target, prompt, params, n))
+        return sse.chunks_response(_streamed_choices(sinks, head, include_usage, events, routed, platform),
+                                   keepalive_s=platform.settings.stream_keepalive_s)
+    completions = await dispatch.observed(routed, platform, asyncio.gather(*(
         engine.acomplete(target, prompt, _nth(params, index)) for index in range(n))))
     if routed is not None:
         await routed.finish(platform, "ok", [completion.usage for completion in completions])
@@ -290,7 +289,7 @@ def _submitted(engine: Any, target: ModelTarget, prompt: Prompt, params: Samplin
 
 
 async def _streamed_choices(sinks: list[Sink], head: dict[str, Any], include_usage: bool,
-                            events: Callable[..., AsyncIterator[dict[str, Any]]], routed: Routed | None = None,
+                            events: Callable[..., AsyncIterator[dict[str, Any]]], routed: dispatch.Routed | None = None,
                             platform: Platform | None = None) -> AsyncIterator[dict[str, Any]]:
     """Each choice's chunks in turn (each tagged with its index), then the usage of them all when
     asked. Waiting for a chunk holds no thread: the sinks are awaited. A routed request is
@@ -316,174 +315,6 @@ async def _streamed_choices(sinks: list[Sink], head: dict[str, Any], include_usa
             sink.cancel()
         if routed is not None and platform is not None:
             routed.finish_soon(platform, outcome, usage)
-
-
-@dataclass
-class Routed:
-    """A request a route sent to one of its versions: recorded once it has ended."""
-
-    choice: route_service.Choice
-    response_id: str
-    started: float  # time.monotonic()
-    first_token: float | None = None
-
-    def _record(self, platform: Platform, outcome: str, usage: list[Usage], ended: float) -> None:
-        first_ms = None if self.first_token is None else (self.first_token - self.started) * 1000
-        try:
-            with platform.db.session() as session:
-                route_service.record(session, self.choice, self.response_id, outcome=outcome,
-                                     latency_ms=(ended - self.started) * 1000, first_token_ms=first_ms,
-                                     prompt_tokens=usage[0].prompt_tokens if usage else 0,
-                                     completion_tokens=sum(u.completion_tokens for u in usage))
-        except Exception:  # noqa: BLE001 - the answer went out; a lost record must not fail it
-            _log.exception("recording routed request %s failed", self.response_id)
-
-    async def finish(self, platform: Platform, outcome: str, usage: list[Usage]) -> None:
-        await run_in_threadpool(self._record, platform, outcome, usage, time.monotonic())
-
-    def finish_soon(self, platform: Platform, outcome: str, usage: list[Usage]) -> None:
-        """`finish` from a stream's end, which may be a cancellation: the write is handed to a
-        worker thread and not awaited."""
-        asyncio.get_running_loop().run_in_executor(None, self._record, platform, outcome, list(usage),
-                                                   time.monotonic())
-
-
-@dataclass(frozen=True)
-class Resolved:
-    target: ModelTarget
-    choice: route_service.Choice | None = None  # for `route:NAME`: the version picked
-    adapter: vllm.Deployed | None = None  # a deployed adapter that vLLM may serve
-    upstream: vllm.Upstream | None = None  # the vLLM server the request goes to; None: the built-in engine
-
-
-async def _resolve(request: Request, session: Session, tenant: Tenant, platform: Platform, body: _Sampling,
-                   kind: str, started: float) -> tuple[Resolved, Routed | None, str]:
-    """What `model` names, where it is served, and the answer's id (`kind-…`); for `route:NAME`,
-    the version the route picked (the answer's headers say which)."""
-    resolved = await run_in_threadpool(_target, session, tenant, platform, body.model, body.user)
-    reply_id = new_id(kind)
-    choice = resolved.choice
-    if choice is None:
-        return resolved, None, reply_id
-    request.scope.setdefault(ANSWER_HEADERS, {}).update({
-        "X-Tuneforge-Route": quote(choice.route.name, safe=_HEADER_SAFE),
-        "X-Tuneforge-Model": quote(choice.model, safe=_HEADER_SAFE)})
-    return resolved, Routed(choice, reply_id, started), reply_id
-
-
-_HEADER_SAFE = "!#$&'()*+,/:;=?@[]~"
-
-
-def _target(session: Session, tenant: Tenant, platform: Platform, model: str, user: str | None = None) -> Resolved:
-    name = route_service.route_name(model)
-    choice = route_service.choose(session, tenant.tenant_id, name, user) if name is not None else None
-    target = resolve_target(session, tenant.tenant_id, choice.model if choice else model, tenant.name)
-    adapter, upstream = _handed_off(session, tenant, platform, target)
-    # Hand the database connection back before a generation that can take seconds:
-    # requests waiting for the model must not hold the pool.
-    session.commit()
-    return Resolved(target, choice, adapter, upstream)
-
-
-def _handed_off(session: Session, tenant: Tenant, platform: Platform,
-                target: ModelTarget) -> tuple[vllm.Deployed | None, vllm.Upstream | None]:
-    """The vLLM server for `target` when its base has servers and it is the base itself or a
-    deployed adapter (serve/vllm.py); may load the adapter there first."""
-    handoff = vllm.handoff_for(platform)
-    if handoff is None or not handoff.serves(target.base.name):
-        return None, None
-    if target.is_base:
-        return None, handoff.upstream(target.base.name, None)
-    row = model_repo.get(session, tenant.tenant_id, target.name)
-    if row is None or not vllm.is_deployed(session, row):  # a checkpoint, a model in dev, a full fine-tune
-        return None, None
-    adapter = vllm.Deployed(row.model_id, row.base_model, row.artifact_prefix)
-    return adapter, handoff.upstream(row.base_model, adapter)
-
-
-_NOT_FORWARDED = {"metadata", "store", "service_tier"}
-
-
-async def _proxied(path: str, body: _Sampling, resolved: Resolved, reply_id: str, routed: Routed | None,
-                   platform: Platform) -> Any:
-    """The answer of the vLLM server `resolved` names, in the tenant's names (its id, its model);
-    None when the server no longer holds the adapter and none will load it (the built-in engine
-    answers then)."""
-    handoff = vllm.handoff_for(platform)
-    assert handoff is not None and resolved.upstream is not None
-    upstream = resolved.upstream
-    wants_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
-    payload = body.model_dump(exclude_none=True, exclude=_NOT_FORWARDED)
-    if body.stream:  # usage is always asked for: a routed request records it
-        payload["stream_options"] = {"include_usage": True}
-    for retried in (False, True):
-        try:
-            if body.stream:
-                events = await _observed(routed, platform, handoff.stream(upstream, path, payload | {
-                    "model": upstream.name}))
-                return _sse(_relayed(events, reply_id, resolved.target.name, wants_usage, routed, platform),
-                            platform)
-            answer = await _observed(routed, platform, handoff.call(upstream, path, payload | {
-                "model": upstream.name}))
-            break
-        except vllm.AdapterMissing:  # the server restarted since it loaded the adapter: load it again
-            again = await run_in_threadpool(handoff.upstream, resolved.target.base.name, resolved.adapter)
-            if again is None or retried:
-                return None
-            upstream = again
-    answer["id"], answer["model"] = reply_id, resolved.target.name
-    if routed is not None:
-        await routed.finish(platform, "ok", _usage_of(answer))
-    return answer
-
-
-def _usage_of(event: dict[str, Any]) -> list[Usage]:
-    usage = event.get("usage")
-    if not isinstance(usage, dict):
-        return []
-    return [Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))]
-
-
-async def _relayed(events: AsyncIterator[dict[str, Any]], reply_id: str, model: str, wants_usage: bool,
-                   routed: Routed | None, platform: Platform) -> AsyncIterator[dict[str, Any]]:
-    """A vLLM stream's chunks in the tenant's names; its usage chunk only when the tenant asked."""
-    usage: list[Usage] = []
-    outcome = "cancelled"
-    try:
-        async for event in events:
-            if event.get("usage") and not event.get("choices"):
-                usage = _usage_of(event)
-                if not wants_usage:
-                    continue
-            elif not wants_usage:
-                event.pop("usage", None)
-            if routed is not None and routed.first_token is None and event.get("choices"):
-                routed.first_token = time.monotonic()
-            yield event | {"id": reply_id, "model": model}
-        outcome = "ok"
-    except ApiError as exc:
-        outcome = "error"
-        yield exc.envelope()
-    except vllm.AdapterMissing:
-        outcome = "error"
-        yield ApiError(503, "The model stopped being served mid-answer; retry shortly.", type="server_error",
-                       code="engine_unavailable", retry_after=vllm.DOWN_FOR_S).envelope()
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
-        if routed is not None:
-            routed.finish_soon(platform, outcome, usage)
-
-
-async def _observed(routed: Routed | None, platform: Platform, work: Awaitable[T]) -> T:
-    """`work`'s result; a routed request that fails there is recorded as an error."""
-    try:
-        return await work
-    except vllm.AdapterMissing:  # retried by the caller: not an outcome yet
-        raise
-    except Exception:
-        if routed is not None:
-            await routed.finish(platform, "error", [])
-        raise
 
 
 # -- request checks --------------------------------------------------------------------------------
@@ -584,22 +415,6 @@ def _completion_prompt(prompt: Any) -> Prompt:
 
 
 # -- streamed answers -------------------------------------------------------------------------------
-
-def _sse(events: Iterator[dict[str, Any]] | AsyncIterator[dict[str, Any]], platform: Platform) -> EventSourceResponse:
-    """The chunks as Server-Sent Events, then `data: [DONE]`. Chunks still being generated come
-    from an async iterator (awaited, no thread held); whole answers from a plain one."""
-    async def frames() -> AsyncIterator[ServerSentEvent]:
-        if isinstance(events, Iterator):
-            for event in events:
-                yield sse.message(json.dumps(event, separators=(",", ":")))
-        else:
-            async with aclosing(events) as chunks:
-                async for event in chunks:
-                    yield sse.message(json.dumps(event, separators=(",", ":")))
-        yield sse.message(sse.DONE)
-
-    return sse.response(frames(), keepalive_s=platform.settings.stream_keepalive_s)
-
 
 async def _guarded(chunks: Sink) -> AsyncIterator[Chunk | ApiError]:
     """The chunks; a failure once the answer has started can only be reported in the stream."""
