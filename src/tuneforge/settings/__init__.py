@@ -14,6 +14,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tuneforge.settings.cluster import CapacityPool, ClusterSettings
+from tuneforge.settings.serving import ServingSettings
+
+__all__ = ["CapacityPool", "RateLimitTier", "Settings", "get_settings"]
+
 
 class RateLimitTier(BaseModel):
     """The request limits of one tier, per tenant (api/ratelimits.py applies them)."""
@@ -55,20 +60,7 @@ DEFAULT_RATE_LIMITS: dict[str, dict[str, float | int | None]] = {
 }
 
 
-class CapacityPool(BaseModel):
-    """One pool of the inventory (scheduler/pools.py)."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["spot", "on_demand", "reserved"]
-    price_per_gpu_hour: float = Field(ge=0)
-    preemptions_per_hour: float = Field(
-        0.0, ge=0, description="Spot: reclaims per node-hour, observed or as the provider publishes them.")
-    nodes: list[str] = Field(default_factory=list, description="Its nodes by name (the local executor's "
-                                                               "local, local-1, ...); Ray nodes may say their "
-                                                               "pool themselves (a tuneforge.io/pool label).")
-
-
-class Settings(BaseSettings):
+class Settings(ClusterSettings, ServingSettings, BaseSettings):
     # protected_namespaces=(): fields such as model_delete_grace_s are settings, not pydantic API (older
     # pydantic releases warn about the "model_" prefix otherwise)
     model_config = SettingsConfigDict(env_prefix="TUNEFORGE_", extra="ignore", protected_namespaces=())
@@ -155,70 +147,14 @@ class Settings(BaseSettings):
                     "'database' (the platform's PostgreSQL database; on SQLite, HOME/ratelimit.db), "
                     "'tuneforge+postgresql://...', or 'redis://host:6379' (pip install 'tuneforge[redis]'); "
                     "unset: memory:// for one API process, HOME/ratelimit.db for several.")
-    executor: str = Field(default="local", description="Executor: 'local' (subprocesses on this host) or 'ray' "
-                                                       "(attempts on a Ray cluster, one placement group each).")
-    ray_address: str | None = Field(
-        default=None, description="Ray cluster to run attempts on: 'host:6379' when this host is a node of the "
-                                  "cluster, 'ray://head:10001' (Ray Client) when it is not, or 'auto'; unset: "
-                                  "RAY_ADDRESS, else 'auto'.")
-    ray_namespace: str = Field(
-        default="tuneforge", description="Ray namespace of the trainer actors and placement groups; control planes "
-                                         "of different platforms on one cluster need different namespaces.")
-    ray_gpu_resource: str = Field(
-        default="GPU", description="The Ray resource that counts as one GPU slot (a custom resource such as "
-                                   "'trainer_slot' lets a CPU-only cluster run trainers).")
-    ray_cpus_per_gpu: float = Field(
-        default=1.0, ge=0.0, description="CPUs reserved beside each GPU of an attempt's placement group (data "
-                                         "loading, tokenization, the trainer's own threads).")
-    ray_placement_timeout_s: float = Field(
-        default=60.0, gt=0.0, description="How long a launch waits for its placement group; one that is not ready "
-                                          "by then is removed and the job requeued (GPUs taken by work outside "
-                                          "tuneforge, or a node that left).")
-    ray_node_workdir: str = Field(
-        default="/tmp/tuneforge/attempts", description="Folder on each Ray node for attempts' specs and logs; "
-                                                       "'{node_id}' in it is replaced by the node's Ray id.")
-    ray_node_cache_dir: str = Field(
-        default="~/.cache/tuneforge/base-models", description="Folder on each Ray node where base models are cached "
-                                                            "by SHA, so a second job on that node downloads "
-                                                            "nothing; '{node_id}' is replaced by the node's id.")
-    ray_runtime_env: dict | None = Field(
-        default=None, description="Ray runtime_env of the trainer actors (JSON), e.g. env_vars such as "
-                                  "NCCL_SOCKET_IFNAME, or a container image; unset: the nodes' own Python "
-                                  "environment, which must have tuneforge installed.")
-    ray_shared_storage: bool = Field(
-        default=False, description="With the ray executor, allow a local-folder object store: only right when "
-                                   "every node mounts that folder at the same path (otherwise use s3://).")
-    local_gpus: int = Field(
-        default=1,
-        description="Slots of the local executor: GPUs on this host, or logical slots on a CPU-only host.",
-    )
-    local_nodes: int = Field(
-        default=1, description="Logical nodes of the local executor, each with TUNEFORGE_LOCAL_GPUS slots "
-                               "(so gang placement across nodes can be exercised on one host).")
-    gpus_per_node: int = Field(default=8, description="GPUs per node assumed when sizing multi-node jobs.")
     qlora: str = Field(
         default="auto", description="Whether trainers can run QLoRA (CUDA + bitsandbytes): 'on', 'off', or 'auto' "
                                     "(on when this host has an NVIDIA driver and bitsandbytes; set 'on' when "
                                     "trainers run elsewhere, e.g. on a GPU cluster).")
-    gpu_memory_gb: float = Field(default=80.0, description="Memory of one GPU, for default GPU counts.")
-    scheduler_tick_s: float = Field(default=0.5, description="Seconds between scheduler ticks.")
-    scheduler_aging_s: float = Field(
-        default=43200.0, description="Queue aging: waiting this long is worth one tier (no job starves).")
-    premium_target_wait_s: float = Field(
-        default=300.0,
-        description="A premium job that would wait longer preempts lower-tier work (checkpoint, requeue).",
-    )
-    lease_timeout_s: float = Field(
-        default=60.0, description="An attempt whose last heartbeat is older than this is lost."
-    )
-    heartbeat_interval_s: float = Field(default=5.0, description="Trainer heartbeat period.")
     fused_loss: Literal["auto", "off", "chunked", "liger"] = Field(
         default="auto", description="Token losses without the B x S x V logits (train/fused_loss.py): 'chunked' "
                                     "(pure torch, any device), 'liger' (Liger's fused kernel: CUDA and the "
                                     "liger-kernel package), 'auto' (liger where it runs, else chunked), 'off'.")
-    start_timeout_s: float = Field(
-        default=300.0, description="An attempt that has not sent its first heartbeat this long after launch "
-                                   "is lost (imports and start-up on a busy host take a while).")
     max_upload_bytes: int = Field(
         default=8 * 1024 * 1024 * 1024, description="Largest accepted file upload in bytes (premium tier)."
     )
@@ -234,14 +170,6 @@ class Settings(BaseSettings):
                     "within the create request, so create returns the job with its estimate; larger ones are "
                     "validated by the scheduler (status validating_files) and show it once validated.",
     )
-    preempt_grace_s: float = Field(
-        default=90.0, description="After a preemption notice (SIGTERM) a trainer has this long to checkpoint "
-                                  "and exit before it is killed.")
-    max_attempt_failures: int = Field(
-        default=3, description="Platform failures (crash, lost host, launch error) after which a job fails.")
-    retry_backoff_s: float = Field(
-        default=10.0, description="Wait before retrying after the first platform failure; doubles each time.")
-    retry_backoff_max_s: float = Field(default=300.0, description="Longest wait between retries.")
     divergence_loss_multiple: float = Field(
         default=4.0, description="A smoothed train loss above this multiple of its lowest value so far ...")
     divergence_patience_steps: int = Field(
@@ -262,67 +190,6 @@ class Settings(BaseSettings):
                                   "`running` (an event says the eval began), a running job asked to pause as "
                                   "`pausing`; `precise_status` always has tuneforge's own. Off: `status` is the "
                                   "precise one.")
-    inference_max_adapters: int = Field(
-        default=8, ge=1, description="Fine-tuned adapters kept loaded on each base model for inference; "
-                                     "one more evicts the least recently used.")
-    inference_max_base_models: int = Field(
-        default=1, ge=1, description="Models kept loaded for inference: base models (with their adapters) and "
-                                     "full fine-tunes; one more evicts the least recently used.")
-    inference_max_batch: int = Field(
-        default=16, ge=1, description="Sequences one loaded model decodes together in each forward pass "
-                                      "(continuous batching; adapters of one base mix in a batch). 1: one request "
-                                      "at a time.")
-    inference_max_queue: int = Field(
-        default=256, ge=1, description="Requests that may wait for a loaded model; one more answers 429 with "
-                                       "Retry-After.")
-    inference_max_queue_per_tenant: int | None = Field(
-        default=None, ge=1, description="Of those, how many one tenant's requests may be (default: half the "
-                                        "queue). Waiting requests are admitted round-robin over tenants.")
-    inference_default_max_tokens: int = Field(
-        default=256, ge=1, description="Completion tokens when a request sets no max_tokens.")
-    inference_device: str = Field(
-        default="auto", description="Device of inference models: 'auto' (cuda if available, else cpu), "
-                                    "'cpu', 'cuda' or 'cuda:N'.")
-    capacity_pools: dict[str, CapacityPool] = Field(
-        default_factory=dict,
-        description='Capacity pools by name (JSON), e.g. {"spot": {"kind": "spot", "price_per_gpu_hour": 1.2, '
-                    '"preemptions_per_hour": 0.05, "nodes": ["local-1"]}, "on-demand": {"kind": "on_demand", '
-                    '"price_per_gpu_hour": 4.0, "nodes": ["local"]}}. Jobs start on the cheapest pool that can '
-                    'still meet their deadline; each attempt is billed at its pool\'s price. Unset: one pool, '
-                    'priced by TUNEFORGE_PRICE_PER_GPU_HOUR (docs/scheduling.md).')
-    capacity_by_tier: dict[str, Literal["auto", "spot", "on_demand"]] = Field(
-        default_factory=lambda: {"free": "spot", "standard": "auto", "premium": "on_demand"},
-        description="A job's resources.capacity when it sets none, by its tenant's tier.")
-    spot_max_preemptions: int = Field(
-        default=2, ge=0, description="Spot reclaims an auto job may take beyond what its nodes and length make "
-                                     "expected there; past them it runs on on-demand (docs/scheduling.md).")
-    spot_max_wait_s: float = Field(
-        default=1800.0, ge=0, description="An auto job without a deadline that waited this long for spot may take "
-                                          "on-demand; one with a deadline may when its slack is below this.")
-    route_request_retention_days: float = Field(
-        default=30.0, gt=0, description="How long the requests an A/B route served are kept for its stats and "
-                                        "feedback (docs/serving.md).")
-    vllm_urls: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description='vLLM servers by base model name (JSON), e.g. {"qwen2.5-7b-instruct": '
-                    '["http://vllm-0:8000", "http://vllm-1:8000"]}. Each runs that base (its --served-model-name '
-                    'is the name here) with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. Adapters of '
-                    'that base in production, or with weight in a route, are loaded into every server, and '
-                    'requests for them (and for the base) are sent there (docs/serving.md). Operator-set: the '
-                    'egress policy does not apply.')
-    vllm_adapter_dir: Path | None = Field(
-        default=None, description="Where adapters handed to vLLM are written: a directory the vLLM servers also "
-                                  "mount. Default: HOME/vllm-adapters.")
-    vllm_adapter_dir_on_server: str | None = Field(
-        default=None, description="That directory as the vLLM servers see it (default: the same path).")
-    vllm_api_key: str | None = Field(default=None, description="The vLLM servers' --api-key, if they have one.")
-    vllm_timeout_s: float = Field(
-        default=60.0, gt=0, description="Longest wait for a vLLM server to answer (a load, or a response's next "
-                                        "bytes).")
-    vllm_sync_interval_s: float = Field(
-        default=30.0, gt=0, description="How often the scheduler checks that every vLLM server has the adapters "
-                                        "it should (a restarted server has none) and unloads the ones it should "
-                                        "not.")
 
     max_streams_per_tenant: int = Field(
         default=32, ge=1, description="Event streams (GET /v1/fine_tuning/jobs/{id}/events?stream=true) one tenant "
@@ -406,23 +273,6 @@ class Settings(BaseSettings):
 
         EgressPolicy.parse(value)  # a bad entry stops the process at start, naming the entry
         return value
-
-    @field_validator("vllm_urls", mode="before")
-    @classmethod
-    def _vllm_servers(cls, value: object) -> object:
-        """One URL may stand for a list of one; every URL is http(s), kept without a trailing '/'."""
-        if not isinstance(value, dict):
-            return value
-        servers: dict[str, list[str]] = {}
-        for base, urls in value.items():
-            listed = [urls] if isinstance(urls, str) else urls
-            if not isinstance(listed, list) or not listed:
-                raise ValueError(f"vllm_urls[{base!r}] must be a URL or a list of URLs")
-            for url in listed:
-                if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                    raise ValueError(f"vllm_urls[{base!r}]: {url!r} is not an http(s) URL")
-            servers[str(base)] = [url.rstrip("/") for url in listed]
-        return servers
 
     @field_validator("rate_limits", mode="before")
     @classmethod
