@@ -96,8 +96,7 @@ def test_infinite_hyperparameter_is_400(api):
              "method.supervised.hyperparameters.learning_rate_multiplier")
 
 
-@pytest.mark.parametrize("path", ["/v1/fine_tuning/jobs", "/v1/webhooks", "/v1/chat/completions",
-                                  "/internal/v1/jobs/ftjob-x/heartbeat"])
+@pytest.mark.parametrize("path", ["/v1/fine_tuning/jobs", "/v1/webhooks", "/v1/chat/completions"])
 def test_very_deep_json_is_400(api, path):
     deep = b"[" * 100_000 + b"]" * 100_000
     assert error_of(api.post_json(path, deep), 400, None)["code"] == "json_too_deep"
@@ -108,6 +107,13 @@ def test_very_deep_json_is_400(api, path):
         inner = inner["k"]
     error = error_of(api.post_json(path, json.dumps(nested).encode()), 400, "metadata" + ".k" * 63)
     assert error["code"] == "json_too_deep"
+
+
+def test_a_trainer_report_without_its_job_token_is_401_before_its_body_is_read(api):
+    # a tenant's key is no job token: refused from the headers, the deep body never parsed
+    # (tests/unit/api/test_guard.py: a valid token's deep report is the 400)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert error_of(api.post_json("/internal/v1/jobs/ftjob-x/heartbeat", deep), 401, None)["code"] == "invalid_job_token"
 
 
 def test_json_body_over_the_limit_is_413(api):

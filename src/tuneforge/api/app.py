@@ -13,7 +13,7 @@ from tuneforge.api.guard import RequestGuard
 from tuneforge.prometheus import RequestMetrics
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.hot_path import HotPath
-from tuneforge.api.keys import KeyLookups
+from tuneforge.api.keys import KeyLookups, TrainerTokens
 from tuneforge.api.lean_reads import EventPages, JobBodies
 from tuneforge.api.ratelimits import RefuseWhileOver, RequestLimiter
 from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, sweeps,
@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
                openapi_url=None, docs_url=None, redoc_url=None, **_telemetry(platform.settings.opentelemetry))
     app.state.platform = platform
     app.state.key_lookups = KeyLookups(platform)
+    app.state.trainer_tokens = TrainerTokens(platform)
     app.state.job_bodies = JobBodies(platform)
     app.state.event_pages = EventPages(platform)
     app.state.rate_limiter = RequestLimiter.from_settings(platform.settings) if rate_limiter is None else rate_limiter

@@ -13,7 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import anyio
+
 from tuneforge.domain.errors import ApiError, invalid
+from tuneforge.serve import json_schema
 from tuneforge.serve import tools as tool_calls
 from tuneforge.serve.params import Completion, ModelTarget, Prompt, SamplingParams, Usage
 from tuneforge.serve.tools import check_schema
@@ -119,27 +122,54 @@ def response_format(shape: dict | None, texts: list[str], stream: bool) -> dict 
     return schema
 
 
+async def check_answer_schema(schema: dict | None, tools: tuple[dict, ...], choice: str) -> None:
+    """400 for a tool's parameters, or the schema answers will be checked against, that is not
+    valid under its dialect's meta-schema (serve/json_schema.check_dialect): in one trip to a
+    thread, before anything is generated, since that check costs far more than the bounds
+    `check_schema` applies on the event loop."""
+    checks = [(tool["function"]["parameters"], f"tools.{index}.function.parameters")
+              for index, tool in enumerate(tools)]
+    if schema is not None and choice in ("none", "auto"):  # a forced call's is a tool's own (or ours)
+        checks.append((schema, "response_format.json_schema.schema"))
+    if checks:
+        await anyio.to_thread.run_sync(_check_dialects, checks)
+
+
+def _check_dialects(checks: list[tuple[dict, str]]) -> None:
+    for schema, param in checks:
+        json_schema.check_dialect(schema, param)
+
+
 async def schema_answer(engine: Any, target: ModelTarget, prompt: Prompt, params: SamplingParams,
                         schema: dict) -> Completion:
     """A completion whose JSON object matches `schema`, drawn again when one does not."""
-    import jsonschema
-
-    validator = jsonschema.validators.validator_for(schema)(schema)
     problems = []
     for attempt in range(SCHEMA_ATTEMPTS):
         seed = None if params.seed is None else params.seed + 1000 * attempt
         completion = await engine.acomplete(target, prompt, replace(params, seed=seed))
-        try:
-            errors = [error.message for error in validator.iter_errors(json.loads(completion.text))]
-        except ValueError:
-            errors = [f"not one whole JSON object (finish_reason {completion.finish_reason})"]
-        if not errors:
+        # in a thread: checking one answer may take up to json_schema.MAX_VALIDATION_STEPS keywords
+        problem = await anyio.to_thread.run_sync(_answer_problem, schema, completion)
+        if problem is None:
             return completion
-        problems.append(errors[0][:200])
+        problems.append(problem)
         if params.temperature == 0:
             break  # greedy: another draw is the same answer
     raise ApiError(422, f"The model's answers did not match the schema ({len(problems)} attempt(s)); the last: "
                         f"{problems[-1]}", param="response_format", code="response_format_unsatisfied")
+
+
+def _answer_problem(schema: dict, completion: Completion) -> str | None:
+    """Why the answer's text fails `schema` (None: it matches); 400 when checking it costs more
+    than the bound on a schema's work."""
+    try:
+        instance = json.loads(completion.text)
+    except ValueError:
+        return f"not one whole JSON object (finish_reason {completion.finish_reason})"
+    try:
+        return json_schema.first_problem(schema, instance)
+    except json_schema.SchemaRefused as refused:
+        raise invalid(f"The answer could not be checked against the schema: {refused.reason}",
+                      param="response_format", code=refused.code) from None
 
 
 MAX_LEGACY_LOGPROBS = 5  # as OpenAI's completions endpoint

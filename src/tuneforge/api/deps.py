@@ -98,12 +98,18 @@ async def admission() -> AsyncIterator[Admission]:
         held.release()
 
 
+# Set in a request's scope by the edge (api/guard.py) once it has admitted the request, before
+# reading its body: the dependencies below then do not count it again.
+ADMITTED_AT_EDGE = "tuneforge.admitted_at_edge"
+
+
 async def tenant(request: Request, authorization: str | None = Header(default=None),
                  slot: Admission = Depends(admission)) -> Tenant:
     """The calling tenant, admitted by its tier's rate limits (api/ratelimits.py): 401 without a
     valid key, 429 over a limit."""
     found = tenant_of(await request.app.state.key_lookups.columns(authorization))
-    await _admit(request, found.tenant_id, found.tier, slot)
+    if not request.scope.get(ADMITTED_AT_EDGE):
+        await _admit(request, found.tenant_id, found.tier, slot)
     return found
 
 
@@ -145,7 +151,8 @@ async def admitted_caller(state: Any, scope: Any, authorization: str | None) -> 
     slot = Admission()
     limiter: RequestLimiter = state.rate_limiter
     try:
-        await limiter.admit_request(scope, found.tenant_id, found.tier, slot)
+        if not scope.get(ADMITTED_AT_EDGE):
+            await limiter.admit_request(scope, found.tenant_id, found.tier, slot)
         yield found
     finally:
         slot.release()

@@ -1,42 +1,54 @@
-"""The edge every request passes before a route: body size, JSON shape, and a URL without NUL.
+"""The edge every request passes before a route: credentials before the body, body size, JSON
+shape, and a URL without NUL.
 
 A pure ASGI wrapper, so that it acts on the bytes as they arrive:
 
+- A request that carries a body to an authenticated route (the tenants' `/v1`, the admin API,
+  the trainers' `/internal`) has its credentials checked first, from the headers alone
+  (api/credentials.py): without them it gets its 401 before a byte of the body is read, parsed
+  or spooled. A tenant's request is then admitted by its tier's request limits here (not again
+  by the route), so a body over them is refused unread too. A public route takes no body, so
+  none is read for it.
 - An upload (`POST /v1/files`) is counted while it streams: past the tenant
   tier's limit (plus the multipart framing) the answer is 413 at once, before
   the rest is spooled to disk; a `Content-Length` that says so is refused
   before a byte is read. An Upload's part (`POST /v1/uploads/{id}/parts`) is
   metered the same way against the 64 MiB a part may hold.
 - Every other body is read whole up to `MAX_JSON_BODY_BYTES` (413 beyond it)
-  and, when it is JSON, decoded once here: nesting deeper than
-  `MAX_JSON_DEPTH`, a lone surrogate or NUL in a string, a number that is not
-  finite (`1e400`, `NaN`) or an integer outside int64 answer 400 naming the
-  field, so no route, tokenizer or database ever sees them. The body then
-  reaches the route unchanged.
+  and, when it is JSON, checked with bounded work (api/json_body.py): more
+  than `MAX_JSON_VALUES` values is a 413 before any parse; nesting deeper than
+  `MAX_JSON_DEPTH`, a number that is not finite or an integer outside int64
+  answer 400 naming the field, and in a tenant's body so do NUL and lone
+  surrogates. A large body is checked in a thread (at most
+  `MAX_CONCURRENT_JSON_CHECKS` at once), so the event loop goes on answering.
+  The body then reaches the route unchanged.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from typing import Any
+from functools import partial
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tuneforge.api import credentials, json_body
+from tuneforge.api.deps import ADMITTED_AT_EDGE
 from tuneforge.api.errors import respond
 from tuneforge.api.limits import (
-    INT64_MAX,
-    INT64_MIN,
+    MAX_CONCURRENT_JSON_CHECKS,
+    MAX_INLINE_JSON_BYTES,
     MAX_JSON_BODY_BYTES,
-    MAX_JSON_DEPTH,
     MULTIPART_OVERHEAD_BYTES,
 )
+from tuneforge.api.ratelimits import Admission
 from tuneforge.domain.errors import ApiError, invalid
+from tuneforge.services.tenants import Caller
 
 UPLOAD_PATH = "/v1/files"
 PART_PATH = re.compile(r"^/v1/uploads/[^/]+/parts/?$")
+# threads for large JSON checks: a request beyond them waits for a turn without holding a thread
+_JSON_CHECKS = anyio.CapacityLimiter(MAX_CONCURRENT_JSON_CHECKS)
 
 
 def too_large(limit_bytes: int) -> ApiError:
@@ -56,8 +68,37 @@ class RequestGuard:
         if problem is not None:
             await respond(problem)(scope, receive, send)
             return
-        if scope["method"] == "POST" and scope["path"].rstrip("/") == UPLOAD_PATH:
-            limit = await _upload_limit(scope) + MULTIPART_OVERHEAD_BYTES
+        who = credentials.audience(scope["path"])
+        if who == "public" or not _has_body(scope):
+            await self.app(scope, receive, send)  # nothing to read: the route checks what it needs
+            return
+        try:
+            caller = await credentials.check(scope, who)
+        except ApiError as error:
+            await respond(error)(scope, receive, send)
+            return
+        if caller is None:  # the operator, or a trainer: no request limits
+            await self._with_body(scope, receive, send, caller, content_rules=who != "trainer")
+            return
+        # A tenant's body is read only within its tier's request limits (in flight, per window):
+        # otherwise one key could hold any number of 16 MiB bodies in memory at once.
+        slot = Admission()
+        try:
+            await scope["app"].state.rate_limiter.admit_request(scope, caller.tenant_id, caller.tier, slot)
+        except ApiError as error:
+            await respond(error)(scope, receive, send)
+            return
+        scope[ADMITTED_AT_EDGE] = True
+        try:
+            await self._with_body(scope, receive, send, caller, content_rules=True)
+        finally:
+            slot.release()
+
+    async def _with_body(self, scope: Scope, receive: Receive, send: Send, caller: Caller | None, *,
+                         content_rules: bool) -> None:
+        if scope["method"] == "POST" and scope["path"].rstrip("/") == UPLOAD_PATH and caller is not None:
+            settings = scope["app"].state.platform.settings
+            limit = settings.max_upload_bytes_by_tier(caller.tier) + MULTIPART_OVERHEAD_BYTES
             await _MeteredUpload(self.app, limit)(scope, receive, send)
             return
         if scope["method"] == "POST" and PART_PATH.match(scope["path"]):
@@ -72,11 +113,19 @@ class RequestGuard:
             await respond(body)(scope, receive, send)
             return
         if body and _is_json(scope):
-            problem = json_problem(body)
+            problem = await json_problem_of(body, content_rules=content_rules)
             if problem is not None:
                 await respond(problem)(scope, receive, send)
                 return
         await self.app(scope, _replay(body, receive), send)
+
+
+async def json_problem_of(body: bytes, *, content_rules: bool = True) -> ApiError | None:
+    """`json_body.check`, on the event loop for a small body, in a thread for a large one."""
+    if len(body) <= MAX_INLINE_JSON_BYTES:
+        return json_body.check(body, content_rules=content_rules)
+    return await anyio.to_thread.run_sync(partial(json_body.check, body, content_rules=content_rules),
+                                          limiter=_JSON_CHECKS)
 
 
 def url_problem(scope: Scope) -> ApiError | None:
@@ -100,10 +149,20 @@ def _content_length(scope: Scope) -> int | None:
     return int(value) if value is not None and value.strip().isdigit() else None
 
 
+def _has_body(scope: Scope) -> bool:
+    """Whether the request says it carries a body (HTTP/1.1: a length above 0, or chunks)."""
+    declared = _header(scope, b"content-length")
+    if declared is not None:
+        return declared.strip() != "0"
+    return _header(scope, b"transfer-encoding") is not None
+
+
 def _is_json(scope: Scope) -> bool:
+    """Whether the route's framework will parse the body as JSON: FastAPI does for any media type
+    whose subtype is `json` or ends in `+json` (`text/json` too), so the check covers them all."""
     content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
-    return content_type == "application/json" or (content_type.startswith("application/")
-                                                   and content_type.endswith("+json"))
+    subtype = content_type.partition("/")[2]
+    return subtype == "json" or subtype.endswith("+json")
 
 
 async def _read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes | ApiError | None:
@@ -138,80 +197,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-# ---- JSON --------------------------------------------------------------------------------------
-
-def json_problem(body: bytes) -> ApiError | None:
-    """The 400 for a JSON body the API will not take, naming the field; None when it is fine."""
-    try:
-        document = json.loads(body)
-    except RecursionError:
-        return _too_deep(None)
-    except ValueError as exc:  # malformed JSON, bad UTF-8, an integer of thousands of digits
-        reason = getattr(exc, "msg", None) or str(exc).split(":")[0]
-        return ApiError(400, f"We could not parse the JSON body of your request. ({reason})", code="invalid_json")
-    stack: list[tuple[Any, tuple[str, ...]]] = [(document, ())]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, (dict, list)):
-            if len(path) >= MAX_JSON_DEPTH:
-                return _too_deep(".".join(path))
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                where = (*path, str(key))
-                if isinstance(key, str) and (problem := _string_problem(key, where, "key")):
-                    return problem
-                stack.append((item, where))
-        elif isinstance(value, str):
-            if problem := _string_problem(value, path, "value"):
-                return problem
-        elif isinstance(value, float) and not math.isfinite(value):
-            return _field_error(path, "must be a finite number (1e400, Infinity and NaN are not)")
-        elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
-            return _field_error(path, f"integers must lie within [{INT64_MIN}, {INT64_MAX}]")
-    return None
-
-
-def _string_problem(text: str, path: tuple[str, ...], what: str) -> ApiError | None:
-    if "\x00" in text:
-        return _field_error(path, f"a string {what} must not contain NUL (\\u0000)")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return _field_error(path, f"a string {what} must be valid Unicode: a lone surrogate "
-                                  "(\\ud800-\\udfff without its pair) is not")
-    return None
-
-
-def _field_error(path: tuple[str, ...], reason: str) -> ApiError:
-    param = ".".join(path) or None
-    return invalid(f"Invalid value for {param or 'body'}: {reason}", param=param, code="invalid_value")
-
-
-def _too_deep(param: str | None) -> ApiError:
-    return invalid(f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.", param=param,
-                   code="json_too_deep")
-
-
 # ---- uploads -----------------------------------------------------------------------------------
-
-async def _upload_limit(scope: Scope) -> int:
-    """The calling tenant's tier limit; without a valid key the largest one (the route answers 401)."""
-    from tuneforge.api import deps
-    from tuneforge.services import tenants as tenant_service
-
-    platform = scope["app"].state.platform
-    settings = platform.settings
-    authorization = _header(scope, b"authorization")
-
-    def lookup() -> int:
-        try:
-            caller = platform.keys.tenant(authorization) or deps.verify_key(platform, authorization)
-        except ApiError:
-            return max(settings.max_upload_bytes_by_tier(t) for t in tenant_service.TIERS)
-        return settings.max_upload_bytes_by_tier(caller.tier)
-
-    return await anyio.to_thread.run_sync(lookup)
-
 
 class _BodyTooLarge(Exception):
     pass

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from functools import partial
 
 from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
-from tuneforge.domain.errors import ApiError
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.domain.errors import ApiError, unauthorized
 from tuneforge.services.context import Platform
+from tuneforge.services.reports import token_hash
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +83,42 @@ class KeyLookups:
         failure = task.exception()  # retrieved here too: a background look-up has no one awaiting it
         if failure is not None and not isinstance(failure, ApiError):
             log.warning("looking up an API key failed: %r", failure)
+
+
+class TrainerTokens:
+    """Job tokens known to belong to an attempt of their job, so that a trainer's report is read
+    only once its sender is known (api/guard.py asks before the body). Which attempt a report
+    speaks for is in its body: the route checks that one after (services/reports.authorize).
+
+    A token found valid is remembered for `ttl_s`, at most `max_entries` of them (then all are
+    forgotten at once), so a busy trainer's heartbeats cost one look-up a minute here."""
+
+    ttl_s = 60.0
+    max_entries = 4096
+
+    def __init__(self, platform: Platform) -> None:
+        self.platform = platform
+        self._known_until: dict[tuple[str, str], float] = {}  # (job id, token hash) -> monotonic deadline
+
+    async def check(self, job_id: str, authorization: str | None) -> None:
+        """Raises the 401 the report route would answer for a token that no attempt of `job_id` holds."""
+        token = (authorization or "").partition(" ")[2].strip()
+        if not token:
+            raise _invalid_job_token()
+        key = (job_id, token_hash(token))
+        now = time.monotonic()
+        if self._known_until.get(key, 0.0) > now:
+            return
+        if not await run_in_threadpool(self._known, *key):
+            raise _invalid_job_token()
+        if len(self._known_until) >= self.max_entries:
+            self._known_until.clear()
+        self._known_until[key] = now + self.ttl_s
+
+    def _known(self, job_id: str, hashed: str) -> bool:
+        with self.platform.db.session() as db_session:
+            return attempt_repo.token_known(db_session, job_id, hashed)
+
+
+def _invalid_job_token() -> ApiError:
+    return unauthorized("invalid job token", code="invalid_job_token")

@@ -22,6 +22,16 @@ MAX_JSON_DEPTH = 64
 # Multipart framing around an uploaded file (boundaries, part headers, the purpose field):
 # the edge allows this much on top of the tier's file limit; the file itself is counted exactly.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
+# Values (array items, object members, the root) in one JSON body. Work and memory of a parse grow
+# with the values, not the bytes: 16 MiB of `[0,0,...]` is 8 million of them (seconds of CPU and
+# about a GiB of objects). The largest legitimate body is a completion prompt of token ids (a
+# 128k-token context) or a trainer's batch of 1000 events: both well under this.
+MAX_JSON_VALUES = 1 << 18
+# A JSON body up to this size is checked on the event loop (a trip to a thread costs more than
+# its parse); a larger one in a thread, so that the loop keeps answering other requests.
+MAX_INLINE_JSON_BYTES = 16 * 1024
+# Large JSON bodies checked at once by one API process; more wait for a turn, holding no thread.
+MAX_CONCURRENT_JSON_CHECKS = 2
 
 MAX_ID_CHARS = 256  # file, job, webhook and model ids, cursors
 MAX_NAME_CHARS = 256  # tenant names, tiers, filenames

@@ -1,7 +1,8 @@
 """Per-tenant request limits by tier: requests per window, and requests in flight.
 
-`tenant` in api/deps.py admits every authenticated request of a tenant here,
-so what needs no tenant key — /healthz, the trainers' /internal routes (job
+`tenant` in api/deps.py admits every authenticated request of a tenant here
+(one that carries a body is admitted by api/guard.py instead, before its body
+is read, and not counted again), so what needs no tenant key — /healthz, the trainers' /internal routes (job
 tokens), the admin API (the admin key), a request that fails authentication —
 is never limited. Limits come from TUNEFORGE_RATE_LIMITS, parsed once.
 

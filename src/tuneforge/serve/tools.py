@@ -19,20 +19,27 @@ import secrets
 from typing import Any
 
 from tuneforge.domain.errors import invalid
+from tuneforge.serve import json_schema
+from tuneforge.serve.json_schema import json_size_bytes
 
 MAX_TOOLS = 128  # as OpenAI
+# All the tools' `parameters` schemas of one request, as compact JSON: each is checked on the event
+# loop (a few milliseconds for one of serve/json_schema.MAX_SCHEMA_BYTES), so their sum is bounded too.
+MAX_TOOLS_SCHEMA_BYTES = 256 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _MISTRAL = re.compile(r"\[TOOL_CALLS\]\s*(\[.*\])", re.DOTALL)
 
 
 def check_tools(tools: list[Any] | None) -> tuple[dict, ...]:
-    """The request's function tools, checked; each error names its field."""
+    """The request's function tools, checked within the bounds of serve/json_schema.py; each
+    error names its field. Their parameters' meta-schema check is `api/chat_shapes.check_answer_schema`'s
+    (in a thread)."""
     if not tools:
         return ()
     if len(tools) > MAX_TOOLS:
         raise invalid(f"tools holds at most {MAX_TOOLS} functions", param="tools")
-    checked, names = [], set()
+    checked, names, schema_bytes = [], set(), 0
     for index, tool in enumerate(tools):
         where = f"tools.{index}"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
@@ -49,6 +56,10 @@ def check_tools(tools: list[Any] | None) -> tuple[dict, ...]:
         if not isinstance(parameters, dict):
             raise invalid(f"{where}.function.parameters must be a JSON Schema object",
                           param=f"{where}.function.parameters")
+        schema_bytes += json_size_bytes(parameters)
+        if schema_bytes > MAX_TOOLS_SCHEMA_BYTES:
+            raise invalid(f"the tools' parameters hold more than {MAX_TOOLS_SCHEMA_BYTES} bytes of JSON Schema "
+                          "in all", param=f"{where}.function.parameters", code="schema_too_large")
         check_schema(parameters, f"{where}.function.parameters")
         description = function.get("description")
         checked.append({"type": "function", "function": {
@@ -58,12 +69,8 @@ def check_tools(tools: list[Any] | None) -> tuple[dict, ...]:
 
 
 def check_schema(schema: dict, param: str) -> None:
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise invalid(f"{param} is not a valid JSON Schema: {exc.message[:200]}", param=param) from None
+    """A tenant's schema, checked with bounded work and no reference outside it (serve/json_schema.py)."""
+    json_schema.check_schema(schema, param)
 
 
 def check_tool_choice(choice: Any, tools: tuple[dict, ...]) -> str:

@@ -57,8 +57,10 @@ def test_each_call_has_its_own_id():
     ([{"type": "retrieval"}], "tools.0.type"),
     ([{"type": "function", "function": {"name": "has space"}}], "tools.0.function.name"),
     ([WEATHER, WEATHER], "tools.1.function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
-     "tools.0.function.parameters"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "http://127.0.0.1:1/s.json"}}}],
+     "tools.0.function.parameters.$ref"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}],
+     "tools.0.function.parameters.$ref"),
 ])
 def test_bad_tools_name_the_field(tools, param):
     with pytest.raises(ApiError) as err:
@@ -87,3 +89,25 @@ def test_a_template_without_tools_gets_them_described():
     shown = plain_messages(history, TOOLS)
     assert shown[0]["role"] == "system" and "get_weather" in shown[0]["content"]
     assert "<tool_call>" in shown[2]["content"] and shown[3] == {"role": "user", "content": "Result of call_1: 12 C"}
+
+
+def test_a_tool_schema_invalid_under_its_dialect_is_400_before_generation():
+    import asyncio
+
+    from tuneforge.api.chat_shapes import check_answer_schema
+
+    tools = check_tools([WEATHER, {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}])
+    with pytest.raises(ApiError) as err:
+        asyncio.run(check_answer_schema(None, tools, "auto"))
+    assert err.value.param == "tools.1.function.parameters"
+    asyncio.run(check_answer_schema({"type": "object"}, tools[:1], "auto"))
+
+
+def test_the_tools_schemas_are_bounded_in_all():
+    from tuneforge.serve.tools import MAX_TOOLS_SCHEMA_BYTES
+
+    big = {"type": "object", "description": "d" * (MAX_TOOLS_SCHEMA_BYTES // 8 - 100)}  # 8 fit, not 9
+    many = [{"type": "function", "function": {"name": f"f{i}", "parameters": big}} for i in range(10)]
+    with pytest.raises(ApiError) as err:
+        check_tools(many)
+    assert err.value.code == "schema_too_large" and err.value.param == "tools.8.function.parameters"

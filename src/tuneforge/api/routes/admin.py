@@ -7,7 +7,6 @@ The same operations exist in the CLI (`tuneforge tenants ...`, `usage`, `queue`)
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Annotated, Any, Literal
 
@@ -16,11 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.credentials import admin_refusal
 from tuneforge.api.limits import MAX_NAME_CHARS, MONTH_PATTERN
 from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
 from tuneforge.db.repos import attempts as attempt_repo
-from tuneforge.domain.errors import ApiError, not_found, unauthorized
+from tuneforge.domain.errors import not_found
 from tuneforge.registry import models as registry
 from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import queue as queue_service
@@ -34,12 +34,9 @@ Limit = Annotated[float, Field(ge=0, le=1e12)] | Literal["unlimited", "default"]
 
 
 def admin(authorization: str | None = Header(default=None), platform: Platform = Depends(deps.platform)) -> None:
-    expected = platform.settings.admin_api_key
-    if not expected:
-        raise ApiError(404, "the admin API is off (set TUNEFORGE_ADMIN_API_KEY)", code="not_found")
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise unauthorized("invalid admin API key")
+    refusal = admin_refusal(platform.settings, authorization)  # the same rule the edge applies before the body
+    if refusal is not None:
+        raise refusal
 
 
 class _Strict(BaseModel):

@@ -38,3 +38,11 @@ def ended_since(session: Session, since: float) -> list[tuple[str, Attempt]]:
         select(Job.tenant_id, Attempt).join(Job, Job.job_id == Attempt.job_id)
         .where(Attempt.ended_at.is_not(None), Attempt.ended_at > since).order_by(Attempt.pk))
     return [(tenant_id, attempt) for tenant_id, attempt in rows]
+
+
+def token_known(session: Session, job_id: str, token_hash: str) -> bool:
+    """Whether some attempt of `job_id` holds the token of `token_hash` (platform-side: the API's
+    edge asks before it reads a trainer's report; the report's own attempt is checked after)."""
+    found = session.scalar(select(Attempt.pk).where(Attempt.job_id == job_id, Attempt.token_hash == token_hash)
+                           .limit(1))
+    return found is not None
