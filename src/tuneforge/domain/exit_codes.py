@@ -12,6 +12,8 @@ class TrainerExit(IntEnum):
     PREEMPTED = 12  # SIGTERM honoured: checkpoint written, job goes back to the queue
     OUT_OF_MEMORY = 13  # retry with a smaller micro-batch
     FENCED = 14  # the control plane says this attempt is no longer current
+    # a report was refused by its type (here or in the control plane): the job fails, not retried
+    REPORT_REFUSED = 15
 
 
 def describe(code: int | None) -> str:

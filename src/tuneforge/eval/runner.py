@@ -3,7 +3,8 @@
 `observe(model, ...)` measures what one model does — loss and token accuracy
 on the golden set (teacher-forced), greedy replies to the safety prompts and
 to the task prompts — and `score(base, tuned, ...)` turns the two
-observations into the result dicts gates are checked against. The trainer
+observations into the result dicts gates are checked against; `samples`
+picks the examples shown with the results. The trainer
 calls `observe` twice on the same weights: with the adapter switched off
 (the base model) and on (the fine-tuned one).
 """
@@ -19,11 +20,15 @@ import torch
 from tuneforge.data.errors import BadDataError
 from tuneforge.data.tokenize import tokenize_example
 from tuneforge.eval import metrics as task_metrics
+from tuneforge.domain.tenant_text import bounded, safe_text, valid_unicode
 from tuneforge.eval import refusal
 from tuneforge.train.batches import collate, score_tokens
 
 # teacher-forced examples scored per forward pass
 _SCORE_BATCH = 8
+SAMPLES_PER_SUITE = 5  # examples of each suite shown with the results
+# one shown text (a prompt, a reference, an answer): cut with a marker, never a reason to refuse the results
+MAX_SAMPLE_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -50,15 +55,19 @@ class Observation:
 
 
 def task_examples(rows: list[dict[str, Any]], limit: int) -> list[TaskExample]:
-    """Chat rows (the last assistant turn is the reference) or prompt/completion rows."""
+    """Chat rows (the last assistant turn is the reference) or prompt/completion rows. Their text is
+    the tenant's JSON, which may hold lone surrogates (`"\\ud800"`): those become U+FFFD here, since
+    the tokenizer cannot take them (it would fail the attempt as the platform's fault)."""
     examples = []
     for number, row in enumerate(rows[:limit], start=1):
         messages = row.get("messages")
-        if isinstance(messages, list) and messages and isinstance(messages[-1], dict) \
+        if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages) \
                 and messages[-1].get("role") == "assistant":
-            examples.append(TaskExample([dict(m) for m in messages[:-1]], None, str(messages[-1].get("content") or "")))
+            turns = [{key: valid_unicode(value) if isinstance(value, str) else value for key, value in m.items()}
+                     for m in messages[:-1]]
+            examples.append(TaskExample(turns, None, valid_unicode(str(messages[-1].get("content") or ""))))
         elif isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
-            examples.append(TaskExample(None, row["prompt"], row["completion"]))
+            examples.append(TaskExample(None, valid_unicode(row["prompt"]), valid_unicode(row["completion"])))
         else:
             raise BadDataError("invalid_example", "eval task file: expected 'messages' ending with an assistant "
                                                   "turn, or 'prompt' and 'completion'", line_number=number)
@@ -146,3 +155,21 @@ def validation_results(loss: float, accuracy: float, *, perplexity: bool) -> dic
     if perplexity:
         out["validation.perplexity"] = math.exp(min(loss, 50.0))
     return out
+
+
+def shown(text: str) -> str:
+    """A model's (or a tenant's) text as the results show it: safe to store and display (NUL,
+    controls, lone surrogates escaped: `domain/tenant_text.py`) and at most `MAX_SAMPLE_CHARS`."""
+    return bounded(safe_text(text), MAX_SAMPLE_CHARS)
+
+
+def samples(base: Observation, tuned: Observation, *, safety: list[dict[str, Any]],
+            tasks: list[TaskExample]) -> dict[str, list[dict[str, str]]]:
+    """The first examples of each suite side by side — prompt, base answer, fine-tuned answer —
+    every text through `shown`; a byte-level model can emit any byte, and these are stored and shown."""
+    task = [{"prompt": shown(t.prompt_for_judge), "reference": shown(t.reference), "base": shown(b),
+             "fine_tuned": shown(f)}
+            for t, b, f in list(zip(tasks, base.task_answers, tuned.task_answers))[:SAMPLES_PER_SUITE]]
+    harmful = [{"prompt": shown(row["messages"][-2]["content"]), "base": shown(b), "fine_tuned": shown(f)}
+               for row, b, f in list(zip(safety, base.safety_replies, tuned.safety_replies))[:SAMPLES_PER_SUITE]]
+    return {"task": task, "safety": harmful}

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from tuneforge.domain.errors import invalid
+from tuneforge.domain.tenant_text import safe_text
 from tuneforge.serve.constrained import JsonConstraint
 from tuneforge.serve.tools import plain_messages
 from tuneforge.serve.params import Chunk, Prompt, SamplingParams, Usage
@@ -79,11 +80,17 @@ class TextAssembler:
 
     Text that could be the start of a stop string is held back until the next
     tokens show whether it is one; a stop string cuts the text where it begins
-    and is never returned."""
+    and is never returned.
+
+    This is where the built-in engine turns tokens into text, so it is where a model's
+    text is made safe (`domain/tenant_text.safe_text`): a byte-level tokenizer can emit
+    NUL or any control character, which would otherwise reach answers, streams and
+    whatever stores them. Stop strings are matched against the safe text, so they are
+    made safe the same way."""
 
     def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
         self._tokenizer = tokenizer
-        self._stop = tuple(s for s in stop if s)
+        self._stop = tuple(safe_text(s) for s in stop if s)
         self._ids: list[int] = []
         self._text = ""
         self._released_chars = 0
@@ -98,7 +105,8 @@ class TextAssembler:
         self._ids.append(token_id)
         # Decoding the whole sequence (not token by token) keeps the spacing
         # rules of tokenizers that merge a token with its neighbours.
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        # safe_text maps character by character, so released text stays a prefix of later text
+        text = safe_text(self._tokenizer.decode(self._ids, skip_special_tokens=True))
         cut = first_stop(text, self._stop)
         if cut is not None:
             self.stopped = True
@@ -236,6 +244,7 @@ def token_logprob(tokenizer: Any, token_id: int, logprob: float, rivals: list[tu
     """One token's entry in OpenAI's `logprobs.content` shape."""
     def shown(token: int, value: float) -> dict:
         text = tokenizer.decode([token])
-        return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+        # the token's text made safe to show; its bytes as the model produced them
+        return {"token": safe_text(text), "logprob": value, "bytes": list(text.encode("utf-8", "surrogatepass"))}
 
     return {**shown(token_id, logprob), "top_logprobs": [shown(token, value) for token, value in rivals]}

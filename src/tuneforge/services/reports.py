@@ -5,6 +5,12 @@ with that attempt's token; anything else answers 409 `stale_attempt`, so a
 zombie trainer can never overwrite state. Reports carry an increasing `seq`
 per attempt and are delivered in order, so `seq <= attempts.last_seq` means
 "already applied" and a retried report is acknowledged without effect.
+
+Refusals: a report of the current attempt that cannot be applied (its type
+refuses it, or it names something it must not) is answered 4xx once and logged
+here with its reason under an error id (`refused`); the trainer logs the same
+answer, sends a `report_refused` failure and exits, and the job fails without
+a retry (`fail`): the same report would be refused again.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from tuneforge.db.tables import Attempt, Checkpoint, Job
 from tuneforge.domain import reports, retention
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
 from tuneforge.domain.metrics import checkpoint_metrics, metrics_data, metrics_message
-from tuneforge.domain.ids import new_id
+from tuneforge.domain.ids import correlation_id, new_id
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub, scrub_data
 from tuneforge.registry import models as registry
@@ -74,6 +80,16 @@ def credentials(session: Session, platform: Any, job: Job, attempt: Attempt) -> 
     found = evaluation.credentials_for(session, platform.settings, platform.sealer, job)
     return {"secrets": dict(found.secrets), "endpoints": {k: dict(v) for k, v in found.endpoints.items()},
             "tracking": integrations.access_for(session, platform.settings, platform.sealer, job)}
+
+
+def refused(job: Job, attempt: Attempt, kind: str, error: ApiError) -> ApiError:
+    """`error` (a 4xx refusing a report of the current attempt) logged for the operator with its
+    reason under a new error id, and the same error naming that id for the trainer's log."""
+    error_id = correlation_id("err")
+    log.warning("refused the %s report of %s attempt %d [%s]: HTTP %d %s", kind, job.job_id, attempt.number,
+                error_id, error.status_code, error.message)
+    return ApiError(error.status_code, f"{error.message} (error id {error_id})", error.type, error.param,
+                    error.code or "invalid_report", error.retry_after)
 
 
 def _already_applied(attempt: Attempt, seq: int) -> bool:
@@ -131,7 +147,8 @@ def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Event
         attempt.last_seq = item.seq
         attempt.heartbeat_at = time.time()
         if item.type == "metrics":
-            attempt.step = int(item.data.get("step", attempt.step))
+            step = item.data.get("step")  # free-form data: a step that is not a count is not a 500
+            attempt.step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else attempt.step
             prometheus.count_trainer_steps(1)  # a trainer reports every optimizer step it takes
         applied += 1
     return applied
@@ -288,21 +305,22 @@ def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[d
 
 def fail(session: Session, job: Job, attempt: Attempt, body: reports.Failure) -> None:
     """The trainer's account of how its attempt failed. A tenant's mistake (bad data, a
-    configuration the trainer cannot use, divergence) fails the job: retrying would fail
-    again. A platform fault or out-of-memory is recorded on the attempt and told in the
-    events; the attempt's exit then lets the scheduler retry it (`scheduler/loop.py`)."""
+    configuration the trainer cannot use, divergence) or a refused report (`report_refused`)
+    fails the job: retrying would fail again. A platform fault or out-of-memory is recorded
+    on the attempt and told in the events; the attempt's exit then lets the scheduler retry it
+    (`scheduler/loop.py`)."""
     seq = body.seq
     if _already_applied(attempt, seq):
         return
     _require_current(job, attempt)
     error = tenant_error(body)
     attempt.failure, attempt.last_seq = {**error, "classification": body.classification}, seq
-    if body.classification != "user":
+    if body.classification not in reports.FINAL_FAILURE_CLASSES:
         events.add(session, job, f"Attempt {attempt.number} failed: {error['message']}", level="error",
                    data={**error, "classification": body.classification}, attempt=attempt.number, seq=seq)
         return
     attempt.status, attempt.ended_at = AttemptStatus.FAILED.value, time.time()
-    attempt.failure_class = "user"
+    attempt.failure_class = body.classification
     transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",
                level="error", error=error, data={"code": error["code"], "correlation_id": error["correlation_id"]})
 
@@ -312,7 +330,7 @@ def tenant_error(body: reports.Failure) -> dict[str, Any]:
     `correlation_id` an operator finds the trainer's traceback under. The message is scrubbed
     of paths and tracebacks whatever the trainer sent (`domain/tenant_text.py`)."""
     message = scrub(body.message) or "Training failed"
-    if body.classification == "platform" and body.correlation_id:
+    if body.classification in ("platform", "report_refused") and body.correlation_id:
         message = f"{message} (error id {body.correlation_id})"
     return {"code": body.code or "training_failed", "message": message,
             "param": scrub(body.param or "", 200) or None,

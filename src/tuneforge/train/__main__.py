@@ -115,7 +115,7 @@ def _open_store(spec: JobSpec):  # noqa: ANN202
 def _run_reporting(spec: JobSpec, stop: threading.Event) -> int:
     """Run the attempt with reports to the control plane, delivered before exiting."""
     from tuneforge.train.reporter import HttpReporter
-    from tuneforge.train.runner import run_attempt
+    from tuneforge.train.runner import end_refused, run_attempt
 
     reporter = HttpReporter(
         spec.callback_url, spec.job_id, spec.attempt, spec.job_token,
@@ -130,6 +130,10 @@ def _run_reporting(spec: JobSpec, stop: threading.Event) -> int:
     finally:
         timeout_s = RESULT_FLUSH_TIMEOUT_S if code == TrainerExit.SUCCESS else OTHER_FLUSH_TIMEOUT_S
         delivered = reporter.flush(timeout_s)
+        if reporter.refusal is not None and code != TrainerExit.REPORT_REFUSED and not reporter.fenced:
+            # refused while the last reports were flushed (the result, say): end once, with its class
+            code = end_refused(reporter, reporter.refusal)
+            delivered = reporter.flush(OTHER_FLUSH_TIMEOUT_S)
         reporter.close()
     if reporter.fenced:
         return TrainerExit.FENCED

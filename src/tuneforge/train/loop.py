@@ -233,6 +233,8 @@ def _report_skipped(run: Run, steps: list[int], used: int | None) -> None:
 def ensure_current(run: Run) -> None:
     if run.reporter.fenced:
         raise AttemptFenced(f"attempt {run.spec.attempt} was fenced at step {run.state.step}")
+    if run.reporter.refusal is not None:  # a refused report ends the attempt once (train/runner.py)
+        raise run.reporter.refusal
 
 
 def stop_reason(run: Run) -> str | None:

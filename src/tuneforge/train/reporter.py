@@ -10,6 +10,14 @@ A report is `(kind, body)`: kind `events` takes one event (use
 `message_event` / `metrics_event`), kinds `checkpoints`, `resumed`, `result` and
 `failure` take their protocol body. The reporter adds `seq` (unique and
 increasing within the attempt) and `attempt`.
+
+A report the control plane refuses for what it holds (a 4xx other than the
+fencing 401/409 and the transient 408/429) is final: the reporter logs the
+control plane's reason, drops what is queued and sets `refusal`; the attempt
+then sends one `report_refused` failure and exits (`train/runner.py`). It is
+not retried: the same report would be refused again until the flush timed out
+and the job were retried as the platform's fault. A report the types refuse
+before it is queued raises `ReportRefused` at once, for the same reason.
 """
 
 from __future__ import annotations
@@ -27,12 +35,16 @@ import httpx
 
 from tuneforge.domain import reports
 from tuneforge.domain.metrics import metrics_message
+from tuneforge.train.errors import ReportRefused
 
 log = logging.getLogger(__name__)
 
 REPORT_KINDS = ("events", "checkpoints", "resumed", "evaluating", "result", "failure")
 FENCED_STATUSES = (401, 409)  # the attempt is no longer current, or its token is bad
+TRANSIENT_STATUSES = (408, 429)  # the control plane is busy: the report waits and is sent again
+REFUSAL_REASON_CHARS = 500  # of the control plane's answer, in the log and the failure report
 _MAX_EVENTS_PER_REQUEST = 100
+_MAX_BATCH_BYTES = reports.MAX_REPORT_BYTES // 2  # events of one request, well inside the report bound
 
 
 class Reporter(Protocol):
@@ -60,6 +72,11 @@ class Reporter(Protocol):
         """The control plane asked this attempt to stop (the job was cancelled)."""
         ...
 
+    @property
+    def refusal(self) -> ReportRefused | None:
+        """The control plane refused a report: only a `failure` report is sent from then on."""
+        ...
+
 
 def message_event(message: str, *, level: str = "info", data: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"type": "message", "level": level, "message": message, "data": dict(data or {}),
@@ -83,16 +100,20 @@ def json_safe(value: Any) -> Any:
 
 
 def checked(kind: str, body: dict[str, Any], seq: int, attempt: int) -> dict[str, Any]:
-    """`body` of a `kind` report with its `seq`, JSON-safe, once it is a valid typed message
-    (`domain.reports`): a report the control plane would refuse fails here, in the trainer."""
+    """`body` of a `kind` report with its `seq`, as its typed message (`domain.reports`) has it:
+    JSON-safe, its text made safe and cut to its bounds. A report the control plane would refuse
+    raises `ReportRefused` here, in the trainer, rather than being sent."""
     if kind not in REPORT_KINDS:
         raise ValueError(f"unknown report kind {kind!r}; expected one of {REPORT_KINDS}")
     safe = json_safe({**body, "seq": seq})
-    if kind == "events":
-        reports.Event.model_validate(safe)
-    else:
-        reports.REPORT_TYPES[kind].model_validate({**safe, "attempt": attempt})
-    return safe
+    try:
+        if kind == "events":  # one event here; the delivery thread batches them
+            message: Any = reports.parse("events", {"attempt": attempt, "events": [safe]}).events[0]
+        else:
+            message = reports.parse(kind, {**safe, "attempt": attempt})
+    except reports.InvalidReport as exc:
+        raise ReportRefused(kind, str(exc)) from None
+    return message.model_dump(mode="json", exclude_unset=True)
 
 
 class SilentReporter:
@@ -100,6 +121,7 @@ class SilentReporter:
 
     fenced = False
     stop_requested = False
+    refusal = None
 
     def __init__(self) -> None:
         self._seq = 0
@@ -121,21 +143,34 @@ class SilentReporter:
 
 @dataclass
 class RecordingReporter:
-    """Keeps every report in `reports`; `stop_at_step` / `fence_at_step` script the control plane."""
+    """Keeps every report in `reports`; `stop_at_step` / `fence_at_step` / `refuse_kinds` script
+    the control plane (a report of a kind in `refuse_kinds` is refused as a 400 would be)."""
 
     attempt: int = 1
     stop_at_step: int | None = None
     fence_at_step: int | None = None
+    refuse_kinds: tuple[str, ...] = ()
     reports: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     heartbeats: list[tuple[int, int]] = field(default_factory=list)
     _seq: int = 0
     _fenced: bool = False
     _stop_requested: bool = False
+    _refusal: ReportRefused | None = None
 
     def report(self, kind: str, body: dict[str, Any]) -> int:
         self._seq += 1
-        self.reports.append((kind, {**checked(kind, body, self._seq, self.attempt), "attempt": self.attempt}))
+        safe = checked(kind, body, self._seq, self.attempt)
+        if self._refusal is not None and kind != "failure":
+            return self._seq
+        if kind in self.refuse_kinds:
+            self._refusal = ReportRefused(kind, f"invalid {kind} report: scripted refusal", status=400)
+            return self._seq
+        self.reports.append((kind, {**safe, "attempt": self.attempt}))
         return self._seq
+
+    @property
+    def refusal(self) -> ReportRefused | None:
+        return self._refusal
 
     def progress(self, step: int, total_steps: int) -> None:
         self.heartbeats.append((step, total_steps))
@@ -198,6 +233,7 @@ class HttpReporter:
         self._step, self._total_steps = 0, 0
         self._fenced = False
         self._stop_requested = False
+        self._refusal: ReportRefused | None = None
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="tuneforge-reporter", daemon=True)
 
@@ -211,7 +247,7 @@ class HttpReporter:
         with self._cond:
             self._seq += 1
             safe = checked(kind, body, self._seq, self._attempt)
-            if not self._fenced:
+            if not self._fenced and (self._refusal is None or kind == "failure"):
                 self._queue.append((kind, safe))
                 self._cond.notify_all()
             return self._seq
@@ -245,6 +281,10 @@ class HttpReporter:
     @property
     def stop_requested(self) -> bool:
         return self._stop_requested
+
+    @property
+    def refusal(self) -> ReportRefused | None:
+        return self._refusal
 
     # -- the delivery thread --------------------------------------------------
 
@@ -285,9 +325,13 @@ class HttpReporter:
         if kind != "events":
             self._in_flight = 1
             return kind, {**body, "attempt": self._attempt}, 1
-        events = []
+        events: list[dict[str, Any]] = []
+        size_bytes = 0
         for queued_kind, queued_body in self._queue:
             if queued_kind != "events" or len(events) >= _MAX_EVENTS_PER_REQUEST:
+                break
+            size_bytes += reports.json_size_bytes(queued_body) + 2
+            if events and size_bytes > _MAX_BATCH_BYTES:  # one event alone always fits: its type bounds it
                 break
             events.append(queued_body)
         self._in_flight = len(events)
@@ -309,6 +353,9 @@ class HttpReporter:
             return False
         if response.is_success:
             return True
+        if 400 <= response.status_code < 500 and response.status_code not in TRANSIENT_STATUSES:
+            self._mark_refused(kind, response)
+            return False
         log.warning("report %s answered %s; will retry", kind, response.status_code)
         return False
 
@@ -335,9 +382,34 @@ class HttpReporter:
             log.warning("report %s not delivered (%s); will retry", kind, exc)
             return None
 
+    def _mark_refused(self, kind: str, response: httpx.Response) -> None:
+        """A final answer: log the control plane's reason, keep only a queued failure report (the
+        refused report itself and what follows it are dropped)."""
+        reason = _error_message(response)
+        log.error("the control plane refused the %s report (HTTP %s): %s", kind, response.status_code, reason)
+        with self._cond:
+            if self._refusal is None:
+                self._refusal = ReportRefused(kind, reason, status=response.status_code)
+            if self._queue:
+                self._queue.popleft()  # the refused report, at the head while it was in flight
+            kept = [item for item in self._queue if item[0] == "failure"]
+            self._queue.clear()
+            self._queue.extend(kept)
+            self._cond.notify_all()
+
     def _mark_fenced(self, kind: str, response: httpx.Response) -> None:
         log.error("control plane fenced this attempt on %s (HTTP %s)", kind, response.status_code)
         with self._cond:
             self._fenced = True
             self._queue.clear()
             self._cond.notify_all()
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The reason in an answer's OpenAI error envelope (its start, for a body that has none)."""
+    try:
+        error = response.json().get("error") or {}
+        message = error.get("message") if isinstance(error, dict) else None
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or response.text or "no reason given")[:REFUSAL_REASON_CHARS]

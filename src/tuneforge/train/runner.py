@@ -13,12 +13,20 @@ the tenant and a correlation id; the traceback goes to this process's log
     divergence                                user            training_diverged      USER_ERROR
     out of memory                             out_of_memory   out_of_memory          OUT_OF_MEMORY
     fenced by the control plane               (nothing sent)                         FENCED
+    a report refused by its type or the       report_refused  report_refused         REPORT_REFUSED
+      control plane (a 4xx but 401/409)
     anything else                             platform        platform_error         PLATFORM_ERROR
+
+A refused report is deterministic: sent again it would be refused again. So it
+ends the attempt once, and the job fails without a retry (billed like a user
+error: `services/usage.py`); the message names the report and the reason, and
+the control plane logged the same refusal under its own error id.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 
 import torch
@@ -29,7 +37,7 @@ from tuneforge.domain.ids import correlation_id
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import methods
-from tuneforge.train.errors import AttemptFenced, TrainingDiverged, UnsupportedJob, UserInputError
+from tuneforge.train.errors import AttemptFenced, ReportRefused, TrainingDiverged, UnsupportedJob, UserInputError
 from tuneforge.train.hooks import Hooks, faults_from_extra
 from tuneforge.train.reporter import Reporter
 
@@ -38,6 +46,9 @@ log = logging.getLogger(__name__)
 TRAINING_TYPES = ("lora", "qlora", "full")
 PLATFORM_MESSAGE = ("The trainer stopped on an internal error; this is not a problem with your data or "
                     "configuration, and the attempt is retried from the last checkpoint")
+REFUSED_MESSAGE = ("The trainer's {kind} report was refused {by}: {reason}. The attempt ends without a retry, "
+                   "since the same report would be refused again; the operator's log has the details under "
+                   "the error id")
 OOM_MESSAGE = ("The training step ran out of memory; the attempt is retried with a smaller micro-batch "
                "(same batch size)")
 
@@ -63,6 +74,8 @@ def run_attempt(
     except AttemptFenced as exc:
         log.error("%s", exc)
         return TrainerExit.FENCED
+    except ReportRefused as exc:
+        return end_refused(reporter, exc)
     except BadDataError as exc:
         _fail(reporter, "user", exc.code, str(exc))
         return TrainerExit.USER_ERROR
@@ -80,11 +93,20 @@ def run_attempt(
         return TrainerExit.PLATFORM_ERROR
 
 
+def end_refused(reporter: Reporter, refusal: ReportRefused) -> TrainerExit:
+    """End the attempt on a refused report: one `report_refused` failure naming the report."""
+    by = f"by the control plane (HTTP {refusal.status})" if refusal.status is not None else "by its own check"
+    message = REFUSED_MESSAGE.format(kind=refusal.kind, by=by, reason=refusal.reason.rstrip("."))
+    _fail(reporter, "report_refused", ReportRefused.code, message)
+    return TrainerExit.REPORT_REFUSED
+
+
 def _fail(reporter: Reporter, classification: str, code: str, message: str, *, param: str | None = None) -> None:
     """Log the exception being handled, with its traceback, under a new correlation id; report
     what the tenant may see of it."""
     error_id = correlation_id("err")
-    log.error("attempt failed [%s] class=%s code=%s: %s", error_id, classification, code, message, exc_info=True)
+    log.error("attempt failed [%s] class=%s code=%s: %s", error_id, classification, code, message,
+              exc_info=sys.exc_info()[0] is not None)
     if reporter.fenced:
         return
     reporter.report("failure", {"classification": classification, "code": code, "message": message,

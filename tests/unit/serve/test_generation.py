@@ -72,3 +72,30 @@ def test_temperature_zero_is_argmax_and_a_small_nucleus_keeps_only_the_top_token
     assert {pick_token(logits, wide, generator) for _ in range(400)} == {1, 2}
     full = SamplingParams(max_new_tokens=1, temperature=2.0)
     assert {pick_token(logits, full, generator) for _ in range(2000)} == {0, 1, 2, 3}
+
+
+class SurrogateTokenizer:
+    """Decodes invalid bytes as lone surrogates (Python's `surrogateescape`), as a slow
+    tokenizer configured so would: the text the engine must never hand out as is."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="surrogateescape")
+
+
+def test_a_models_control_characters_and_lone_surrogates_leave_the_engine_escaped():
+    import json
+
+    pieces = [b"a", b"\x00", b"\x07b", b"\x1b[2J", b"\xc2\x85", b"\xff", b"c"]
+    assembler = TextAssembler(SurrogateTokenizer(pieces), ())
+    released = [assembler.push(token_id) for token_id in range(len(pieces))] + [assembler.flush()]
+    text = "".join(released)
+    assert text == "a\\u0000\\u0007b\\u001b[2J\\u0085\ufffdc" == assembler.text
+    json.loads(json.dumps({"content": text}, ensure_ascii=False).encode("utf-8"))  # a valid JSON answer
+
+
+def test_a_stop_string_with_a_control_character_still_stops_the_escaped_text():
+    released, text, stopped = _release_all(["one", "\x07", "two"], ("\x07",))
+    assert text == "one" and stopped and "".join(released) == "one"

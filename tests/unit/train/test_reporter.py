@@ -130,3 +130,80 @@ def test_non_finite_numbers_travel_as_null() -> None:
         reporter.close()
     data = plane.accepted_events()[0]["data"]
     assert data["valid_loss"] is None and data["grad_norm"] is None and data["step"] == 1
+
+
+# ---- a report the control plane refuses is final, not retried -------------------------------------
+
+def _refusing(kind_refused: str, status: int = 400):
+    def answer(kind: str, body: dict) -> tuple[int, dict]:
+        if kind == kind_refused:
+            return status, {"error": {"message": "invalid result report: eval: is too big (error id err_00c0ffee)",
+                                      "type": "invalid_request_error", "param": "eval", "code": "invalid_report"}}
+        return default_answer(kind, body)
+    return answer
+
+
+@pytest.mark.parametrize("status", [400, 413, 422, 404])
+def test_a_refused_report_is_sent_once_logged_with_its_reason_and_only_a_failure_follows(status, caplog) -> None:
+    with FakeControlPlane(answer=_refusing("result", status)) as plane:
+        reporter = _reporter(plane.url)
+        reporter.report("result", {"trained_tokens": 1, "adapter_prefix": "a", "metrics": {}})
+        reporter.report("events", message_event("after the result"))
+        started = time.monotonic()
+        with caplog.at_level("ERROR", logger="tuneforge.train.reporter"):
+            assert reporter.flush(10.0)  # nothing left to deliver: the refused report is dropped, not retried
+        assert time.monotonic() - started < 5.0
+        refusal = reporter.refusal
+        assert refusal is not None and refusal.kind == "result" and refusal.status == status
+        assert "err_00c0ffee" in refusal.reason and "is too big" in refusal.reason
+        assert any("refused the result report" in r.getMessage() and "err_00c0ffee" in r.getMessage()
+                   for r in caplog.records)
+        reporter.report("events", message_event("dropped: the attempt is ending"))
+        reporter.report("failure", {"classification": "report_refused", "code": "report_refused", "message": "m"})
+        assert reporter.flush(5.0)
+        assert not reporter.fenced
+        reporter.close()
+    assert sum(1 for r in plane.received if r.kind == "result") == 1
+    assert not plane.accepted("events") and len(plane.accepted("failure")) == 1
+
+
+@pytest.mark.parametrize("status", [429, 408, 503])
+def test_busy_answers_are_retried_not_taken_as_refusals(status) -> None:
+    answers = {"left": 2}
+
+    def busy(kind: str, body: dict) -> tuple[int, dict]:
+        if kind == "result" and answers["left"] > 0:
+            answers["left"] -= 1
+            return status, {"error": {"message": "busy"}}
+        return default_answer(kind, body)
+
+    with FakeControlPlane(answer=busy) as plane:
+        reporter = _reporter(plane.url)
+        reporter.report("result", {"trained_tokens": 1, "adapter_prefix": "a", "metrics": {}})
+        assert reporter.flush(10.0) and reporter.refusal is None
+        reporter.close()
+    assert len(plane.accepted("result")) == 1 and sum(1 for r in plane.received if r.kind == "result") == 3
+
+
+def test_reports_leave_the_trainer_sanitised_and_bounded() -> None:
+    with FakeControlPlane() as plane:
+        reporter = _reporter(plane.url)
+        reporter.report("events", message_event("model said \x00\x1b", data={"sample": "\ud800" + "a" * 9000}))
+        reporter.report("result", {"trained_tokens": 1, "adapter_prefix": "a", "metrics": {},
+                                   "eval": {"samples": {"safety": [{"fine_tuned": "\x00"}]}}})
+        assert reporter.flush(5.0)
+        reporter.close()
+    [event] = plane.accepted_events()
+    assert event["message"] == "model said \\u0000\\u001b"
+    assert event["data"]["sample"].startswith("\ufffdaaa") and event["data"]["sample"].endswith("characters cut]")
+    assert plane.accepted("result")[0]["eval"]["samples"]["safety"] == [{"fine_tuned": "\\u0000"}]
+
+
+def test_a_report_its_type_refuses_raises_in_the_trainer_before_it_is_queued() -> None:
+    from tuneforge.train.errors import ReportRefused
+
+    reporter = RecordingReporter()
+    with pytest.raises(ReportRefused, match="adapter_prefix: must not contain control characters") as refused:
+        reporter.report("result", {"trained_tokens": 1, "adapter_prefix": "a\x00", "metrics": {}})
+    assert refused.value.kind == "result" and refused.value.status is None
+    assert not reporter.reports

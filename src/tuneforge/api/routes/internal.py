@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Header, Query
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
-from tuneforge.domain.errors import invalid
-from tuneforge.domain.reports import REPORT_TYPES, Report
+from tuneforge.domain import reports as domain_reports
+from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.services import reports
 from tuneforge.services.context import Platform
 
+# answers that tell the trainer its attempt is over (stale or unknown token), not that a report was refused
+FENCING_STATUSES = (401, 409)
 router = APIRouter(prefix="/internal/v1/jobs/{job_id}", tags=["internal"], include_in_schema=False)
 
 
@@ -39,18 +40,22 @@ def report(
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
-    message = _parse(kind, body)
-    job, attempt = reports.authorize(session, job_id, message.attempt, authorization)
-    return reports.apply(session, platform.store, job, attempt, message)
-
-
-def _parse(kind: str, body: dict[str, Any]) -> Report:
-    """The typed message of a `kind` report; 400 naming the field it lacks or gets wrong."""
-    if kind not in REPORT_TYPES:
-        raise invalid(f"unknown report kind {kind!r}", param="kind")
+    """One report of the current attempt. The token is checked before the body is parsed, so a
+    refusal is only ever logged for a real attempt (`reports.refused`)."""
+    job, attempt = reports.authorize(session, job_id, _attempt_number(body), authorization)
     try:
-        return REPORT_TYPES[kind].model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or None
-        raise invalid(f"invalid {kind} report: {where or 'body'}: {first['msg']}", param=where) from None
+        message = domain_reports.parse(kind, body)
+        return reports.apply(session, platform.store, job, attempt, message)
+    except domain_reports.InvalidReport as exc:
+        raise reports.refused(job, attempt, kind, invalid(str(exc), param=exc.param, code="invalid_report")) from None
+    except ApiError as exc:
+        if exc.status_code in FENCING_STATUSES or exc.status_code >= 500:
+            raise
+        raise reports.refused(job, attempt, kind, exc) from None
+
+
+def _attempt_number(body: dict[str, Any]) -> int:
+    number = body.get("attempt")
+    if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 2**31:
+        raise invalid("a report must carry its attempt number ('attempt', an integer from 1)", param="attempt")
+    return number
