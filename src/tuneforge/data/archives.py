@@ -5,11 +5,14 @@ archive libraries' own `extractall`: each member is checked and written by
 hand, so that
 
 - absolute paths, '..' components and backslashes are refused (`unsafe_archive`);
-- links, devices and FIFOs are refused (`unsafe_archive`), so nothing written
-  can point outside the target directory;
+- links, devices, FIFOs and sparse members are refused (`unsafe_archive`), so
+  nothing written can point outside the target directory and a member's bytes
+  on disk are the bytes in the archive;
+- zip members must be stored or deflated (`invalid_archive`): those two are
+  decompressed a bounded chunk at a time;
 - the bytes written are counted against `max_decompressed_bytes`, and
-  compressed input against `max_compression_ratio` (`compression_bomb`),
-  whatever sizes the archive's headers claim;
+  compressed input against `max_compression_ratio`, per zip member and for the
+  whole archive (`compression_bomb`), whatever sizes the headers claim;
 - at most `max_archive_members` entries are read (`invalid_archive`).
 
 macOS resource-fork clutter (`__MACOSX/`, `._*`) is skipped.
@@ -31,6 +34,10 @@ from tuneforge.data.limits import ReadLimits
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # a member, or the end record of an empty zip
 _TAR_MAGIC_OFFSET = 257
 _COPY_CHUNK_BYTES = 1024 * 1024
+# Regular files (old and POSIX spellings) and folders: no links, devices, FIFOs, GNU
+# continuation or sparse types, whose bytes are not simply the member's data.
+_TAR_PLAIN_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
+_ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
 # Files a saved dataset (datasets' save_to_disk) has at its top level.
 DATASET_MARKERS = ("state.json", "dataset_dict.json")
 
@@ -48,12 +55,13 @@ def extract_dataset_archive(path: Path, target_dir: Path, limits: ReadLimits) ->
     with open(path, "rb") as raw:
         head = raw.read(_TAR_MAGIC_OFFSET + 8)
         raw.seek(0)
+        archive_bytes = path.stat().st_size
         if is_zip(head):
-            _extract_zip(raw, target_dir, limits)
+            _extract_zip(raw, target_dir, limits, archive_bytes)
         elif head.startswith(GZIP_MAGIC):
-            _extract_tar(GuardedGunzip(raw, limits), target_dir, limits)
+            _extract_tar(GuardedGunzip(raw, limits), target_dir, limits, archive_bytes)
         elif is_tar(head):
-            _extract_tar(raw, target_dir, limits)
+            _extract_tar(raw, target_dir, limits, archive_bytes)
         else:
             raise DataIssue("invalid_archive", "not a tar, tar.gz or zip archive")
     return dataset_root(target_dir)
@@ -90,8 +98,9 @@ def safe_member_path(name: str) -> PurePosixPath | None:
 class _Budget:
     """Bytes written so far across the whole archive, against the limits."""
 
-    def __init__(self, limits: ReadLimits) -> None:
+    def __init__(self, limits: ReadLimits, archive_bytes: int) -> None:
         self.limits = limits
+        self.archive_bytes = archive_bytes
         self.written_bytes = 0
         self.members = 0
 
@@ -115,23 +124,26 @@ class _Budget:
         if self.written_bytes > limits.max_decompressed_bytes:
             raise DataIssue("compression_bomb", f"the archive expands to more than {limits.max_decompressed_bytes} "
                             "bytes")
+        # many members each under the grace size add up: the whole archive has a ratio too
+        if (self.written_bytes > limits.ratio_grace_bytes
+                and self.written_bytes > limits.max_compression_ratio * max(self.archive_bytes, 1)):
+            raise DataIssue("compression_bomb", f"the archive expands more than {limits.max_compression_ratio:g}x "
+                            f"({self.archive_bytes} bytes gave {self.written_bytes})")
         if (compressed_bytes is not None and member_bytes > limits.ratio_grace_bytes
                 and member_bytes > limits.max_compression_ratio * max(compressed_bytes, 1)):
             raise DataIssue("compression_bomb", f"an archive member expands more than "
                             f"{limits.max_compression_ratio:g}x")
 
 
-def _extract_tar(stream: IO[bytes], target_dir: Path, limits: ReadLimits) -> None:
-    budget = _Budget(limits)
+def _extract_tar(stream: IO[bytes], target_dir: Path, limits: ReadLimits, archive_bytes: int) -> None:
+    budget = _Budget(limits, archive_bytes)
     try:
         # "r|": a forward-only stream, so a .tar.gz is read through the guarded gunzip.
         with tarfile.open(fileobj=stream, mode="r|") as archive:
             for member in archive:
                 budget.count_member()
                 relative = safe_member_path(member.name)
-                if not (member.isfile() or member.isdir()):
-                    raise DataIssue("unsafe_archive", f"archive member {excerpt_of(member.name, 80)!r} is a link "
-                                    "or special file; only files and folders are accepted", field=member.name)
+                _check_tar_member(member)
                 if relative is None:
                     continue
                 destination = target_dir / relative
@@ -146,8 +158,20 @@ def _extract_tar(stream: IO[bytes], target_dir: Path, limits: ReadLimits) -> Non
         raise DataIssue("invalid_archive", f"cannot read the tar archive ({exc})") from None
 
 
-def _extract_zip(raw: IO[bytes], target_dir: Path, limits: ReadLimits) -> None:
-    budget = _Budget(limits)
+def _check_tar_member(member: tarfile.TarInfo) -> None:
+    """Only plain files and folders. A sparse member (GNU or PAX) is a few header bytes that
+    `extractfile` expands into its whole declared size of zeros: a 2 KB tar wrote 2 GiB."""
+    name = excerpt_of(member.name, 80)
+    if member.issparse():
+        raise DataIssue("unsafe_archive", f"archive member {name!r} is a sparse file; only plain files and "
+                        "folders are accepted", field=member.name)
+    if member.type not in _TAR_PLAIN_TYPES:
+        raise DataIssue("unsafe_archive", f"archive member {name!r} is a link or special file; only files and "
+                        "folders are accepted", field=member.name)
+
+
+def _extract_zip(raw: IO[bytes], target_dir: Path, limits: ReadLimits, archive_bytes: int) -> None:
+    budget = _Budget(limits, archive_bytes)
     try:
         with zipfile.ZipFile(raw) as archive:
             for info in archive.infolist():
@@ -156,6 +180,11 @@ def _extract_zip(raw: IO[bytes], target_dir: Path, limits: ReadLimits) -> None:
                 if stat.S_IFMT(info.external_attr >> 16) not in (0, stat.S_IFREG, stat.S_IFDIR):
                     raise DataIssue("unsafe_archive", f"archive member {excerpt_of(info.filename, 80)!r} is a link "
                                     "or special file; only files and folders are accepted", field=info.filename)
+                if info.compress_type not in _ZIP_METHODS:
+                    # bzip2 and lzma members decompress a whole block per read, past the byte count's reach
+                    raise DataIssue("invalid_archive", f"archive member {excerpt_of(info.filename, 80)!r} uses zip "
+                                    f"compression method {info.compress_type}; only stored and deflated are accepted",
+                                    field=info.filename)
                 if relative is None:
                     continue
                 destination = target_dir / relative

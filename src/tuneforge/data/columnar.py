@@ -1,7 +1,11 @@
 """Columnar sources: Parquet files and saved Hugging Face datasets (Arrow IPC shards).
 
 Both are read a batch of rows at a time, so memory stays bounded by
-`ReadLimits.batch_rows` whatever the table's size. A saved dataset is the
+`ReadLimits.batch_rows` whatever the table's size. A compressed batch or row
+group is decompressed whole, so what each will decode to is read from the file
+first (the IPC messages' buffer sizes, `data.arrow_ipc`; the Parquet footer)
+and held to `max_batch_bytes`, `max_decompressed_bytes` and
+`max_compression_ratio`; the decoded bytes are also counted as batches arrive. A saved dataset is the
 layout `datasets`' `save_to_disk` writes: `state.json` naming `data-*.arrow`
 shards in Arrow IPC *stream* format (the IPC *file* format is read too), or a
 `dataset_dict.json` whose `train` split (or only split) is used. Only pyarrow
@@ -18,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tuneforge.data.arrow_ipc import check_ipc_expansion, check_total
 from tuneforge.data.cells import JSON_COLUMNS, decode_cells, drop_nulls
 from tuneforge.data.example import DataIssue
 from tuneforge.data.limits import ReadLimits
@@ -62,7 +67,8 @@ def iter_parquet_rows(path: Path, limits: ReadLimits) -> Iterator[Row]:
             raise DataIssue("empty_file", "the Parquet file has no rows")
         _check_expansion(parquet.metadata, path.stat().st_size, limits)
         batches = parquet.iter_batches(batch_size=limits.batch_rows)
-        yield from _rows(batches, json_columns, 0, limits, "invalid_parquet", "the Parquet file")
+        yield from _rows(batches, json_columns, 0, limits, "invalid_parquet", "the Parquet file",
+                         path.stat().st_size)
 
 
 def iter_hf_dataset_rows(directory: Path, limits: ReadLimits) -> Iterator[Row]:
@@ -71,13 +77,20 @@ def iter_hf_dataset_rows(directory: Path, limits: ReadLimits) -> Iterator[Row]:
     root = _split_directory(directory)
     row = 0
     json_columns: frozenset[str] | None = None
+    decoded_bytes = stored_bytes = 0
     for shard in _shard_paths(root):
         try:
             with pa.memory_map(str(shard), "r") as source:
+                # a zstd batch is decompressed whole when read: its declared size is checked first
+                decoded_bytes += check_ipc_expansion(source.read_buffer(), source.size(), limits, shard.name)
+                stored_bytes += source.size()
+                check_total(decoded_bytes, stored_bytes, limits, "the saved dataset")
+                source.seek(0)
                 schema, batches = _open_arrow(source)
                 if json_columns is None:
                     json_columns = usable_columns(schema.names, _string_columns(schema), "saved dataset")
-                row = yield from _rows(batches, json_columns, row, limits, "invalid_arrow", shard.name)
+                row = yield from _rows(batches, json_columns, row, limits, "invalid_arrow", shard.name,
+                                       source.size())
         except (pa.ArrowException, OSError) as exc:
             raise DataIssue("invalid_arrow", f"cannot read {shard.name} ({exc})", line=row + 1) from None
     if row == 0:
@@ -88,9 +101,14 @@ def _check_expansion(metadata: Any, file_bytes: int, limits: ReadLimits) -> None
     """Refuse a Parquet bomb from its footer, before a page is decompressed.
 
     A row group is decompressed whole when read, so its declared size is what
-    reading will cost; the footer states it for every row group.
+    reading will cost; the footer states it for every row group, and each column
+    chunk states its own (the larger of the two claims counts). A footer that
+    lies is caught by the running count of decoded bytes (`_rows`).
     """
-    sizes = [metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)]
+    sizes = [_row_group_bytes(metadata.row_group(index)) for index in range(metadata.num_row_groups)]
+    if max(sizes, default=0) > limits.max_batch_bytes:
+        raise DataIssue("compression_bomb", f"a row group of the Parquet file decodes to {max(sizes)} bytes, more "
+                        f"than max_batch_bytes ({limits.max_batch_bytes})")
     total_bytes = sum(sizes)
     if total_bytes > limits.max_decompressed_bytes:
         raise DataIssue("compression_bomb", f"the Parquet file decompresses to {total_bytes} bytes, more than "
@@ -98,6 +116,11 @@ def _check_expansion(metadata: Any, file_bytes: int, limits: ReadLimits) -> None
     if total_bytes > limits.ratio_grace_bytes and total_bytes > limits.max_compression_ratio * file_bytes:
         raise DataIssue("compression_bomb", f"the Parquet file expands more than {limits.max_compression_ratio:g}x "
                         f"({file_bytes} bytes hold {total_bytes})")
+
+
+def _row_group_bytes(row_group: Any) -> int:
+    columns = sum(max(row_group.column(i).total_uncompressed_size, 0) for i in range(row_group.num_columns))
+    return max(row_group.total_byte_size, columns)
 
 
 def _string_columns(schema: Any) -> list[str]:
@@ -108,12 +131,16 @@ def _string_columns(schema: Any) -> list[str]:
 
 def _rows(
     batches: Iterable[Any], json_columns: frozenset[str], rows_before: int, limits: ReadLimits, code: str,
-    where: str,
+    where: str, stored_bytes: int,
 ) -> Iterator[Row]:
-    """(line, record) for every row of `batches`; returns the last line number."""
+    """(line, record) for every row of `batches`; returns the last line number.
+
+    The decoded bytes are counted batch by batch against the limits, whatever the
+    metadata claimed, before a batch becomes Python objects."""
     import pyarrow as pa
 
     row = rows_before
+    decoded_bytes = 0
     iterator = iter(batches)
     while True:
         try:
@@ -122,6 +149,8 @@ def _rows(
             return row
         except (pa.ArrowException, OSError) as exc:
             raise DataIssue(code, f"cannot read {where} from row {row + 1} ({exc})", line=row + 1) from None
+        decoded_bytes += batch.nbytes
+        check_total(decoded_bytes, stored_bytes, limits, where)
         for start in range(0, batch.num_rows, limits.batch_rows):
             for record in _records(batch.slice(start, limits.batch_rows), row):
                 row += 1

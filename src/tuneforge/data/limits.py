@@ -30,6 +30,10 @@ class ReadLimits:
     max_archive_members: int = 10_000
     """Most entries an uploaded dataset archive may hold."""
 
+    max_batch_bytes: int = 1 * GIB
+    """Most bytes one Arrow record batch or Parquet row group may decode to: each is
+    decompressed whole in memory, so this bounds one read whatever the file's ratio."""
+
     batch_rows: int = 1024
     """Rows turned into Python objects at a time when reading Parquet or Arrow."""
 

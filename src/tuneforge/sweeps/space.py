@@ -17,7 +17,7 @@ finished trial's objective; trials still running are not yet known to it).
 from __future__ import annotations
 
 import copy
-import itertools
+import hashlib
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -31,6 +31,7 @@ SAMPLERS = ("grid", "random", "tpe")
 MAX_PARAMETERS = 16
 MAX_CHOICES = 64
 BODY_ROOTS = ("training_type.", "method.")
+_FEISTEL_ROUNDS = 4  # rounds of the grid shuffle; 3 already make a pseudo-random permutation (Luby-Rackoff)
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,48 @@ def check_sampler(sampler: str, space: Sequence[Dimension]) -> None:
 
 def grid_point(space: Sequence[Dimension], index: int, seed: int | None = None) -> dict[str, Any]:
     """Combination `index` of the grid: in order, or (with `seed`) in an order shuffled by it, so
-    that early stopping does not judge the grid's first corner against itself."""
-    order = list(range(grid_size(space)))
-    if seed is not None:
-        random.Random(f"grid:{seed}").shuffle(order)
-    combos = itertools.product(*(d.values for d in space))
-    return dict(zip((d.name for d in space), next(itertools.islice(combos, order[index], None))))
+    that early stopping does not judge the grid's first corner against itself.
+
+    Nothing the size of the grid is built: 16 parameters of 64 choices are 2**96 points, and
+    a sweep runs at most `MAX_TRIALS` of them. The shuffled position is a seeded bijection of
+    the index (`shuffled_index`), decoded into one value per parameter (mixed radix, the last
+    parameter varying fastest, as `itertools.product` orders the grid)."""
+    size = grid_size(space)
+    if not 0 <= index < size:
+        raise IndexError(f"grid point {index} of a grid of {size}")
+    position = index if seed is None else shuffled_index(index, size, f"grid:{seed}")
+    point: dict[str, Any] = {}
+    for dimension in reversed(space):
+        position, digit = divmod(position, len(dimension.values))
+        point[dimension.name] = dimension.values[digit]
+    return {d.name: point[d.name] for d in space}
+
+
+def shuffled_index(index: int, size: int, key: str) -> int:
+    """Position `index` of a permutation of range(`size`) chosen by `key`, in O(log size) memory.
+
+    A balanced Feistel network on the smallest even number of bits that holds `size` is a
+    bijection on that power of two whatever its round function; walking the cycle (apply it
+    again while the result is `size` or more) restricts it to range(size). The domain is under
+    4 * size, so the walk takes fewer than 4 steps on average.
+    """
+    if size <= 1:
+        return 0
+    half_bits = max(1, ((size - 1).bit_length() + 1) // 2)
+    mask = (1 << half_bits) - 1
+    position = index
+    while True:
+        left, right = position >> half_bits, position & mask
+        for round_number in range(_FEISTEL_ROUNDS):
+            left, right = right, left ^ (_round_value(key, round_number, right) & mask)
+        position = (left << half_bits) | right
+        if position < size:
+            return position
+
+
+def _round_value(key: str, round_number: int, half: int) -> int:
+    digest = hashlib.blake2b(f"{key}:{round_number}:{half}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest, "big")
 
 
 def random_point(space: Sequence[Dimension], seed: int, index: int) -> dict[str, Any]:

@@ -163,3 +163,29 @@ def test_another_tenants_sweep_is_not_found(setup):
     other = {"Authorization": f"Bearer {add_tenant(platform, 'beta')}"}
     assert http.get(f"/v1/fine_tuning/sweeps/{sweep_id}", headers=other).status_code == 404
     assert http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/cancel", headers=other).status_code == 404
+
+
+def test_a_huge_grid_with_one_trial_is_created_from_arithmetic(setup):
+    """16 parameters of 64 choices (2**96 points) and max_trials 1: the space is validated and
+    sized without being built, and the one trial's parameters are drawn lazily."""
+    platform, http, scheduler, executor, _create_job, job, auth = setup
+    training, validation = _files(http, auth)
+    body = _sweep_body(training, validation, max_trials=1, max_parallel=1, early_stopping=None)
+    body["search_space"] = {"learning_rate": {"type": "choice", "values": [round(0.0001 * (i + 1), 6)
+                                                                            for i in range(64)]},
+                            **{f"training_type.p{n}": {"type": "choice", "values": list(range(64))}
+                               for n in range(15)}}
+    grid = sweep_space.parse_space(body["search_space"])
+    assert sweep_space.grid_size(grid) == 2**96
+    answer = http.post("/v1/fine_tuning/sweeps", headers=auth, json=body)
+    # the grid's first point is checked as a job body: the unknown training_type fields name it
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"].startswith("job.training_type"), answer.text
+    body["search_space"] = {"learning_rate": body["search_space"]["learning_rate"],
+                            "learning_rate_multiplier": {"type": "choice", "values": [1.0, 2.0]}}
+    created = http.post("/v1/fine_tuning/sweeps", headers=auth, json={**body, "seed": 11})
+    assert created.status_code == 200, created.text
+    assert created.json()["max_trials"] == 1
+    scheduler.tick()
+    [trial] = http.get(f"/v1/fine_tuning/sweeps/{created.json()['id']}", headers=auth).json()["trials"]
+    assert trial["params"] == sweep_space.grid_point(sweep_space.parse_space(body["search_space"]), 0, 11)

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.pagination import Page, newest_first
 from tuneforge.db.tables import FileRow
 from tuneforge.db.tenancy import owned
+
+_IDS_PER_QUERY = 500  # bound parameters per IN list (SQLite allows 32766, PostgreSQL 65535)
 
 
 def get(session: Session, tenant_id: str, file_id: str) -> FileRow | None:
@@ -27,3 +31,14 @@ def page(
 def expired(session: Session, now: int, limit: int) -> list[FileRow]:
     """Every tenant's files past their expiry (the housekeeping sweep's, not a tenant's, query)."""
     return list(session.scalars(select(FileRow).where(FileRow.expires_at <= now).order_by(FileRow.pk).limit(limit)))
+
+
+def existing_ids(session: Session, tenant_id: str, file_ids: Collection[str]) -> set[str]:
+    """Which of `file_ids` the tenant has a row for (the leftover sweep's question)."""
+    found: set[str] = set()
+    ordered = sorted(file_ids)
+    for start in range(0, len(ordered), _IDS_PER_QUERY):
+        chunk = ordered[start:start + _IDS_PER_QUERY]
+        found.update(session.scalars(select(FileRow.file_id).where(FileRow.tenant_id == tenant_id,
+                                                                   FileRow.file_id.in_(chunk))))
+    return found
