@@ -20,9 +20,15 @@ Adapters of one base share a batch: PEFT's mixed-adapter forward
 row's own LoRA weights. An adapter that a running sequence uses is never
 evicted; a request whose adapter has no free slot waits for one.
 
-Waiting requests queue per tenant and are admitted round-robin over tenants,
-so one tenant's burst does not starve another's requests. The queue is
-bounded (in total and per tenant): beyond it, 429 with Retry-After.
+Waiting requests queue per tenant. A free row goes to the waiting tenant
+holding the fewest rows (round-robin among equals), and when the batch is
+full a tenant over its fair share of the rows has rows set aside for the
+waiting ones, those with the least to recompute (serve/fairness.py). A
+set-aside row keeps its decoder and tokens, waits at the head of its
+tenant's queue, and resumes by prefilling its prompt and the tokens it had
+fed (recompute preemption, as vLLM's). Nothing running is killed; one tenant's burst delays another's first
+token by a step, not by a whole generation. The queue is bounded (in total
+and per tenant): beyond it, 429 with Retry-After.
 
 The thread ends after `idle_s` without work and starts again with the next
 request.
@@ -34,7 +40,7 @@ import inspect
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -44,6 +50,7 @@ from typing import Any
 import torch
 
 from tuneforge.domain.errors import ApiError, rate_limited
+from tuneforge.serve.fairness import next_tenant, rows_to_preempt
 from tuneforge.serve.generation import SequenceDecoder
 from tuneforge.serve.params import Chunk, SamplingParams
 from tuneforge.serve.sinks import Sink
@@ -52,6 +59,17 @@ log = logging.getLogger(__name__)
 
 BASE_ROW = "__base__"  # PEFT's name for a row that runs the base model alone
 PREFILL_TOKENS = 8192  # padded prompt tokens prefilled in one forward pass, at most (a longer prompt goes alone)
+
+
+@dataclass(eq=False)
+class Resume:
+    """A row set aside for another tenant's (see the module's docstring): what it needs to go on."""
+
+    decoder: SequenceDecoder
+    generated: list[int]  # tokens fed to the model after the prompt: its cache held prompt + these
+    last_token: int  # picked, not fed yet
+
+
 @dataclass(eq=False)
 class Request:
     prompt_ids: list[int]
@@ -61,6 +79,19 @@ class Request:
     adapter_dir: Path | None = None
     sink: Sink = field(default_factory=Sink)
     queued_s: float = field(default_factory=time.monotonic)
+    on_end: Callable[[], None] | None = None  # told once when the request leaves (serve/budget.py's lease)
+    resume: Resume | None = None  # a set-aside row waiting to go on
+
+    @property
+    def input_ids(self) -> list[int]:
+        """What its prefill feeds: the prompt, and for a set-aside row the tokens it had fed since."""
+        return self.prompt_ids if self.resume is None else self.prompt_ids + self.resume.generated
+
+    def ended(self) -> None:
+        """The request has left for good (finished, cancelled or failed); the first call counts."""
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end()
 
 
 @dataclass(eq=False)
@@ -69,6 +100,7 @@ class _Row:
     decoder: SequenceDecoder
     last_token: int
     position: int  # of the next token: the tokens the sequence holds in the cache
+    generated: list[int] = field(default_factory=list)  # fed after the prompt (to resume it if set aside)
 
 
 @dataclass
@@ -78,6 +110,7 @@ class BatchCounters:
     decoded_rows: int = 0  # sequences over all steps: / decode_steps = the mean batch size
     largest_batch: int = 0
     queue_full: int = 0
+    preemptions: int = 0  # rows set aside for another tenant's (and resumed later)
 
 
 class ModelBatcher:
@@ -85,12 +118,17 @@ class ModelBatcher:
 
     `ensure_adapter(name, adapter_dir, busy)` loads an adapter onto the model if needed,
     never evicting one in `busy`, and returns False when every slot is busy. It runs on the
-    batcher's thread, the only one that touches the model."""
+    batcher's thread, the only one that touches the model.
+
+    `fair=False` admits waiting tenants in plain round-robin and never sets a row aside (the
+    behaviour before fair admission; benchmarks/inference_fairness.py compares the two)."""
 
     def __init__(self, entry: Any, *, max_batch: int, max_queue: int, max_queue_per_tenant: int,
-                 ensure_adapter: Callable[[str, Path, set[str]], bool], idle_s: float = 30.0) -> None:
+                 ensure_adapter: Callable[[str, Path, set[str]], bool], idle_s: float = 30.0,
+                 fair: bool = True) -> None:
         self.entry = entry
         self.max_batch = max(1, max_batch)
+        self.fair = fair
         self.max_queue = max_queue
         self.max_queue_per_tenant = max_queue_per_tenant
         self.idle_s = idle_s
@@ -145,10 +183,14 @@ class ModelBatcher:
             self._thread.start()
         self._work.notify()
 
+    def mean_step_s(self) -> float:
+        """The recent mean time of a step (a prefill or a decoding step), 50 ms before any."""
+        steps = list(self._step_s)  # copied at once: the batcher's thread appends meanwhile
+        return sum(steps) / len(steps) if steps else 0.05
+
     def _retry_after_s(self) -> float:
         # about the time the requests ahead need to start: a step per queued request, at least a second
-        mean = sum(self._step_s) / len(self._step_s) if self._step_s else 0.05
-        return max(1.0, mean * max(1, self._queued) / self.max_batch * 8)
+        return max(1.0, self.mean_step_s() * max(1, self._queued) / self.max_batch * 8)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -177,10 +219,12 @@ class ModelBatcher:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             future.set_exception(exc)
 
-    def _next_waiting(self) -> Request | None:
-        # the caller holds self._work; the first tenant in line gives one request and goes to the back
+    def _next_waiting(self, held_rows: Counter[str]) -> Request | None:
+        # the caller holds self._work; the chosen tenant gives one request and goes to the back
         while self._waiting:
-            tenant, requests = next(iter(self._waiting.items()))
+            tenant = next_tenant(self._waiting, held_rows if self.fair else {})
+            assert tenant is not None
+            requests = self._waiting[tenant]
             request = requests.popleft()
             self._queued -= 1
             if requests:
@@ -189,7 +233,7 @@ class ModelBatcher:
                 del self._waiting[tenant]
             if not request.sink.cancelled.is_set():
                 return request
-            request.sink.end()
+            self._finish(request)
         return None
 
     def _put_back(self, request: Request) -> None:
@@ -199,15 +243,19 @@ class ModelBatcher:
             self._queued += 1
 
     def _admit(self) -> None:
-        """Waiting requests join, as many as the batch has room for (and at most
-        `PREFILL_TOKENS` padded prompt tokens at once), prefilled together."""
+        """Waiting requests join, as many as the batch has room for (after setting aside the rows
+        of a tenant over its share, when others wait) and at most `PREFILL_TOKENS` padded prompt
+        tokens at once, prefilled together."""
+        if self.fair:
+            self._preempt()
         ready: list[Request] = []
+        held_rows = Counter(row.request.tenant for row in self._rows)
         while len(self._rows) + len(ready) < self.max_batch:
             with self._work:
-                request = self._next_waiting()
+                request = self._next_waiting(held_rows)
             if request is None:
                 break
-            width = max([len(request.prompt_ids), *(len(r.prompt_ids) for r in ready)])
+            width = max([len(request.input_ids), *(len(r.input_ids) for r in ready)])
             if ready and width * (len(ready) + 1) > PREFILL_TOKENS:
                 self._put_back(request)  # it starts with the next step's admissions
                 break
@@ -217,12 +265,13 @@ class ModelBatcher:
                 try:
                     loaded = self._ensure_adapter(request.adapter, request.adapter_dir, busy)
                 except Exception as exc:  # noqa: BLE001 - this request's adapter, not the batch
-                    request.sink.put(exc)
+                    self._finish(request, exc)
                     continue
                 if not loaded:  # every adapter slot is in use: wait for a sequence to finish
                     self._put_back(request)
                     break
             ready.append(request)
+            held_rows[request.tenant] += 1
         if not ready:
             return
         try:
@@ -232,7 +281,33 @@ class ModelBatcher:
             if not isinstance(exc, ApiError):
                 log.exception("prefill failed on %s", self.entry.key)
             for request in ready:
-                request.sink.put(failure)
+                self._finish(request, failure)
+
+    def _preempt(self) -> None:
+        """Rows of a tenant over its fair share set aside for the tenants waiting within theirs
+        (serve/fairness.py); each waits at the head of its tenant's queue to resume."""
+        if not self._rows:
+            return
+        with self._work:
+            waiting = {tenant: len(requests) for tenant, requests in self._waiting.items()}
+        plan = rows_to_preempt(Counter(row.request.tenant for row in self._rows), waiting, self.max_batch)
+        if not plan:
+            return
+        leaving: set[int] = set()
+        for tenant, count in plan.items():
+            theirs = [index for index, row in enumerate(self._rows) if row.request.tenant == tenant]
+            # the least work to redo first: the fewest tokens to prefill again, the newest among equals
+            theirs.sort(key=lambda index: (self._rows[index].position, -index))
+            leaving.update(theirs[:count])
+        set_aside = [row for index, row in enumerate(self._rows) if index in leaving]
+        self._keep([index for index in range(len(self._rows)) if index not in leaving])
+        with self._work:
+            for row in reversed(set_aside):  # appended to the left: they keep their order
+                row.request.resume = Resume(row.decoder, row.generated, row.last_token)
+                self._waiting.setdefault(row.request.tenant, deque()).appendleft(row.request)
+                self._queued += 1
+        self.counters.preemptions += len(set_aside)
+        log.debug("%d rows set aside on %s: %s", len(set_aside), self.entry.key, plan)
 
     # -- the model ---------------------------------------------------------------------------------
 
@@ -272,12 +347,13 @@ class ModelBatcher:
 
         started_s = time.perf_counter()
         entry, device = self.entry, self.entry.device
-        lengths = [len(request.prompt_ids) for request in requests]
+        inputs_ids = [request.input_ids for request in requests]
+        lengths = [len(input_ids) for input_ids in inputs_ids]
         width = max(lengths)
         ids = torch.zeros(len(requests), width, dtype=torch.long, device=device)
         mask = torch.zeros(len(requests), width, dtype=torch.long, device=device)
-        for row, request in enumerate(requests):
-            ids[row, width - lengths[row]:] = torch.tensor(request.prompt_ids, dtype=torch.long, device=device)
+        for row, input_ids in enumerate(inputs_ids):
+            ids[row, width - lengths[row]:] = torch.tensor(input_ids, dtype=torch.long, device=device)
             mask[row, width - lengths[row]:] = 1
         padded = min(lengths) < width
         inputs: dict[str, Any] = {"input_ids": ids}
@@ -288,12 +364,17 @@ class ModelBatcher:
         self.counters.prefills += len(requests)
         going_on: list[int] = []
         for row, request in enumerate(requests):
+            if request.resume is not None:  # a set-aside row: its next token was picked before it left
+                resume, request.resume = request.resume, None
+                going_on.append(row)
+                self._rows.append(_Row(request, resume.decoder, resume.last_token, lengths[row], resume.generated))
+                continue
             decoder = SequenceDecoder(entry.tokenizer, request.prompt_ids, request.params, eos_ids=entry.eos_ids,
                                       device=device)
             token, chunks = decoder.step(output.logits[row, -1])
             self._deliver(request, chunks)
             if decoder.done or token is None:
-                request.sink.end()
+                self._finish(request)
                 continue
             going_on.append(row)
             self._rows.append(_Row(request, decoder, token, lengths[row]))
@@ -337,13 +418,14 @@ class ModelBatcher:
         self.counters.largest_batch = max(self.counters.largest_batch, len(rows))
         keep: list[int] = []
         for index, row in enumerate(rows):
+            row.generated.append(row.last_token)  # fed at this step: in the cache now
             if row.request.sink.cancelled.is_set():
-                row.request.sink.end()
+                self._finish(row.request)
                 continue
             token, chunks = row.decoder.step(output.logits[index, -1])
             self._deliver(row.request, chunks)
             if row.decoder.done or token is None:
-                row.request.sink.end()
+                self._finish(row.request)
                 continue
             row.last_token, row.position = token, row.position + 1
             keep.append(index)
@@ -365,9 +447,17 @@ class ModelBatcher:
         for chunk in chunks:
             request.sink.put(chunk)
 
+    def _finish(self, request: Request, failure: BaseException | None = None) -> None:
+        """`request` leaves for good: its reader gets the end (or `failure`), its lease is let go."""
+        if failure is None:
+            request.sink.end()
+        else:
+            request.sink.put(failure)
+        request.ended()
+
     def _fail_all(self, exc: Exception) -> None:
         for row in self._rows:
-            row.request.sink.put(_internal(exc))
+            self._finish(row.request, _internal(exc))
         self._rows, self._layers, self._mask = [], None, None
 
 

@@ -14,7 +14,12 @@ counts against `max_models` like a base.
 Each loaded model has a `ModelBatcher` (serve/batching.py): one thread that
 alone runs the model, decoding every request on it in the same forward pass
 (continuous batching, mixed adapters in one batch) and loading adapters
-between steps. Requests wait in its bounded per-tenant queue.
+between steps. Requests wait in its bounded per-tenant queue, and a tenant over
+its fair share of the batch's rows gives rows back to the others waiting.
+
+Each tenant's generation work in flight on this engine (Σ n × max_tokens of its
+queued and running requests) is bounded per tier (`serve/budget.py`): a request
+reserves all of it at once through `TenantEngine.reserve`, or more answers 429.
 
 This module imports torch; nothing imports it until the first inference
 request (`tuneforge.serve.engine_for`).
@@ -39,6 +44,7 @@ import torch
 
 from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.serve.batching import ModelBatcher, Request
+from tuneforge.serve.budget import Lease, TokenBudget
 from tuneforge.serve.generation import prompt_token_ids
 from tuneforge.serve.lora_bank import LoraBank
 from tuneforge.serve.params import (
@@ -59,6 +65,7 @@ from tuneforge.train.model import load_base_model
 log = logging.getLogger(__name__)
 
 _COMPLETE_MARKER = layout.COMPLETE_NAME
+RETRY_AFTER_MAX_S = 60.0  # a Retry-After for tokens in flight says at most this; the tenant may try sooner
 
 
 @dataclass
@@ -103,7 +110,7 @@ def adapter_name(artifact_prefix: str) -> str:
 class InferenceEngine:
     def __init__(self, store: ObjectStore, *, cache_dir: Path, device: str = "auto", max_models: int = 1,
                  max_adapters: int = 8, max_batch: int = 16, max_queue: int = 256,
-                 max_queue_per_tenant: int | None = None) -> None:
+                 max_queue_per_tenant: int | None = None, fair: bool = True) -> None:
         if max_models < 1 or max_adapters < 1 or max_batch < 1 or max_queue < 1:
             raise ValueError("max_models, max_adapters, max_batch and max_queue must be at least 1")
         self.store = store
@@ -115,6 +122,8 @@ class InferenceEngine:
         self.max_queue = max_queue  # requests waiting per model
         # by default a tenant may fill half the queue: another tenant still finds room
         self.max_queue_per_tenant = max_queue_per_tenant or max(1, max_queue // 2)
+        self.fair = fair  # fair admission into each batch (serve/fairness.py); False: plain round-robin
+        self.budget = TokenBudget()  # each tenant's tokens of generation in flight on this engine
         self.counters = EngineCounters()
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()  # least recently used first
         self._models_lock = threading.Lock()
@@ -141,10 +150,11 @@ class InferenceEngine:
         went away) takes the sequence out of its batch."""
         return iter(self.submit(target, prompt, params, tenant=tenant))
 
-    def submit(self, target: ModelTarget, prompt: Prompt, params: SamplingParams, *, tenant: str = "") -> Sink:
+    def submit(self, target: ModelTarget, prompt: Prompt, params: SamplingParams, *, tenant: str = "",
+               lease: Lease | None = None) -> Sink:
         """Queue a generation on the model's batcher; its chunks arrive in the returned sink
         (iterate it, or `async for` it). Errors of the request itself (prompt, context, a full
-        queue: 429) are raised here."""
+        queue: 429) are raised here. Under `lease` the generation holds its tokens until it ends."""
         entry = self._model(target)
         adapter, adapter_dir = self._adapter(target)
         prompt_ids = prompt_token_ids(entry.tokenizer, prompt, target.name)
@@ -157,8 +167,13 @@ class InferenceEngine:
                           param=prompt.param, code="context_length_exceeded")
         # The completion ends where the context does (finish_reason "length").
         params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
-        request = Request(prompt_ids, params, tenant=tenant, adapter=adapter, adapter_dir=adapter_dir)
-        return self._batcher(entry).submit(request)
+        request = Request(prompt_ids, params, tenant=tenant, adapter=adapter, adapter_dir=adapter_dir,
+                          on_end=lease.hold() if lease is not None else None)
+        try:
+            return self._batcher(entry).submit(request)
+        except BaseException:
+            request.ended()  # never queued: it holds nothing
+            raise
 
     def logits(self, target: ModelTarget, token_ids: list[int]) -> torch.Tensor:
         """Next-token logits at every position of `token_ids` ([positions, vocabulary],
@@ -188,15 +203,27 @@ class InferenceEngine:
             entries = list(self._models.values())
         return {entry.key: entry.batcher.load() for entry in entries if entry.batcher is not None}
 
-    def for_tenant(self, tenant: str) -> TenantEngine:
-        return TenantEngine(self, tenant)
+    def for_tenant(self, tenant: str, tokens_in_flight: int | None = None) -> TenantEngine:
+        """The engine as `tenant` uses it; `tokens_in_flight` bounds its Σ n × max_tokens (None: unbounded)."""
+        return TenantEngine(self, tenant, tokens_in_flight)
+
+    def retry_after_s(self, max_tokens: int) -> float:
+        """About when a request of `max_tokens` per choice that started now would end: a decoding
+        step per token at the recent pace of the loaded models."""
+        # Without the lock, which a model load holds for seconds: this runs on the event loop.
+        try:
+            batchers = [entry.batcher for entry in list(self._models.values()) if entry.batcher is not None]
+        except RuntimeError:  # the models changed while copied: the default pace will do
+            batchers = []
+        step_s = max((batcher.mean_step_s() for batcher in batchers), default=0.05)
+        return min(RETRY_AFTER_MAX_S, max(1.0, step_s * max_tokens))
 
     def _batcher(self, entry: LoadedModel) -> ModelBatcher:
         with self._models_lock:
             if entry.batcher is None:
                 entry.batcher = ModelBatcher(
                     entry, max_batch=self.max_batch, max_queue=self.max_queue,
-                    max_queue_per_tenant=self.max_queue_per_tenant,
+                    max_queue_per_tenant=self.max_queue_per_tenant, fair=self.fair,
                     ensure_adapter=lambda name, adapter_dir, busy: self._ensure_adapter(entry, name, adapter_dir,
                                                                                          busy))
             return entry.batcher
@@ -327,7 +354,7 @@ class InferenceEngine:
             values = self.counters.snapshot()
         with self._models_lock:
             batchers = [entry.batcher for entry in self._models.values() if entry.batcher is not None]
-        for name in ("prefills", "decode_steps", "decoded_rows", "queue_full"):
+        for name in ("prefills", "decode_steps", "decoded_rows", "queue_full", "preemptions"):
             values[name] = sum(getattr(batcher.counters, name) for batcher in batchers)
         values["largest_batch"] = max((batcher.counters.largest_batch for batcher in batchers), default=0)
         return values
@@ -340,19 +367,36 @@ def _unavailable(message: str) -> ApiError:
 
 @dataclass(frozen=True)
 class TenantEngine:
-    """The engine as one tenant's requests use it: their place in the batchers' round-robin."""
+    """The engine as one tenant's requests use it: their place in the batchers' round-robin and
+    their bound on tokens in flight. A request of several choices reserves them all first
+    (`reserve`) and submits them `under` that lease; a lone submit reserves its own."""
 
     engine: InferenceEngine
     tenant: str
+    tokens_in_flight: int | None = None  # the bound on Σ n × max_tokens; None: unbounded
+    lease: Lease | None = None
+
+    def reserve(self, max_tokens: int, choices: int = 1, *, param: str = "max_tokens") -> Lease:
+        """`choices × max_tokens` of the tenant's budget, all or none (429 when its other requests
+        hold too much, 400 when it never could fit). `with` it around the submissions."""
+        return self.engine.budget.reserve(self.tenant, choices * max_tokens, self.tokens_in_flight,
+                                          retry_after_s=self.engine.retry_after_s(max_tokens), param=param)
+
+    def under(self, lease: Lease) -> TenantEngine:
+        """This engine submitting under `lease` (reserved by `reserve`)."""
+        return replace(self, lease=lease)
 
     def complete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Completion:
-        return self.engine.complete(target, prompt, params, tenant=self.tenant)
+        return self.submit(target, prompt, params).completion()
 
     def stream(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Iterator[Chunk]:
-        return self.engine.stream(target, prompt, params, tenant=self.tenant)
+        return iter(self.submit(target, prompt, params))
 
     def submit(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Sink:
-        return self.engine.submit(target, prompt, params, tenant=self.tenant)
+        if self.lease is not None:
+            return self.engine.submit(target, prompt, params, tenant=self.tenant, lease=self.lease)
+        with self.reserve(params.max_new_tokens) as lease:
+            return self.engine.submit(target, prompt, params, tenant=self.tenant, lease=lease)
 
     async def acomplete(self, target: ModelTarget, prompt: Prompt, params: SamplingParams) -> Completion:
         """The whole answer, awaited: queuing (which may load the model) runs on a worker thread,

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, PositiveInt, field_validator, model_validator
+
+# Tokens of generation (Σ n × max_tokens) a tenant may have in flight on one API process, by tier:
+# the free tier fits one request of 8 choices at the default max_tokens twice over.
+DEFAULT_TOKENS_IN_FLIGHT_BY_TIER: dict[str, int] = {"free": 4096, "standard": 16384, "premium": 65536}
 
 
 class ServingSettings(BaseModel):
@@ -26,7 +30,18 @@ class ServingSettings(BaseModel):
         default=None, ge=1, description="Of those, how many one tenant's requests may be (default: half the "
                                         "queue). Waiting requests are admitted round-robin over tenants.")
     inference_default_max_tokens: int = Field(
-        default=256, ge=1, description="Completion tokens when a request sets no max_tokens.")
+        default=256, ge=1, description="Completion tokens of each choice when a request sets no max_tokens (the "
+                                       "model's context still ends it sooner when the prompt leaves less room).")
+    inference_max_tokens_per_request: int = Field(
+        default=4096, ge=1, description="Largest max_tokens (or max_completion_tokens) a request may ask for each "
+                                        "choice; more answers 400. The model's context also caps it.")
+    inference_tokens_in_flight_by_tier: dict[str, PositiveInt] = Field(
+        default_factory=lambda: dict(DEFAULT_TOKENS_IN_FLIGHT_BY_TIER),
+        description="Tokens of generation a tenant may have in flight on one API process, by tier (JSON): the sum "
+                    "of n × max_tokens over its queued and running inference requests. A request asking more than "
+                    "is left answers 429 tokens_in_flight_exceeded with Retry-After; one asking more than the whole "
+                    "bound answers 400 max_tokens_over_budget. A tier not listed gets the free tier's bound. Each "
+                    "API worker process has its own engine: with W workers a tenant holds up to W times this.")
     inference_device: str = Field(
         default="auto", description="Device of inference models: 'auto' (cuda if available, else cpu), "
                                     "'cpu', 'cuda' or 'cuda:N'.")
@@ -54,6 +69,18 @@ class ServingSettings(BaseModel):
         default=30.0, gt=0, description="How often the scheduler checks that every vLLM server has the adapters "
                                         "it should (a restarted server has none) and unloads the ones it should "
                                         "not.")
+
+    def inference_tokens_in_flight_for(self, tier: str) -> int:
+        """A tenant of `tier`'s bound on tokens in flight per process (the free tier's for an unlisted tier)."""
+        bounds = self.inference_tokens_in_flight_by_tier
+        return bounds.get(tier, bounds.get("free", DEFAULT_TOKENS_IN_FLIGHT_BY_TIER["free"]))
+
+    @model_validator(mode="after")
+    def _default_within_the_cap(self):  # noqa: ANN202 - pydantic's after-validator returns the model
+        if self.inference_default_max_tokens > self.inference_max_tokens_per_request:
+            raise ValueError(f"inference_default_max_tokens ({self.inference_default_max_tokens}) is more than "
+                             f"inference_max_tokens_per_request ({self.inference_max_tokens_per_request})")
+        return self
 
     @field_validator("vllm_urls", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers.net import free_port, wait_until
 from tests.helpers.platform import add_base_model, add_tenant, fake_model_dir
+from tuneforge.serve.budget import Lease, TokenBudget
 from tuneforge.serve.params import Chunk, Usage
 from tuneforge.serve.sinks import Sink
 from tuneforge.server import ControlPlane
@@ -80,7 +81,13 @@ class GatedEngine:
         with self._lock:
             return len(self.sinks)
 
-    def for_tenant(self, tenant: str) -> GatedEngine:
+    def for_tenant(self, tenant: str, tokens_in_flight: int | None = None) -> GatedEngine:
+        return self
+
+    def reserve(self, max_tokens: int, choices: int = 1, *, param: str = "max_tokens") -> Lease:
+        return TokenBudget().reserve("alpha", choices * max_tokens, None)  # unbounded: not what this tests
+
+    def under(self, lease: Lease) -> GatedEngine:
         return self
 
     def submit(self, target, prompt, params) -> Sink:  # noqa: ANN001 - the engine's signature

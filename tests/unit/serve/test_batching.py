@@ -7,6 +7,7 @@ admits tenants in turn."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -294,3 +295,119 @@ def test_many_adapters_of_large_rank_gather_each_rows_own_weights(world, monkeyp
     alone, batched, engine = _alone_and_batched(world[0], _requests(world, 8), 8)
     _assert_same(batched, alone)
     assert engine.stats()["largest_batch"] == 8
+
+
+def _admissions(batcher, monkeypatch) -> list[tuple[list[str], int]]:  # noqa: ANN001
+    """Each prefill from now on, as (its members, 'tenant' or 'tenant+' for a resumed row, and the
+    rows running beside it)."""
+    admitted: list[tuple[list[str], int]] = []
+    prefill: Callable = batcher._prefill
+
+    def recording(requests):  # noqa: ANN001, ANN202
+        members = [request.tenant + ("+" if request.resume is not None else "") for request in requests]
+        admitted.append((members, len(batcher._rows)))
+        return prefill(requests)
+
+    monkeypatch.setattr(batcher, "_prefill", recording)
+    return admitted
+
+
+def _saturated(engine: InferenceEngine, base: ModelTarget, rows: int) -> tuple[list[Sink], object]:
+    """`acme` fills every row of the batch with greedy ignore_eos requests; returns their sinks
+    once they run, and the batcher."""
+    release, holder = _held(engine, base)
+    batcher = engine._batcher(engine._model(base))
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, logprobs=1, ignore_eos=True)
+    sinks = [engine.for_tenant("acme").submit(base, Prompt(text=PROMPTS[index % len(PROMPTS)]), params)
+             for index in range(rows)]
+    release.set()
+    holder.join(30)
+    deadline_s = time.monotonic() + 30
+    while batcher.load()["running"] < rows:  # every acme row has been prefilled
+        assert time.monotonic() < deadline_s
+        time.sleep(0.001)
+    return sinks, batcher
+
+
+def test_a_tenant_filling_the_batch_gives_a_row_to_another_at_the_next_admission(world, monkeypatch):  # noqa: F811
+    """globex's request is admitted at the first admission after it arrives, beside 3 of acme's 4
+    rows: acme's newest row is set aside, resumed when globex's row leaves, and every acme answer
+    is the one it gets alone."""
+    make_engine, base, _targets, _store = world
+    engine = make_engine(max_batch=4)
+    sinks, batcher = _saturated(engine, base, 4)
+    admitted = _admissions(batcher, monkeypatch)
+    one = SamplingParams(max_new_tokens=3, temperature=0.0)
+    # submitted between two steps, on the batcher's thread: the next admission is the one that counts
+    globex = batcher.call(lambda: engine.for_tenant("globex").submit(base, Prompt(text="hello there"), one))
+    answers = _collect(sinks)
+    assert globex.completion().usage.completion_tokens == 3
+    assert admitted[0] == (["globex"], 3)  # nobody's row had ended: one was set aside for it
+    assert admitted[1] == (["acme+"], 3)  # globex's row left: acme's set-aside row came back
+    assert engine.stats()["preemptions"] == 1
+    alone_engine = make_engine(max_batch=1)
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, logprobs=1, ignore_eos=True)
+    alone = [alone_engine.complete(base, Prompt(text=PROMPTS[index % len(PROMPTS)]), params) for index in range(4)]
+    _assert_same(answers, alone)
+    assert all(answer.usage.completion_tokens == 16 for answer in answers)  # nothing running was killed
+
+
+def test_without_fairness_another_tenant_waits_for_a_row_to_end(world, monkeypatch):  # noqa: F811
+    make_engine, base, _targets, _store = world
+    engine = make_engine(max_batch=4, fair=False)
+    sinks, batcher = _saturated(engine, base, 4)
+    admitted = _admissions(batcher, monkeypatch)
+    one = SamplingParams(max_new_tokens=1, temperature=0.0)
+    globex = batcher.call(lambda: engine.for_tenant("globex").submit(base, Prompt(text="hello there"), one))
+    _collect(sinks)
+    globex.completion()
+    assert admitted == [(["globex"], 0)]  # only once acme's rows (all 16 tokens long) had ended
+    assert engine.stats()["preemptions"] == 0
+
+
+def test_a_requests_tokens_are_held_until_its_choices_leave_the_batch(world):  # noqa: F811
+    """n × max_tokens is reserved at once and given back only when every choice has ended
+    (finished, cancelled or failed); ignore_eos cannot run a choice past what was reserved."""
+    make_engine, base, _targets, _store = world
+    engine = make_engine(max_batch=4)
+    acme = engine.for_tenant("acme", tokens_in_flight=40)
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True, min_tokens=10)
+    release, holder = _held(engine, base)
+    with acme.reserve(params.max_new_tokens, 3) as lease:
+        sinks = [acme.under(lease).submit(base, Prompt(text=PROMPT), params) for _ in range(3)]
+    assert engine.budget.held_tokens("acme") == 30
+    with pytest.raises(ApiError) as refused:
+        acme.reserve(params.max_new_tokens, 2)  # 30 + 20 > 40
+    assert (refused.value.status_code, refused.value.code) == (429, "tokens_in_flight_exceeded")
+    assert refused.value.retry_after >= 1
+    lone = acme.submit(base, Prompt(text=PROMPT), params)  # a lone submit reserves its own 10
+    assert engine.budget.held_tokens("acme") == 40
+    with pytest.raises(ApiError) as over:
+        acme.reserve(params.max_new_tokens, 5)  # 50 > 40: never
+    assert (over.value.status_code, over.value.code) == (400, "max_tokens_over_budget")
+    sinks[0].cancel()  # its client went away while it waited
+    release.set()
+    holder.join(30)
+    finished = _collect(sinks[1:] + [lone])
+    assert [completion.usage.completion_tokens for completion in finished] == [10, 10, 10]
+    assert engine.budget.held_tokens("acme") == 0
+
+
+def test_a_failed_generation_gives_its_tokens_back(world, monkeypatch):  # noqa: F811
+    make_engine, base, _targets, _store = world
+    engine = make_engine(max_batch=4)
+    acme = engine.for_tenant("acme", tokens_in_flight=100)
+    release, holder = _held(engine, base)
+    batcher = engine._batcher(engine._model(base))
+
+    def broken(adapters, **inputs):  # noqa: ANN001, ANN202
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(batcher, "run_model", broken)
+    sink = acme.submit(base, Prompt(text=PROMPT), SamplingParams(max_new_tokens=50, temperature=0.0))
+    assert engine.budget.held_tokens("acme") == 50
+    release.set()
+    holder.join(30)
+    with pytest.raises(ApiError):
+        sink.completion()
+    assert engine.budget.held_tokens("acme") == 0

@@ -141,7 +141,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request, tenant: T
     shown = tools if choice != "none" else ()
     prompt = Prompt(messages=tuple(_chat_message(m, index) for index, m in enumerate(body.messages)), tools=shown)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    params = _sampling(body, max_tokens, platform.settings.inference_default_max_tokens)
+    params = _sampling(body, max_tokens, platform)
     if body.logprobs:
         params = replace(params, logprobs=int(body.top_logprobs or 0))
     schema = shapes.response_format(body.response_format, [m["content"] for m in prompt.messages], bool(body.stream))
@@ -149,6 +149,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request, tenant: T
         if shapes.wants_json(body.response_format):
             raise invalid("a forced tool call cannot be combined with a JSON response_format", param="tool_choice")
         schema = tool_calls.forced_schema(tools, choice)
+    await shapes.check_answer_schema(schema, tools, choice)  # in a thread: meta-schemas are costly
     if shapes.wants_json(body.response_format) or schema is not None:
         params = replace(params, json_mode=True)
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
@@ -162,14 +163,18 @@ async def chat_completions(body: ChatCompletionBody, request: Request, tenant: T
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
             "system_fingerprint": None}
-    if body.stream and not shown:
-        sinks = await dispatch.observed(routed, platform,
-                                        run_in_threadpool(_submitted, engine, target, prompt, params, n))
-        return sse.chunks_response(_streamed_choices(sinks, head, include_usage, _chat_events, routed, platform),
-                                   keepalive_s=platform.settings.stream_keepalive_s)
-    # the choices decode side by side in the model's batch
-    answers = await dispatch.observed(routed, platform, asyncio.gather(*(
-        shapes.chat_choice(engine, target, prompt, _nth(params, index), schema, shown, choice) for index in range(n))))
+    # every choice's tokens reserved at once; given back as the choices end (serve/budget.py)
+    with engine.reserve(params.max_new_tokens, n, param=_tokens_param(body)) as lease:
+        engine = engine.under(lease)
+        if body.stream and not shown:
+            sinks = await dispatch.observed(routed, platform,
+                                            run_in_threadpool(_submitted, engine, target, prompt, params, n))
+            return sse.chunks_response(_streamed_choices(sinks, head, include_usage, _chat_events, routed, platform),
+                                       keepalive_s=platform.settings.stream_keepalive_s)
+        # the choices decode side by side in the model's batch
+        answers = await dispatch.observed(routed, platform, asyncio.gather(*(
+            shapes.chat_choice(engine, target, prompt, _nth(params, index), schema, shown, choice)
+            for index in range(n))))
     if routed is not None:
         await routed.finish(platform, "ok", [answer.completion.usage for answer in answers])
     if body.stream:  # with tools: whole answers (a call is known once it is complete), sent as chunks
@@ -222,7 +227,7 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
     started = time.monotonic()
     _check_completion_extras(body)
     prompt = _completion_prompt(body.prompt)
-    params = _sampling(body, body.max_tokens, platform.settings.inference_default_max_tokens)
+    params = _sampling(body, body.max_tokens, platform)
     if body.logprobs is not None:
         params = replace(params, logprobs=int(body.logprobs))
     n = _choices(body)  # checked before the engine exists: a bad request loads nothing
@@ -233,17 +238,19 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
         return answer
     echoed = prompt.text if body.echo and prompt.text is not None else ""
     engine = await _engine(platform, tenant)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
-                "system_fingerprint": None}
-        events = partial(_completion_events, echoed=echoed, logprobs=body.logprobs is not None)
-        sinks = await dispatch.observed(routed, platform,
-                                        run_in_threadpool(_submitted, engine, target, prompt, params, n))
-        return sse.chunks_response(_streamed_choices(sinks, head, include_usage, events, routed, platform),
-                                   keepalive_s=platform.settings.stream_keepalive_s)
-    completions = await dispatch.observed(routed, platform, asyncio.gather(*(
-        engine.acomplete(target, prompt, _nth(params, index)) for index in range(n))))
+    with engine.reserve(params.max_new_tokens, n) as lease:  # given back as the choices end
+        engine = engine.under(lease)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            head = {"id": reply_id, "object": "text_completion", "created": created, "model": target.name,
+                    "system_fingerprint": None}
+            events = partial(_completion_events, echoed=echoed, logprobs=body.logprobs is not None)
+            sinks = await dispatch.observed(routed, platform,
+                                            run_in_threadpool(_submitted, engine, target, prompt, params, n))
+            return sse.chunks_response(_streamed_choices(sinks, head, include_usage, events, routed, platform),
+                                       keepalive_s=platform.settings.stream_keepalive_s)
+        completions = await dispatch.observed(routed, platform, asyncio.gather(*(
+            engine.acomplete(target, prompt, _nth(params, index)) for index in range(n))))
     if routed is not None:
         await routed.finish(platform, "ok", [completion.usage for completion in completions])
     return {
@@ -256,9 +263,15 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
 
 
 async def _engine(platform: Platform, tenant: Tenant) -> Any:
-    """The engine as this tenant uses it; created (torch imported) on a worker thread the first time."""
+    """The engine as this tenant uses it, with its tier's bound on tokens in flight; created
+    (torch imported) on a worker thread the first time."""
     engine = platform.inference or await run_in_threadpool(engine_for, platform)
-    return engine.for_tenant(tenant.tenant_id)
+    return engine.for_tenant(tenant.tenant_id, platform.settings.inference_tokens_in_flight_for(tenant.tier))
+
+
+def _tokens_param(body: _Sampling) -> str:
+    """The field that set the tokens of each choice (chat: max_completion_tokens wins)."""
+    return "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
 
 
 def _choices(body: _Sampling) -> int:
@@ -319,7 +332,13 @@ async def _streamed_choices(sinks: list[Sink], head: dict[str, Any], include_usa
 
 # -- request checks --------------------------------------------------------------------------------
 
-def _sampling(body: _Sampling, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
+def _sampling(body: _Sampling, max_tokens: int | None, platform: Platform) -> SamplingParams:
+    default_max_tokens = platform.settings.inference_default_max_tokens
+    cap_tokens = platform.settings.inference_max_tokens_per_request
+    if max_tokens is not None and max_tokens > cap_tokens:
+        param = _tokens_param(body)
+        raise invalid(f"{param} must be at most {cap_tokens} (this server's limit per choice)", param=param,
+                      code="max_tokens_too_large")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name) not in (None, 0):
             raise invalid(f"{name}: only 0 is supported", param=name)
