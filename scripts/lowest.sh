@@ -19,7 +19,7 @@ if [[ -d /opt/wheels ]]; then
     links=(--find-links /opt/wheels)  # this machine's local wheels (torch), as pip's configuration names them
 fi
 "$PYTHON" -m uv pip install --quiet --python "$venv/bin/python" "${links[@]}" --resolution lowest-direct \
-    --override "$overrides" -e ".[server,postgres,s3,tracking]" "pytest>=8" "moto[server]>=5"
+    --override "$overrides" -e ".[server,postgres,s3,tracking]" "pytest>=8" "moto[server]>=5" "hypothesis>=6.130"
 "$venv/bin/python" - <<'PY'
 from importlib import metadata
 shown = ["torch", "transformers", "peft", "tokenizers", "fastapi", "starlette", "pydantic", "sqlalchemy", "anyio",

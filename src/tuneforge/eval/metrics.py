@@ -11,6 +11,14 @@ object with options:
 naming the bad field), `score` grades one answer, `aggregate` averages every
 metric over a set of answers into result keys such as `task.exact_match`.
 
+A tenant's metric runs on the trainer, so it is bounded: a `regex` is RE2 (linear
+time in the answer, no backreferences or lookaround; `re` could backtrack for
+hours while holding the GIL, which starves the trainer's heartbeat thread so the
+attempt looks like a lost node), and `aggregate` scores each metric under a
+deadline (`METRIC_DEADLINE_S` over all the answers). A metric that fails or runs
+past its deadline raises `MetricFailed`: the tenant's configuration, so the
+trainer ends the attempt as a user error (billed, not retried).
+
 `llm_judge` is different: it does not grade one answer against the reference
 but compares the base model's answer with the fine-tuned model's
 (`judge_pairwise`), asking the judge twice with the answers' positions swapped
@@ -20,6 +28,7 @@ so that a judge's preference for the first (or second) position cancels out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -27,7 +36,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import time
+
 import httpx
+import re2
 
 from tuneforge.domain.errors import invalid
 from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError, complete, open_client, parse_endpoint
@@ -36,6 +48,37 @@ log = logging.getLogger(__name__)
 
 DEFAULT_METRICS = ("exact_match", "rouge_l")
 JUDGE_WIN_RATE_KEY = "task.llm_judge_win_rate"
+MAX_PATTERN_CHARS = 1000  # a regex metric's pattern; answers are short, so are useful patterns
+# RE2's memory for one compiled pattern: a pattern whose automaton needs more is refused at create
+REGEX_MAX_MEM_BYTES = 8 * 1024 * 1024
+# one metric over every answer of one model: far above what the built-in metrics need for
+# max_examples answers, far below the lease timeout a hang would otherwise run into
+METRIC_DEADLINE_S = 60.0
+ROUGE_MAX_WORDS = 2048  # words of each text ROUGE-L compares (an answer is max_new_tokens long)
+
+
+class MetricFailed(Exception):
+    """A tenant's metric could not score the answers (it errored, or ran past its deadline).
+    The tenant's configuration is at fault: the trainer fails the attempt as a user error with
+    `code` and the message, which names the metric and holds nothing of the host."""
+
+    def __init__(self, code: str, message: str, *, param: str = "eval.metrics") -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+def _re2_options() -> re2.Options:
+    options = re2.Options()
+    options.max_mem = REGEX_MAX_MEM_BYTES
+    options.log_errors = False  # a tenant's bad pattern is a 400, not a line in the server's log
+    return options
+
+
+@functools.lru_cache(maxsize=64)  # a job's few patterns, compiled once for all its answers
+def compile_pattern(pattern: str) -> Any:
+    """A regex metric's pattern compiled by RE2; raises `re2.error` for one RE2 cannot run."""
+    return re2.compile(pattern, _re2_options())
 
 
 @dataclass(frozen=True)
@@ -58,11 +101,12 @@ class Contains:
 
 @dataclass(frozen=True)
 class Regex:
-    """The answer matches a regular expression (`re.search`); the reference is not used."""
+    """The answer matches a regular expression (searched anywhere in it); the reference is not used."""
 
     name: ClassVar[str] = "regex"
     pattern: str
-    """A Python regular expression, e.g. "^\\d+$" for an answer that is a number."""
+    """An RE2 regular expression (Python syntax without backreferences or lookaround), e.g.
+    "^\\d+$" for an answer that is a number."""
 
 
 @dataclass(frozen=True)
@@ -157,11 +201,16 @@ def _options(index: int, name: str, given: dict[str, Any]) -> dict[str, Any]:
 
 def _checked_spec(index: int, name: str, options: dict[str, Any]) -> MetricSpec:
     if name == "regex":
+        param = f"eval.metrics[{index}].pattern"
+        if len(options["pattern"]) > MAX_PATTERN_CHARS:
+            raise invalid(f"{param} is longer than {MAX_PATTERN_CHARS} characters", param=param)
         try:
-            re.compile(options["pattern"])
-        except re.error as exc:
-            raise invalid(f"eval.metrics[{index}].pattern is not a valid regular expression: {exc}",
-                          param=f"eval.metrics[{index}].pattern") from None
+            compile_pattern(options["pattern"])
+        except re2.error as exc:
+            reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+            raise invalid(f"{param} is not a regular expression RE2 can run (linear-time matching: no "
+                          f"backreferences or lookaround, bounded size): {str(reason)[:200]}",
+                          param=param) from None
     if name == "llm_judge":
         criteria = options.get("criteria")
         if criteria is not None and len(criteria) > 4000:
@@ -237,8 +286,10 @@ def lcs_length(first: Sequence[str], second: Sequence[str]) -> int:
 
 
 def rouge_l(prediction: str, reference: str) -> float:
-    """ROUGE-L F1 over word tokens; two empty texts agree (1.0), one empty text scores 0.0."""
-    predicted, wanted = words(prediction), words(reference)
+    """ROUGE-L F1 over word tokens; two empty texts agree (1.0), one empty text scores 0.0. Each
+    side counts its first `ROUGE_MAX_WORDS` words: the work is their product, so a huge reference
+    in a task file cannot make one example take minutes."""
+    predicted, wanted = words(prediction)[:ROUGE_MAX_WORDS], words(reference)[:ROUGE_MAX_WORDS]
     if not predicted and not wanted:
         return 1.0
     common = lcs_length(predicted, wanted)
@@ -263,7 +314,7 @@ def score(spec: MetricSpec, prediction: str, reference: str) -> float:
     if isinstance(spec, Contains):
         return float(_fold(reference, spec.case_sensitive) in _fold(prediction, spec.case_sensitive))
     if isinstance(spec, Regex):
-        return float(re.search(spec.pattern, prediction) is not None)
+        return float(compile_pattern(spec.pattern).search(prediction) is not None)
     if isinstance(spec, JsonValid):
         return _json_valid(prediction, spec.require_object)
     if isinstance(spec, RougeL):
@@ -286,9 +337,11 @@ def metric_keys(specs: Sequence[MetricSpec]) -> list[str]:
 
 
 def aggregate(specs: Sequence[MetricSpec], predictions: Sequence[str],
-              references: Sequence[str]) -> dict[str, float]:
+              references: Sequence[str], *, deadline_s: float | None = None) -> dict[str, float]:
     """Mean score of each metric over the examples, e.g. {"task.exact_match": 0.75, "task.rouge_l": 0.61}.
-    llm_judge specs are left out (their win rate comes from `judge_pairwise`); no examples give {}."""
+    llm_judge specs are left out (their win rate comes from `judge_pairwise`); no examples give {}.
+    A metric that errors or takes more than `deadline_s` (default `METRIC_DEADLINE_S`) over the
+    answers raises `MetricFailed`."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
     if not predictions:
@@ -297,8 +350,28 @@ def aggregate(specs: Sequence[MetricSpec], predictions: Sequence[str],
     for spec, key in zip(specs, metric_keys(specs)):
         if isinstance(spec, LlmJudge) or key in results:
             continue
-        results[key] = sum(score(spec, p, r) for p, r in zip(predictions, references)) / len(predictions)
+        results[key] = _mean_score(spec, key, predictions, references,
+                                   METRIC_DEADLINE_S if deadline_s is None else deadline_s)
     return results
+
+
+def _mean_score(spec: MetricSpec, key: str, predictions: Sequence[str], references: Sequence[str],
+                deadline_s: float) -> float:
+    """One metric's mean over the answers, checked against its deadline after each answer (every
+    single answer is bounded: RE2 is linear, answers are at most max_new_tokens long)."""
+    started = time.monotonic()
+    total = 0.0
+    for done, (prediction, reference) in enumerate(zip(predictions, references), start=1):
+        try:
+            total += score(spec, prediction, reference)
+        except Exception as exc:  # noqa: BLE001 - whatever a tenant's metric trips on is the tenant's
+            raise MetricFailed("eval_metric_failed", f"eval metric {key} ({spec.name}) failed on answer {done}: "
+                               f"{type(exc).__name__}") from None
+        if time.monotonic() - started > deadline_s:
+            raise MetricFailed("eval_metric_timeout", f"eval metric {key} ({spec.name}) ran past its "
+                               f"{deadline_s:g} s deadline after {done} of {len(predictions)} answers; "
+                               "simplify the metric or lower eval.max_examples") from None
+    return total / len(predictions)
 
 
 # --- LLM as judge --------------------------------------------------------------------------------------------

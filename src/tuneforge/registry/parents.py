@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import models as model_repo
 from tuneforge.db.tables import Checkpoint, FineTunedModel, Job
+from tuneforge.domain.status import JobStatus
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
@@ -98,8 +99,18 @@ def find(session: Session, tenant_id: str, tenant_name: str, name: str) -> Paren
     if job is None:
         return None
     step = int(match.group("step"))
+    if not checkpoints_offered(job):
+        return None
     checkpoint = checkpoint_repo.at_step(session, tenant_id, job.job_id, step)
     return None if checkpoint is None else Parent(name, job, step, None, checkpoint)
+
+
+def checkpoints_offered(job: Job) -> bool:
+    """Whether a job's checkpoints are models the tenant may use (download, continue from, promote,
+    chat with). As OpenAI's, a checkpoint is a model of a job that is under way or succeeded: a
+    failed job made no model, so its partial weights are not offered as if it had (a cancelled
+    job keeps them only when its policy asked to, `checkpointing.keep_on_cancel`)."""
+    return job.status != JobStatus.FAILED.value
 
 
 def _job_named(session: Session, tenant_id: str, tenant_name: str, name: str) -> Job | None:

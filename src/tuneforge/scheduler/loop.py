@@ -38,6 +38,7 @@ from tuneforge.services import files as file_service
 from tuneforge.services import uploads as upload_service
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
+from tuneforge.services.leftovers import LeftoverSweeper
 from tuneforge.services.reports import token_hash
 from tuneforge.services.transitions import transition
 
@@ -58,6 +59,7 @@ class Scheduler:
         # memory: a new leader starts without holds, and preempts again if it must.
         self._holds: dict[str, Hold] = {}
         self._last_run: dict[str, float] = {}  # housekeeping task -> when it last ran
+        self._leftovers = LeftoverSweeper()  # remembers orphaned files between passes
         self.pools = PoolSetup.from_settings(settings)  # capacity pools (scheduler/pools.py); None: not configured
 
     # ---- the tick -------------------------------------------------------
@@ -79,6 +81,8 @@ class Scheduler:
         self._release_ended()
         self._purge_deleted_models()
         self._expire_uploads_and_files()
+        self._discard_failed_jobs_weights()
+        self._sweep_leftover_files()
         self._prune_route_requests()
         self._sync_vllm()
         self._reap_executor()
@@ -156,6 +160,32 @@ class Scheduler:
                 log.info("expired %d upload(s) and deleted %d expired file(s)", uploads, removed)
         except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
             log.exception("expiring uploads and files failed")
+
+    def _discard_failed_jobs_weights(self, every_s: float = 60.0) -> None:
+        """Checkpoints and artifacts of failed jobs: not offered, so not kept (services/artifacts.py)."""
+        if not self._due("failed_weights", every_s):
+            return
+        try:
+            with self.platform.db.session() as session:
+                cleared = artifacts.discard_failed(session, self.platform.store, time.time(),
+                                                   max(600.0, 2 * self.platform.settings.preempt_grace_s))
+            if cleared:
+                log.info("removed the checkpoints and artifacts of %d failed job(s)", cleared)
+        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
+            log.exception("removing failed jobs' weights failed")
+
+    def _sweep_leftover_files(self, every_s: float = 3600.0) -> None:
+        """File objects no row owns (an upload's worker died between writing and committing),
+        deleted once orphaned for the sweeper's grace period (services/leftovers.py)."""
+        if not self._due("leftovers", every_s):
+            return
+        try:
+            with self.platform.db.session() as session:
+                removed = self._leftovers.sweep(session, self.platform.store, time.time())
+            if removed:
+                log.info("deleted %d leftover file(s) that no row owned", removed)
+        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
+            log.exception("sweeping leftover files failed")
 
     def _prune_route_requests(self, every_s: float = 3600.0) -> None:
         """Forget the requests routes served longer ago than their retention (hourly)."""
@@ -259,6 +289,14 @@ class Scheduler:
                                    "Training stopped on a problem with the data or the configuration")
             transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",
                        level="error", error=error, data={"correlation_id": error["correlation_id"]})
+            return
+        if code == TrainerExit.REPORT_REFUSED:  # deterministic: the same report would be refused again
+            _end_attempt(attempt, AttemptStatus.FAILED, code, "report_refused")
+            if job.status != JobStatus.FAILED.value:  # the trainer's failure report did not get through
+                error = self._error_of(job, attempt, handle, "report_refused",
+                                       "The control plane refused a report of the training process")
+                transition(session, job, JobStatus.FAILED, f"Fine-tuning job failed: {error['message']}",
+                           level="error", error=error, data={"correlation_id": error["correlation_id"]})
             return
         if code == TrainerExit.OUT_OF_MEMORY:
             _end_attempt(attempt, AttemptStatus.FAILED, code, "out_of_memory")

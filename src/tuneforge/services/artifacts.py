@@ -16,6 +16,7 @@ from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.status import JobStatus
+from tuneforge.registry import parents
 from tuneforge.services.context import Platform
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
@@ -74,6 +75,9 @@ def adapter_archive(session: Session, platform: Platform, job: Job, *, artifact:
         kind = "a full fine-tune: its artifact is 'model'" if full else "an adapter: its artifact is 'adapter'"
         raise invalid(f"{job.job_id} is {kind}", param="artifact", code="artifact_not_found")
     if step is not None:
+        if not parents.checkpoints_offered(job):
+            raise ApiError(409, f"{job.job_id} has failed: a failed job made no model, and its checkpoints are not "
+                                "offered as one", param="step", code="job_failed")
         row = checkpoint_repo.at_step(session, job.tenant_id, job.job_id, step)
         if row is None:
             raise not_found(f"{job.job_id} has no checkpoint at step {step}", param="step",
@@ -138,3 +142,24 @@ def discard_checkpoints(session: Session, store: ObjectStore, job: Job) -> int:
     for row in rows:
         session.delete(row)
     return len(rows)
+
+
+def discard_failed(session: Session, store: ObjectStore, now: float, grace_s: float, limit: int = 100) -> int:
+    """The checkpoints and final weights of failed jobs, which are not offered to anyone
+    (`parents.checkpoints_offered`) and would otherwise be the operator's storage bill forever:
+    files and rows, once the job ended `grace_s` ago (its trainer is done writing). Returns how
+    many jobs were cleared; a job without checkpoint rows is not looked at again."""
+    from sqlalchemy import select
+
+    from tuneforge.db.tables import Checkpoint
+
+    jobs = list(session.scalars(
+        select(Job).where(Job.status == JobStatus.FAILED.value, Job.finished_at < now - grace_s,
+                          Job.job_id.in_(select(Checkpoint.job_id))).limit(limit)))
+    for job in jobs:
+        for kind in ("adapter", "model"):
+            store.delete_prefix(layout.artifact_prefix(job.tenant_id, job.job_id, kind))
+        store.delete_prefix(layout.checkpoints_prefix(job.tenant_id, job.job_id))
+        for row in checkpoint_repo.for_job(session, job.tenant_id, job.job_id):
+            session.delete(row)
+    return len(jobs)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
+from tuneforge.data import isolation
 from tuneforge.data.shapes import method_shapes
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.pipeline import CheckOptions, check_dataset
@@ -32,6 +33,10 @@ from tuneforge.storage.store import ObjectStore
 # Examples per tier (a cap on what one job may train on); bytes are capped at upload.
 MAX_EXAMPLES_BY_TIER = {"free": 50_000, "standard": 2_000_000, "premium": 20_000_000}
 PREPARED_VERSION = 1  # bump when the prepared format changes, so old caches are not reused
+# An upload's check runs in a worker (data.isolation) and fails past this deadline: a
+# fixed allowance plus the slowest rate a real file is checked at (real files: ~20 MB/s).
+CHECK_DEADLINE_BASE_S = 60
+CHECK_MIN_BYTES_PER_S = 512 * 1024
 
 
 @contextmanager
@@ -47,9 +52,40 @@ def check_upload(store: ObjectStore, key: str, filename: str, tenant_id: str, fi
                  contamination=None) -> DatasetReport:  # noqa: ANN001
     options = CheckOptions(method=None, min_examples=1, max_examples=MAX_EXAMPLES_BY_TIER.get(tier))
     with local_copy(store, key) as path:
-        report = check_dataset(path, options, name=filename, contamination=contamination)
+        report = check_in_worker(path, options, filename, contamination)
     store.put_bytes(layout.file_report_key(tenant_id, file_id), json.dumps(report.to_dict()).encode())
     return report
+
+
+def check_deadline_s(size_bytes: int) -> float:
+    """How long the check of a file of `size_bytes` may take before it fails."""
+    return CHECK_DEADLINE_BASE_S + size_bytes / CHECK_MIN_BYTES_PER_S
+
+
+def check_in_worker(path: Path, options: CheckOptions, filename: str, contamination=None,  # noqa: ANN001
+                    deadline_s: float | None = None) -> DatasetReport:
+    """`check_dataset` in a worker process under a deadline (`data.isolation`): the API worker
+    only waits, and a file that takes too long fails its check instead of taking the worker down."""
+    deadline_s = check_deadline_s(_size_bytes(path)) if deadline_s is None else deadline_s
+    try:
+        return isolation.call_isolated("tuneforge.data.pipeline:check_dataset", (path, options), deadline_s,
+                                       name=filename, contamination=contamination)
+    except isolation.DeadlineExceeded:
+        issue = DataIssue("check_timeout", f"checking {filename} took longer than {deadline_s:.0f} s, the limit "
+                          f"for a file of its size ({CHECK_DEADLINE_BASE_S} s + 1 s per "
+                          f"{CHECK_MIN_BYTES_PER_S // 1024} KiB); the file is not used")
+    except (isolation.WorkerDied, MemoryError):  # MemoryError: past the worker's memory cap
+        issue = DataIssue("check_failed", f"the check of {filename} stopped before it finished (it ran out of "
+                          "memory or crashed); the file is not used")
+    report = DatasetReport(method="any", pii_policy=options.pii_policy)
+    report.errors.add(issue)
+    return report
+
+
+def _size_bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(child.stat().st_size for child in path.rglob("*") if child.is_file())
+    return path.stat().st_size
 
 
 def read_report(store: ObjectStore, key: str, missing: str, param: str) -> dict[str, Any]:
@@ -174,9 +210,11 @@ def _check_options(request: PrepareRequest, min_examples: int, *, for_validation
 
 
 def prepare_for_job(store: ObjectStore, request: PrepareRequest, tokenizer: Any, *, min_examples: int,
-                    contamination=None) -> PreparedDataset:  # noqa: ANN001
+                    contamination=None, keep: bool = True) -> PreparedDataset:  # noqa: ANN001
     """Check the job's files against its tokenizer and write the prepared dataset,
-    or reuse the one an identical earlier job prepared."""
+    or reuse the one an identical earlier job prepared. `keep=False` (an estimate) checks and
+    counts without writing anything to the store: nothing is left behind for a job that may
+    never exist."""
     split = float(request.options.get("validation_split") or 0.0) if request.validation is None else 0.0
     ident = dataset_id({"train": request.training[2], "valid": request.validation and request.validation[2],
                         "base": request.base_sha256, "method": request.method, "max_seq": request.max_seq_length,
@@ -206,8 +244,11 @@ def prepare_for_job(store: ObjectStore, request: PrepareRequest, tokenizer: Any,
         if writer.train_count < min_examples:
             report.errors.add(_too_few_after_split(writer.train_count, min_examples))
             raise DataCheckFailed(report, "training_file")
-        store.put_file(train_key, train_path)
         has_valid = writer.valid_count > 0
+        if not keep:
+            return PreparedDataset(ident, train_key, valid_key if has_valid else None, writer.train_count,
+                                   writer.valid_count, writer.train_tokens, report.to_dict())
+        store.put_file(train_key, train_path)
         if has_valid:
             store.put_file(valid_key, valid_path)
     prepared = PreparedDataset(ident, train_key, valid_key if has_valid else None, writer.train_count,

@@ -9,6 +9,9 @@ from typing import IO
 from sqlalchemy.orm import Session
 
 from tuneforge.services import datasets
+from tuneforge.services import eval_sets, quotas
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.settings import Settings
 from tuneforge.db.pagination import Page
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.tables import FileRow
@@ -53,18 +56,24 @@ def upload(
     tier: str = "standard",
     contamination=None,  # noqa: ANN001 - a ContaminationIndex of the eval sets
     expires_after_s: int | None = None,
+    settings: Settings | None = None,
 ) -> FileRow:
+    """`settings`: the storage quotas to hold the tenant to (`quotas.check_file_bytes`)."""
     check_purpose(purpose)
     file_id, key = new_file_key(tenant_id, filename)
+    if purpose == "evals":
+        max_bytes = min(max_bytes, eval_sets.MAX_EVALS_FILE_BYTES)
+    if settings is not None and (quota_bytes := settings.storage_quota(tier).file_bytes) is not None:
+        max_bytes = min(max_bytes, quota_bytes)  # one file larger than the whole quota: 413 while it streams
     reader = _HashingReader(stream, max_bytes)
     try:
         store.put_stream(key, reader)
-    except ApiError:
+        return register(session, store, tenant_id, file_id=file_id, key=key, filename=filename, purpose=purpose,
+                        size_bytes=reader.size_bytes, sha256=reader.digest.hexdigest(), tier=tier,
+                        contamination=contamination, expires_after_s=expires_after_s, settings=settings)
+    except BaseException:  # refused (size, quota, a bad evals file) or failed: no bytes stay behind
         store.delete_prefix(layout.file_prefix(tenant_id, file_id))
         raise
-    return register(session, store, tenant_id, file_id=file_id, key=key, filename=filename, purpose=purpose,
-                    size_bytes=reader.size_bytes, sha256=reader.digest.hexdigest(), tier=tier,
-                    contamination=contamination, expires_after_s=expires_after_s)
 
 
 def check_purpose(purpose: str) -> None:
@@ -101,8 +110,11 @@ def check_expires_after(anchor: object, seconds: object, param: str = "expires_a
 def register(
     session: Session, store: ObjectStore, tenant_id: str, *, file_id: str, key: str, filename: str, purpose: str,
     size_bytes: int, sha256: str, tier: str, contamination, expires_after_s: int | None,  # noqa: ANN001
+    settings: Settings | None = None,
 ) -> FileRow:
-    """The File of bytes already at `key`: validated when it is a fine-tune file."""
+    """The File of bytes already at `key`: validated when it is a fine-tune file, checked when it is
+    an evals file (400 naming the line), and held to the tenant's storage quota when `settings` is
+    given (403; counted under the tenant's lock, taken after validation so that no lock waits on it)."""
     now = int(time.time())
     row = FileRow(
         file_id=file_id,
@@ -119,7 +131,13 @@ def register(
     if purpose == "fine-tune":
         _validate(store, row, tier, contamination)
     else:
+        if purpose == "evals":
+            eval_sets.check_upload(session, store, tenant_id, key)
         row.status = "processed"
+    if settings is not None:
+        tenant = tenant_repo.lock(session, tenant_id)
+        if tenant is not None:
+            quotas.check_file_bytes(session, settings, tenant, size_bytes)
     session.add(row)
     session.flush()
     return row

@@ -11,7 +11,7 @@ import random
 import re
 import time
 from pathlib import Path
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -220,15 +220,39 @@ def _continued(session: Session, request: JobRequest, parent: parents.Parent) ->
 
 
 def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest) -> dict:
-    """The figures a job with this body would get, without creating it."""
+    """The figures a job with this body would get, without creating it (or any prepared data). The
+    answer is cached by content and the data passes a tenant causes are bounded
+    (`services/estimates.py`: one at a time, `estimates_per_minute`; 429 beyond)."""
     base, training, validation, request, _parent = _check_inputs(session, platform.settings, tenant, request,
                                                                  platform.store)
+    settings = platform.settings
+    key = estimates.content_key(tenant.tenant_id, request.to_json(), training_sha256=training.sha256,
+                                validation_sha256=validation.sha256 if validation else None,
+                                base_sha256=base.sha256, pii_policy=tenant.pii_policy)
+    cache = estimates.cache_for(settings.estimate_cache_entries)
+    answer = cache.get(key, time.time())
+    if answer is None:
+        with estimates.admitted(settings.home, tenant.tenant_id, settings.estimates_per_minute):
+            answer = _estimate_answer(session, platform, tenant, request, base, training, validation)
+        cache.put(key, answer, time.time())
+    if isinstance(answer, ApiError):
+        raise replace(answer)  # a fresh error each time: the cached one carries no traceback
+    return {**answer, "queue_position": estimates.queue_position(session)}
+
+
+def _estimate_answer(session: Session, platform: Platform, tenant: Tenant, request: JobRequest, base: BaseModelRow,
+                     training: FileRow, validation: FileRow | None) -> dict | ApiError:
+    """The estimate, or the 400 its data or hyperparameters answer (as cacheable as the figures)."""
     try:
         plan = plan_job(session, platform, tenant, request, seed=request.seed or 0, training=training,
-                        validation=validation, base=base)
+                        validation=validation, base=base, keep_dataset=False)
     except DataCheckFailed as exc:
         first = exc.report.errors.first() or {"code": "invalid_file"}
-        raise invalid(exc.report.summary(), param=exc.which, code=first["code"]) from None
+        return invalid(exc.report.summary(), param=exc.which, code=first["code"])
+    except ApiError as exc:
+        if exc.status_code >= 500 or exc.status_code == 429:
+            raise  # not an answer about this body: never cached
+        return exc
     return {
         "object": "fine_tuning.job.estimate",
         "model": base.name,
@@ -236,7 +260,6 @@ def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: 
         "train_tokens_per_epoch": plan.prepared.train_tokens,
         "validation_examples": plan.prepared.valid_examples,
         "hyperparameters": asdict(plan.hyperparameters),
-        "queue_position": estimates.queue_position(session),
         "dataset_id": plan.prepared.dataset_id,
     }
 
@@ -310,6 +333,9 @@ def create_job(
 
     # the tenant's row stays locked until this request commits: creates racing each other are
     # counted one after the other, and none passes a limit another has just reached
+    # artifacts grow by trainers' writes, not by creates: read before the lock, so that no other
+    # request waits on a walk of the tenant's objects (403 storage_quota_exceeded)
+    quotas.check_artifacts(settings, store, tenant)
     locked = tenant_repo.lock(session, tenant.tenant_id) or tenant
     quotas.check_admission(session, locked)  # 403 quota_exceeded / 429 quota_exceeded: nothing is created
     job = Job(
@@ -415,15 +441,34 @@ def pause_job(session: Session, tenant_id: str, job_id: str) -> Job:
     return job
 
 
-def resume_job(session: Session, tenant_id: str, job_id: str) -> Job:
-    """A paused job goes back to the queue and continues from its newest checkpoint."""
+def resume_job(session: Session, tenant_id: str, job_id: str, settings: Settings | None = None,
+               store: ObjectStore | None = None) -> Job:
+    """A paused job goes back to the queue and continues from its newest checkpoint. Resuming adds a
+    waiting job, so it is admitted like a create (`quotas.check_admission`: the queue cap, 429, and
+    the month's GPU-hours, 403; with `settings` and `store`, the artifacts' storage quota, 403),
+    counted under the tenant's row lock: pause, create and resume cannot hold more queued jobs
+    than the cap."""
+    from tuneforge.services import quotas
+
     job = get_job(session, tenant_id, job_id)
-    if job.status != JobStatus.PAUSED.value:
-        raise ApiError(400, f"Job {job_id} is {job.status}; only a paused job can be resumed",
-                       param="fine_tuning_job_id", code="job_not_resumable")
+    _require_paused(job)
+    owner = tenant_repo.by_id(session, tenant_id)
+    if settings is not None and owner is not None:  # before the lock, as at create
+        quotas.check_artifacts(settings, store, owner)
+    tenant = tenant_repo.lock(session, tenant_id)
+    session.refresh(job)  # afresh under the lock: a parallel resume of this job has already moved it
+    _require_paused(job)
+    if tenant is not None:
+        quotas.check_admission(session, tenant)
     job.pause_requested = False
     transition(session, job, JobStatus.QUEUED, "Fine-tuning job resumed; it continues from its newest checkpoint")
     return job
+
+
+def _require_paused(job: Job) -> None:
+    if job.status != JobStatus.PAUSED.value:
+        raise ApiError(400, f"Job {job.job_id} is {job.status}; only a paused job can be resumed",
+                       param="fine_tuning_job_id", code="job_not_resumable")
 
 
 # ---- a job's events, checkpoints and attempts ------------------------------------------------
@@ -433,6 +478,9 @@ def list_events(session: Session, tenant_id: str, job_id: str, *, after: str | N
 
 
 def list_checkpoints(session: Session, job: Job, *, after: str | None, limit: int) -> Page:
+    """The job's checkpoints; none for a failed job (`parents.checkpoints_offered`)."""
+    if not parents.checkpoints_offered(job):
+        return Page([], False)
     return checkpoint_repo.page(session, job.tenant_id, job.job_id, after=after, limit=limit)
 
 

@@ -62,8 +62,9 @@ class Plan:
 
 
 def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest, *, seed: int,
-             training: FileRow, validation: FileRow | None, base: BaseModelRow) -> Plan:
-    """Raises DataCheckFailed (bad data) or ApiError (bad hyperparameters)."""
+             training: FileRow, validation: FileRow | None, base: BaseModelRow, keep_dataset: bool = True) -> Plan:
+    """Raises DataCheckFailed (bad data) or ApiError (bad hyperparameters). `keep_dataset=False`: an
+    estimate, which writes no prepared dataset (`datasets.prepare_for_job`)."""
     training_type = request.effective_training_type
     requested = hyperparams.requested_hyperparameters(request)
     method = request.method_type
@@ -78,7 +79,7 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
         base_sha256=base.sha256, method=method, max_seq_length=max_seq_length, seed=seed,
         options=options, pii_policy=data["pii_policy"],
     ), tokenizer, min_examples=platform.settings.min_training_examples,
-        contamination=eval_sets.index_for(session, platform.store, tenant.tenant_id))
+        contamination=eval_sets.index_for(session, platform.store, tenant.tenant_id), keep=keep_dataset)
     shape = model_shape(platform.store, base)
     lora = hyperparams.resolve_lora(training_type, base.num_parameters)
     memory_gb = (request.resources and request.resources.gpu_memory_gb) or platform.settings.gpu_memory_gb

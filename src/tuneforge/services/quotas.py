@@ -16,6 +16,22 @@ action)`; the rules it applies:
   evaluating) than `max_concurrent_jobs`.
 - the soft allowance is never enforced: usage past it is allowed and flagged
   (`over_soft_allowance` in GET /v1/usage and `tuneforge tenants usage`).
+- "create" is also what every other transition that adds a waiting job asks: a paused job
+  resumed (`jobs.resume_job`), a continued model and a sweep trial (both are creates).
+  Requeues the platform makes (a preempted or retried attempt) are not refused: they move a
+  job from holding to waiting, so waiting jobs stay under max_queued_jobs + max_concurrent_jobs.
+
+Storage (the tier's `StorageQuota`, settings `storage_quotas`); the checks of files and uploads
+run under the tenant's row lock so parallel requests cannot race past them, the artifacts' before
+it (they grow by trainers' writes, not by the requests that check them):
+
+- one object larger than a quota could ever hold: 413 `file_too_large`;
+- files (every purpose) past `file_bytes`, or artifacts past `artifact_bytes` at job create or
+  resume: 403 `storage_quota_exceeded` (type `insufficient_quota`): deleting cures it, waiting
+  does not;
+- pending uploads past `pending_uploads`, or their declared bytes past `pending_upload_bytes`:
+  429 `too_many_pending_uploads` / `pending_upload_bytes_exceeded` with Retry-After until the
+  oldest pending upload expires (completing or cancelling one cures it sooner).
 
 GPU-hours are billable hours (refunded attempts excluded, see
 `services/usage.py`) in the current calendar month, UTC. The hard cap is
@@ -37,10 +53,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Job, Tenant
-from tuneforge.domain.errors import invalid, quota_exceeded, rate_limited
+from tuneforge.db.tables import FileRow, Job, Tenant, UploadRow
+from tuneforge.domain.errors import ApiError, invalid, quota_exceeded, rate_limited
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import usage
+from tuneforge.settings import Settings
+from tuneforge.settings.money import StorageQuota
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
 
 
 @dataclass(frozen=True)
@@ -259,3 +279,99 @@ def totals(tenant: Tenant, month: str, metered: usage.Metered) -> dict[str, Any]
 def month_totals(session: Session, tenant: Tenant, month: str, now: float) -> dict[str, Any]:
     start, end = usage.month_bounds(month)
     return totals(tenant, month, usage.tenant_usage(session, tenant.tenant_id, start, end, now))
+
+
+# ---- storage -----------------------------------------------------------------------------------
+def storage_quota(settings: Settings, tenant: Tenant) -> StorageQuota:
+    return settings.storage_quota(tenant.tier)
+
+
+def file_bytes(session: Session, tenant_id: str) -> int:
+    """Bytes of the tenant's files, every purpose (results files too)."""
+    stmt = select(func.coalesce(func.sum(FileRow.size_bytes), 0)).where(FileRow.tenant_id == tenant_id)
+    return int(session.scalar(stmt) or 0)
+
+
+@dataclass(frozen=True)
+class PendingUploads:
+    count: int
+    declared_bytes: int
+    next_expiry: int | None  # unix seconds when the oldest of them expires
+
+
+def pending_uploads(session: Session, tenant_id: str, now: float) -> PendingUploads:
+    row = session.execute(
+        select(func.count(), func.coalesce(func.sum(UploadRow.size_bytes), 0), func.min(UploadRow.expires_at))
+        .where(UploadRow.tenant_id == tenant_id, UploadRow.status == "pending", UploadRow.expires_at > int(now))).one()
+    return PendingUploads(int(row[0]), int(row[1]), None if row[2] is None else int(row[2]))
+
+
+def artifact_bytes(store: ObjectStore, tenant_id: str) -> int:
+    """Bytes the tenant's jobs hold in the store: checkpoints, final artifacts, copied parents."""
+    return sum(store.size_bytes(key) for key in store.list(layout.tenant_jobs_prefix(tenant_id)))
+
+
+def _too_large(what: str, size_bytes: int, quota_bytes: int) -> ApiError:
+    return ApiError(413, f"{what} of {size_bytes} bytes is larger than the tenant's whole storage quota of "
+                         f"{quota_bytes} bytes", param="file", code="file_too_large")
+
+
+def check_file_bytes(session: Session, settings: Settings, tenant: Tenant, adding_bytes: int) -> None:
+    """Refuse a new file of `adding_bytes` that takes the tenant past its `file_bytes`. The caller
+    holds the tenant's lock (`tenant_repo.lock`) until the file's row is committed."""
+    quota = storage_quota(settings, tenant).file_bytes
+    if quota is None:
+        return
+    if adding_bytes > quota:
+        raise _too_large("a file", adding_bytes, quota)
+    used = file_bytes(session, tenant.tenant_id)
+    if used + adding_bytes > quota:
+        raise quota_exceeded(
+            f"Storage quota reached: your files hold {used} bytes and this one {adding_bytes}; the quota is {quota} "
+            "bytes. Delete files you no longer need.", code="storage_quota_exceeded")
+
+
+def check_pending_upload(session: Session, settings: Settings, tenant: Tenant, declared_bytes: int,
+                         now: float) -> None:
+    """Refuse an Upload declaring `declared_bytes` beyond the tier's pending uploads (count and bytes)
+    or its file quota; the caller holds the tenant's lock until the upload's row is committed."""
+    quota = storage_quota(settings, tenant)
+    for limit in (quota.pending_upload_bytes, quota.file_bytes):
+        if limit is not None and declared_bytes > limit:
+            raise _too_large("an upload", declared_bytes, limit)
+    pending = pending_uploads(session, tenant.tenant_id, now)
+    retry_after = max(1, (pending.next_expiry or int(now)) - int(now))
+    if quota.pending_uploads is not None and pending.count >= quota.pending_uploads:
+        raise rate_limited(f"You have {pending.count} pending uploads, the most allowed; complete or cancel one "
+                           "first.", code="too_many_pending_uploads", retry_after=retry_after)
+    limit = quota.pending_upload_bytes
+    if limit is not None and pending.declared_bytes + declared_bytes > limit:
+        raise rate_limited(f"Your pending uploads declare {pending.declared_bytes} bytes; {declared_bytes} more "
+                           f"would pass the {limit} allowed. Complete or cancel one first.",
+                           code="pending_upload_bytes_exceeded", retry_after=retry_after)
+    check_file_bytes(session, settings, tenant, declared_bytes)  # it would not fit once completed either
+
+
+def check_artifacts(settings: Settings, store: ObjectStore | None, tenant: Tenant) -> None:
+    """Refuse a job (create, resume) while the tenant's jobs hold `artifact_bytes` or more."""
+    quota = storage_quota(settings, tenant).artifact_bytes
+    if quota is None or store is None:
+        return
+    used = artifact_bytes(store, tenant.tenant_id)
+    if used >= quota:
+        raise quota_exceeded(
+            f"Storage quota reached: your jobs' checkpoints and models hold {used} bytes, the quota is {quota} "
+            "bytes. Delete models or jobs' checkpoints you no longer need.", code="storage_quota_exceeded")
+
+
+def storage_standing(session: Session, settings: Settings, store: ObjectStore, tenant: Tenant,
+                     now: float) -> dict[str, Any]:
+    """What the tenant keeps against its storage quotas (null: no limit), as GET /v1/usage shows it."""
+    quota = storage_quota(settings, tenant)
+    pending = pending_uploads(session, tenant.tenant_id, now)
+    return {
+        "file_bytes": file_bytes(session, tenant.tenant_id), "file_bytes_quota": quota.file_bytes,
+        "pending_uploads": pending.count, "pending_uploads_quota": quota.pending_uploads,
+        "pending_upload_bytes": pending.declared_bytes, "pending_upload_bytes_quota": quota.pending_upload_bytes,
+        "artifact_bytes": artifact_bytes(store, tenant.tenant_id), "artifact_bytes_quota": quota.artifact_bytes,
+    }

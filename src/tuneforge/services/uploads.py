@@ -12,8 +12,11 @@ housekeeping, and on any later request for it).
 
 Limits, checked under the tenant's lock so that parallel parts cannot race
 past them: the declared size is at most the tenant tier's file limit (8 GiB at
-most); the parts never add up to more than it; at most `MAX_PARTS` parts; at
-most `MAX_PENDING_UPLOADS` pending uploads per tenant.
+most; an evals file at most `eval_sets.MAX_EVALS_FILE_BYTES`); the parts never
+add up to more than it; at most `MAX_PARTS` parts; with `settings`, the tier's
+storage quota (`quotas.check_pending_upload`: pending uploads and the bytes they
+declare, 429 with Retry-After; the files' bytes at create and again at complete,
+403), else at most `MAX_PENDING_UPLOADS` pending uploads per tenant.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from tuneforge.db.repos import uploads as upload_repo
 from tuneforge.db.tables import FileRow, UploadPartRow, UploadRow
 from tuneforge.domain.errors import ApiError, invalid, not_found, rate_limited
 from tuneforge.domain.ids import new_id
+from tuneforge.services import eval_sets, quotas
 from tuneforge.services import files as file_service
+from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
@@ -54,12 +59,16 @@ FINE_TUNE_MIME_TYPES = frozenset({
 
 
 def create(session: Session, tenant_id: str, *, filename: str, purpose: str, size_bytes: object, mime_type: str,
-           max_bytes: int, expires_after_s: int | None = None) -> UploadRow:
+           max_bytes: int, expires_after_s: int | None = None, settings: Settings | None = None) -> UploadRow:
     file_service.check_purpose(purpose)
     file_service.new_file_key(tenant_id, filename, param="filename")  # the name must make a file
+    if purpose == "evals":
+        max_bytes = min(max_bytes, eval_sets.MAX_EVALS_FILE_BYTES)
     _check_size(size_bytes, min(max_bytes, MAX_UPLOAD_BYTES))
     mime = _check_mime_type(mime_type, purpose)
-    tenant_repo.lock(session, tenant_id)
+    tenant = tenant_repo.lock(session, tenant_id)
+    if settings is not None and tenant is not None:
+        quotas.check_pending_upload(session, settings, tenant, int(size_bytes), time.time())  # type: ignore[arg-type]
     pending = upload_repo.count_pending(session, tenant_id, int(time.time()))
     if pending >= MAX_PENDING_UPLOADS:
         raise rate_limited(f"You have {pending} pending uploads, the most allowed; complete or cancel one first.",
@@ -167,7 +176,8 @@ class _Capped:
 
 
 def complete(session: Session, store: ObjectStore, tenant_id: str, upload_id: str, *, part_ids: object,
-             md5: object, tier: str, contamination_index: Callable[[], Any] | None = None) -> UploadRow:
+             md5: object, tier: str, contamination_index: Callable[[], Any] | None = None,
+             settings: Settings | None = None) -> UploadRow:
     """The parts, in the order of `part_ids`, become a File. The sizes must add up to the declared
     bytes; a wrong md5 leaves the upload pending (another order may be meant), and nothing is lost.
     `contamination_index`: the eval sets' index a fine-tune file is checked against, built on demand."""
@@ -200,7 +210,7 @@ def complete(session: Session, store: ObjectStore, tenant_id: str, upload_id: st
             session, store, tenant_id, file_id=file_id, key=key, filename=row.filename, purpose=row.purpose,
             size_bytes=total, sha256=sha256, tier=tier,
             contamination=contamination_index() if contamination_index and row.purpose == "fine-tune" else None,
-            expires_after_s=row.file_expires_after_s)
+            expires_after_s=row.file_expires_after_s, settings=settings)
     except BaseException:
         store.delete_prefix(layout.file_prefix(tenant_id, file_id))
         raise

@@ -11,7 +11,9 @@ Refunds are one rule, `is_refunded`: an attempt that ended by the platform's
 fault (`failure_class` "platform": crash, lost host, launch error; or status
 "lost") is metered but not billed. A preempted attempt is billed: the trainer
 checkpoints before it stops, so the work it paid for is kept and the job
-resumes from there. User errors and out-of-memory attempts are billed.
+resumes from there. User errors and out-of-memory attempts are billed, and so
+is an attempt whose report was refused (`report_refused`): the job fails at
+once instead of being retried, and its text is the tenant's model's.
 
 Months are calendar months in UTC. An attempt that spans a month boundary is
 split at it, so each month holds exactly the GPU-time spent within it.

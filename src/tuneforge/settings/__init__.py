@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tuneforge.settings.cluster import CapacityPool, ClusterSettings
+from tuneforge.settings.money import MoneySettings
 from tuneforge.settings.serving import ServingSettings
 
 __all__ = ["CapacityPool", "RateLimitTier", "Settings", "get_settings"]
@@ -60,7 +61,7 @@ DEFAULT_RATE_LIMITS: dict[str, dict[str, float | int | None]] = {
 }
 
 
-class Settings(ClusterSettings, ServingSettings, BaseSettings):
+class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
     # protected_namespaces=(): fields such as model_delete_grace_s are settings, not pydantic API (older
     # pydantic releases warn about the "model_" prefix otherwise)
     model_config = SettingsConfigDict(env_prefix="TUNEFORGE_", extra="ignore", protected_namespaces=())

@@ -49,7 +49,17 @@ def file_key(tenant_id: str, file_id: str, filename: str) -> str:
 
 
 def file_prefix(tenant_id: str, file_id: str) -> str:
-    return f"{tenant_prefix(tenant_id)}/files/{_part(file_id)}"
+    return f"{tenant_files_prefix(tenant_id)}/{_part(file_id)}"
+
+
+def tenant_files_prefix(tenant_id: str) -> str:
+    """Every file of the tenant is one folder under this (`file_prefix`)."""
+    return f"{tenant_prefix(tenant_id)}/files"
+
+
+def tenant_file_reports_prefix(tenant_id: str) -> str:
+    """Every file validation report of the tenant is one key under this (`file_report_key`)."""
+    return f"{tenant_prefix(tenant_id)}/reports/files"
 
 
 def upload_prefix(tenant_id: str, upload_id: str) -> str:
@@ -62,7 +72,7 @@ def upload_part_key(tenant_id: str, upload_id: str, part_id: str) -> str:
 
 def file_report_key(tenant_id: str, file_id: str) -> str:
     """The validation report of an uploaded file (beside, not inside, its folder)."""
-    return f"{tenant_prefix(tenant_id)}/reports/files/{_part(file_id)}.json"
+    return f"{tenant_file_reports_prefix(tenant_id)}/{_part(file_id)}.json"
 
 
 def job_report_key(tenant_id: str, job_id: str) -> str:
@@ -101,8 +111,13 @@ def dataset_prefix(tenant_id: str, dataset_id: str) -> str:
     return f"{tenant_prefix(tenant_id)}/datasets/{_part(dataset_id)}"
 
 
+def tenant_jobs_prefix(tenant_id: str) -> str:
+    """Everything the tenant's jobs wrote: checkpoints, artifacts, copied parents, tracking files."""
+    return f"{tenant_prefix(tenant_id)}/jobs"
+
+
 def job_prefix(tenant_id: str, job_id: str) -> str:
-    return f"{tenant_prefix(tenant_id)}/jobs/{_part(job_id)}"
+    return f"{tenant_jobs_prefix(tenant_id)}/{_part(job_id)}"
 
 
 def parent_adapter_prefix(tenant_id: str, job_id: str) -> str:

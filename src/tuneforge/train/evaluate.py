@@ -37,9 +37,6 @@ from tuneforge.train.reporter import message_event
 
 log = logging.getLogger(__name__)
 
-# examples of each suite shown with the results (prompt, base answer, fine-tuned answer)
-_SAMPLES = 5
-
 
 def eval_config(spec: Any) -> ResolvedEval | None:
     """The attempt's eval, or None when the job has none."""
@@ -79,17 +76,14 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[s
         errors.append({"suite": "task", "metric": "llm_judge", "message": str(exc)})
         results = runner.score(base, tuned, safety=safety, tasks=tasks, detector=detector,
                                metric_specs=[s for s in specs if s.name != "llm_judge"])
+    except task_metrics.MetricFailed as exc:  # the tenant's metric: a user error, billed and not retried
+        raise UserInputError(exc.code, str(exc), param=exc.param) from None
     except refusal.GuardModelError as exc:  # the guard model is unreachable: no safety figures
         errors.append({"suite": "safety", "metric": "refusal_rate", "message": str(exc)})
         results = runner.score(base, tuned, safety=[], tasks=tasks, metric_specs=specs, detector=detector)
     results["base"].update(base_valid)
     results["fine_tuned"].update(tuned_valid)
-    samples = {
-        "task": [{"prompt": t.prompt_for_judge, "reference": t.reference, "base": b, "fine_tuned": f}
-                 for t, b, f in list(zip(tasks, base.task_answers, tuned.task_answers))[:_SAMPLES]],
-        "safety": [{"prompt": row["messages"][-2]["content"], "base": b, "fine_tuned": f}
-                   for row, b, f in list(zip(safety, base.safety_replies, tuned.safety_replies))[:_SAMPLES]],
-    }
+    samples = runner.samples(base, tuned, safety=safety, tasks=tasks)  # made safe and bounded there
     counts = {"validation": len(valid_rows), "task": len(tasks), "golden": len(golden), "safety": len(safety)}
     duration = time.monotonic() - started
     run.reporter.report("events", message_event(

@@ -114,7 +114,7 @@ def test_parse_metrics_reads_names_and_options():
     ([{"pattern": "x"}], "eval.metrics[0].type", "unknown metric None"),
     ([5], "eval.metrics[0]", "must be a metric name or an object"),
     (["exact_match", "regex"], "eval.metrics[1].pattern", "regex needs 'pattern'"),
-    ([{"type": "regex", "pattern": "(unclosed"}], "eval.metrics[0].pattern", "not a valid regular expression"),
+    ([{"type": "regex", "pattern": "(unclosed"}], "eval.metrics[0].pattern", "not a regular expression RE2 can run"),
     ([{"type": "regex", "pattern": ""}], "eval.metrics[0].pattern", "must be a non-empty string"),
     ([{"type": "exact_match", "case_sensitive": "yes"}], "eval.metrics[0].case_sensitive", "true or false"),
     ([{"type": "contains", "casesensitive": True}], "eval.metrics[0].casesensitive", "has no option"),

@@ -71,3 +71,26 @@ def test_an_eval_config_the_trainer_cannot_use_is_the_tenants(tmp_path, tiny_mod
     with pytest.raises(UserInputError) as caught:
         evaluate.evaluate(run, validate=lambda _run: (0.0, 0.0))
     assert caught.value.code == "invalid_eval_config" and caught.value.param == "eval.safety_detector"
+
+
+def test_an_eval_metric_past_its_deadline_fails_the_attempt_as_the_tenants(
+        tmp_path, tiny_model_dir, monkeypatch) -> None:
+    """A tenant's metric that hangs (here: any metric, with a deadline of 0 s) ends the attempt as a
+    user error naming the metric: billed, not retried, no result (so no model) reported."""
+    from tuneforge.eval import metrics as task_metrics
+    from tuneforge.storage import layout
+
+    spec, store = stage_job(tmp_path, tiny_model_dir)
+    task_key = layout.file_key(spec.tenant_id, "file-task", "task.jsonl")
+    store.put_bytes(task_key, b'{"prompt": "2+2=", "completion": "4"}\n{"prompt": "3+3=", "completion": "6"}\n')
+    eval_config = ResolvedEval(task_file="file-task", task_file_key=task_key, golden=False, safety=False,
+                               metrics=({"type": "regex", "pattern": r"(a+)+$"},), max_new_tokens=2, max_examples=2)
+    monkeypatch.setattr(task_metrics, "METRIC_DEADLINE_S", 0.0)
+    reporter = RecordingReporter()
+    assert run_attempt(replace(spec, eval=eval_config), store, reporter) == TrainerExit.USER_ERROR
+    [failure] = reporter.of_kind("failure")
+    Failure.model_validate({**failure, "attempt": 1})
+    assert failure["classification"] == "user" and failure["code"] == "eval_metric_timeout"
+    assert failure["param"] == "eval.metrics" and "task.regex" in failure["message"]
+    _no_host_details(failure["message"])
+    assert not reporter.of_kind("result")

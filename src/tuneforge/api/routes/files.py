@@ -44,6 +44,7 @@ def create_file(
         session, platform.store, tenant.tenant_id, filename=file.filename or "", purpose=purpose,
         stream=file.file, max_bytes=platform.settings.max_upload_bytes_by_tier(tenant.tier),
         tier=tenant.tier, contamination=contamination, expires_after_s=expires_after_s,
+        settings=platform.settings,
     )
     return file_object(row)
 

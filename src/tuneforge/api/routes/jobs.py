@@ -123,7 +123,7 @@ def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sessi
 def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> dict:
     """A paused job is queued again and continues from its newest checkpoint."""
-    job = job_service.resume_job(session, tenant.tenant_id, job_id)
+    job = job_service.resume_job(session, tenant.tenant_id, job_id, platform.settings, platform.store)
     return job_object(job, platform.settings.openai_strict_status)
 
 

@@ -61,7 +61,7 @@ def create_upload(body: CreateUpload, tenant: Tenant = Depends(deps.tenant), ses
     row = upload_service.create(
         session, tenant.tenant_id, filename=body.filename, purpose=body.purpose, size_bytes=body.bytes,
         mime_type=body.mime_type, max_bytes=platform.settings.max_upload_bytes_by_tier(tenant.tier),
-        expires_after_s=expires_after_s)
+        expires_after_s=expires_after_s, settings=platform.settings)
     return _present(session, row)
 
 
@@ -94,7 +94,7 @@ def complete_upload(upload_id: str, body: CompleteUpload, tenant: Tenant = Depen
                     session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     row = upload_service.complete(
         session, platform.store, tenant.tenant_id, upload_id, part_ids=body.part_ids, md5=body.md5,
-        tier=tenant.tier,
+        tier=tenant.tier, settings=platform.settings,
         contamination_index=lambda: eval_sets.index_for(session, platform.store, tenant.tenant_id))
     return _present(session, row)
 

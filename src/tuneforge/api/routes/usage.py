@@ -11,6 +11,7 @@ from tuneforge.api import deps
 from tuneforge.api.limits import MONTH_PATTERN
 from tuneforge.db.tables import Tenant
 from tuneforge.services import quotas, usage
+from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
 
@@ -36,9 +37,10 @@ def usage_job_object(row: usage.JobUsage) -> dict:
 def get_usage(month: str | None = Query(None, pattern=MONTH_PATTERN, description="YYYY-MM (UTC), 1970-01 on; "
                                                                                  "default this month."),
               tenant: Tenant = Depends(deps.tenant),
-              session: Session = deps.SESSION) -> dict:
+              session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     """GPU-seconds per job in `month` (YYYY-MM, UTC; default this month): attempts from launch to end,
-    queue time free, platform failures refunded; totals in GPU-hours against the tenant's allowance."""
+    queue time free, platform failures refunded; totals in GPU-hours against the tenant's allowance;
+    `storage`: what it keeps now against its storage quotas."""
     now = time.time()
     month = usage.parse_month(month) if month is not None else usage.current_month(now)
     rows = usage.jobs_usage(session, tenant.tenant_id, month, now)
@@ -47,4 +49,5 @@ def get_usage(month: str | None = Query(None, pattern=MONTH_PATTERN, description
         "data": [usage_job_object(row) for row in rows],
         "has_more": False,
         "totals": quotas.month_totals(session, tenant, month, now),
+        "storage": quotas.storage_standing(session, platform.settings, platform.store, tenant, now),
     }
