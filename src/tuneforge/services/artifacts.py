@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import checkpoints as checkpoint_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.status import JobStatus
@@ -149,13 +150,7 @@ def discard_failed(session: Session, store: ObjectStore, now: float, grace_s: fl
     (`parents.checkpoints_offered`) and would otherwise be the operator's storage bill forever:
     files and rows, once the job ended `grace_s` ago (its trainer is done writing). Returns how
     many jobs were cleared; a job without checkpoint rows is not looked at again."""
-    from sqlalchemy import select
-
-    from tuneforge.db.tables import Checkpoint
-
-    jobs = list(session.scalars(
-        select(Job).where(Job.status == JobStatus.FAILED.value, Job.finished_at < now - grace_s,
-                          Job.job_id.in_(select(Checkpoint.job_id))).limit(limit)))
+    jobs = job_repo.failed_with_checkpoints(session, now - grace_s, limit)
     for job in jobs:
         for kind in ("adapter", "model"):
             store.delete_prefix(layout.artifact_prefix(job.tenant_id, job.job_id, kind))

@@ -20,13 +20,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.data import formats, shapes
 from tuneforge.data.contamination import MAX_SOURCES, ContaminationIndex
 from tuneforge.data.example import DataIssue
-from tuneforge.db.tables import FileRow
+from tuneforge.db.repos import files as file_repo
 from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.services.datasets import local_copy
 from tuneforge.storage import layout
@@ -63,8 +62,7 @@ def _sources(session: Session, store: ObjectStore, tenant_id: str) -> list[tuple
     for key in store.list(layout.eval_sets_prefix()):
         name = key.split("/")[1]
         sources.append((f"platform:{name}", key, str(store.size_bytes(key))))
-    rows = session.scalars(select(FileRow).where(FileRow.tenant_id == tenant_id, FileRow.purpose == "evals")
-                           .order_by(FileRow.pk.desc()).limit(max(0, MAX_SOURCES - len(sources))))
+    rows = file_repo.newest_of_purpose(session, tenant_id, "evals", max(0, MAX_SOURCES - len(sources)))
     sources += [(f"file:{row.file_id}", row.key, row.sha256) for row in rows]
     return sources[:MAX_SOURCES]
 
@@ -97,8 +95,7 @@ def index_for(session: Session, store: ObjectStore, tenant_id: str) -> Contamina
 def check_upload(session: Session, store: ObjectStore, tenant_id: str, key: str) -> int:
     """An uploaded `evals` file (its bytes at `key`) as the platform takes it, or the 400 that
     names what is wrong (the line, for its content). Returns how many examples it holds."""
-    count = session.scalar(select(func.count()).select_from(FileRow).where(
-        FileRow.tenant_id == tenant_id, FileRow.purpose == "evals")) or 0
+    count = file_repo.count_of_purpose(session, tenant_id, "evals")
     if count >= MAX_TENANT_EVAL_FILES:
         raise invalid(f"a tenant may keep at most {MAX_TENANT_EVAL_FILES} files with purpose 'evals'; delete one "
                       "first", param="purpose", code="too_many_eval_files")

@@ -52,8 +52,10 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import FileRow, Job, Tenant, UploadRow
+from tuneforge.db.repos import uploads as upload_repo
+from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.errors import ApiError, invalid, quota_exceeded, rate_limited
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import usage
@@ -288,8 +290,7 @@ def storage_quota(settings: Settings, tenant: Tenant) -> StorageQuota:
 
 def file_bytes(session: Session, tenant_id: str) -> int:
     """Bytes of the tenant's files, every purpose (results files too)."""
-    stmt = select(func.coalesce(func.sum(FileRow.size_bytes), 0)).where(FileRow.tenant_id == tenant_id)
-    return int(session.scalar(stmt) or 0)
+    return file_repo.total_bytes(session, tenant_id)
 
 
 @dataclass(frozen=True)
@@ -300,10 +301,7 @@ class PendingUploads:
 
 
 def pending_uploads(session: Session, tenant_id: str, now: float) -> PendingUploads:
-    row = session.execute(
-        select(func.count(), func.coalesce(func.sum(UploadRow.size_bytes), 0), func.min(UploadRow.expires_at))
-        .where(UploadRow.tenant_id == tenant_id, UploadRow.status == "pending", UploadRow.expires_at > int(now))).one()
-    return PendingUploads(int(row[0]), int(row[1]), None if row[2] is None else int(row[2]))
+    return PendingUploads(*upload_repo.pending_totals(session, tenant_id, int(now)))
 
 
 def artifact_bytes(store: ObjectStore, tenant_id: str) -> int:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.pagination import Page, newest_first
@@ -42,3 +42,19 @@ def existing_ids(session: Session, tenant_id: str, file_ids: Collection[str]) ->
         found.update(session.scalars(select(FileRow.file_id).where(FileRow.tenant_id == tenant_id,
                                                                    FileRow.file_id.in_(chunk))))
     return found
+
+
+def newest_of_purpose(session: Session, tenant_id: str, purpose: str, limit: int) -> list[FileRow]:
+    return list(session.scalars(select(FileRow).where(FileRow.tenant_id == tenant_id, FileRow.purpose == purpose)
+                                .order_by(FileRow.pk.desc()).limit(limit)))
+
+
+def count_of_purpose(session: Session, tenant_id: str, purpose: str) -> int:
+    return int(session.scalar(select(func.count()).select_from(FileRow).where(
+        FileRow.tenant_id == tenant_id, FileRow.purpose == purpose)) or 0)
+
+
+def total_bytes(session: Session, tenant_id: str) -> int:
+    """Bytes of the tenant's files, every purpose."""
+    return int(session.scalar(select(func.coalesce(func.sum(FileRow.size_bytes), 0))
+                              .where(FileRow.tenant_id == tenant_id)) or 0)

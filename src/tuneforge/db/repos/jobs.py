@@ -5,8 +5,9 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.engine import write_lock
 from tuneforge.db.pagination import Page, newest_first
-from tuneforge.db.tables import Job
+from tuneforge.db.tables import Checkpoint, Job
 from tuneforge.db.tenancy import owned
+from tuneforge.domain.status import JobStatus
 
 
 def get(session: Session, tenant_id: str, job_id: str) -> Job | None:
@@ -62,3 +63,11 @@ def with_status(session: Session, statuses: list[str]) -> list[Job]:
 def count_by_status(session: Session) -> dict[str, int]:
     rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
     return {status: count for status, count in rows}
+
+
+def failed_with_checkpoints(session: Session, finished_before: float, limit: int) -> list[Job]:
+    """Failed jobs that ended before `finished_before` and still have checkpoint rows (any tenant:
+    for the housekeeping that clears them)."""
+    return list(session.scalars(
+        select(Job).where(Job.status == JobStatus.FAILED.value, Job.finished_at < finished_before,
+                          Job.job_id.in_(select(Checkpoint.job_id))).limit(limit)))

@@ -35,3 +35,11 @@ def past_expiry(session: Session, now: int, limit: int) -> list[UploadRow]:
     """Every tenant's pending uploads past their expiry (the housekeeping sweep's query)."""
     return list(session.scalars(select(UploadRow).where(UploadRow.status == "pending", UploadRow.expires_at <= now)
                                 .order_by(UploadRow.pk).limit(limit)))
+
+
+def pending_totals(session: Session, tenant_id: str, now: int) -> tuple[int, int, int | None]:
+    """(how many, bytes declared, the soonest expiry) of the tenant's unexpired pending uploads."""
+    row = session.execute(
+        select(func.count(), func.coalesce(func.sum(UploadRow.size_bytes), 0), func.min(UploadRow.expires_at))
+        .where(UploadRow.tenant_id == tenant_id, UploadRow.status == "pending", UploadRow.expires_at > now)).one()
+    return int(row[0]), int(row[1]), None if row[2] is None else int(row[2])
