@@ -37,6 +37,8 @@ PREPARED_VERSION = 1  # bump when the prepared format changes, so old caches are
 # fixed allowance plus the slowest rate a real file is checked at (real files: ~20 MB/s).
 CHECK_DEADLINE_BASE_S = 60
 CHECK_MIN_BYTES_PER_S = 512 * 1024
+# Preparing a job's data also tokenizes it: it may take this many times an upload's check.
+PREPARE_DEADLINE_FACTOR = 4
 
 
 @contextmanager
@@ -228,41 +230,97 @@ def prepare_for_job(store: ObjectStore, request: PrepareRequest, tokenizer: Any,
     valid_key = layout.dataset_key(request.tenant_id, ident, "valid.jsonl")
     with tempfile.TemporaryDirectory(prefix="tuneforge-prepare-") as scratch:
         train_path, valid_path = Path(scratch) / "train.jsonl", Path(scratch) / "valid.jsonl"
-        with open(train_path, "wb") as train_out, open(valid_path, "wb") as valid_out:
-            writer = PreparedWriter(train_out, valid_out, request.seed, split)
-            report = _run_check(store, request.training, _check_options(request, min_examples, for_validation=False),
-                                tokenizer, contamination, writer)
-            if not report.ok:
-                raise DataCheckFailed(report, "training_file")
-            if request.validation is not None:
-                held = PreparedWriter(valid_out, None, request.seed, 0.0)
-                valid_report = _run_check(store, request.validation,
-                                          _check_options(request, 1, for_validation=True), tokenizer, None, held)
-                if not valid_report.ok:
-                    raise DataCheckFailed(valid_report, "validation_file")
-                writer.valid_count += held.train_count
-        if writer.train_count < min_examples:
-            report.errors.add(_too_few_after_split(writer.train_count, min_examples))
-            raise DataCheckFailed(report, "training_file")
-        has_valid = writer.valid_count > 0
+        outcome = _prepare_in_worker(store, request, tokenizer, contamination, min_examples, train_path, valid_path)
+        if outcome.failed is not None:
+            raise DataCheckFailed(outcome.report, outcome.failed)
+        report, counts = outcome.report, outcome.counts
+        has_valid = counts.valid_count > 0
+        prepared = PreparedDataset(ident, train_key, valid_key if has_valid else None, counts.train_count,
+                                   counts.valid_count, counts.train_tokens, report.to_dict())
         if not keep:
-            return PreparedDataset(ident, train_key, valid_key if has_valid else None, writer.train_count,
-                                   writer.valid_count, writer.train_tokens, report.to_dict())
+            return prepared
         store.put_file(train_key, train_path)
         if has_valid:
             store.put_file(valid_key, valid_path)
-    prepared = PreparedDataset(ident, train_key, valid_key if has_valid else None, writer.train_count,
-                               writer.valid_count, writer.train_tokens, report.to_dict())
     store.put_bytes(manifest_key, json.dumps(prepared.__dict__ | {"reused": False}).encode())  # written last
     return prepared
 
 
-def _run_check(store: ObjectStore, source: tuple[str, str, str], options: CheckOptions, tokenizer: Any,
-               contamination, writer: PreparedWriter) -> DatasetReport:  # noqa: ANN001
-    key, filename, _sha = source
-    with local_copy(store, key) as path:
-        return check_dataset(path, options, name=filename, tokenizer=tokenizer, contamination=contamination,
-                             on_batch=writer)
+@dataclass
+class _Counts:
+    train_count: int = 0
+    valid_count: int = 0
+    train_tokens: int = 0
+
+
+@dataclass
+class _Prepared:
+    """What the check worker hands back: the training file's report, which file failed (None when
+    both passed) and the counts of what it wrote."""
+
+    report: DatasetReport
+    failed: str | None
+    counts: _Counts
+
+
+def _prepare_in_worker(store: ObjectStore, request: PrepareRequest, tokenizer: Any, contamination,  # noqa: ANN001
+                       min_examples: int, train_path: Path, valid_path: Path) -> _Prepared:
+    """The files checked against the tokenizer and written as prepared JSONL, in a check worker
+    under a deadline (`data.isolation`): a job's data never holds the scheduler or an API worker
+    for longer than its size allows, and a file that takes longer fails as a data error."""
+    with local_copy(store, request.training[0]) as train_source, \
+            _optional_copy(store, request.validation) as valid_source:
+        sources = [train_source] + ([valid_source] if valid_source is not None else [])
+        deadline_s = PREPARE_DEADLINE_FACTOR * check_deadline_s(sum(_size_bytes(path) for path in sources))
+        try:
+            return isolation.call_isolated(
+                "tuneforge.services.datasets:prepare_files", (request, train_source, valid_source, train_path,
+                                                              valid_path), deadline_s,
+                tokenizer=tokenizer, contamination=contamination, min_examples=min_examples)
+        except isolation.DeadlineExceeded:
+            issue = DataIssue("check_timeout", f"preparing {request.training[1]} for training took longer than "
+                                               f"{deadline_s:.0f} s, the limit for files of their size")
+        except (isolation.WorkerDied, MemoryError):
+            issue = DataIssue("check_failed", f"preparing {request.training[1]} for training stopped before it "
+                                              "finished (it ran out of memory or crashed)")
+    report = DatasetReport(method=request.method, pii_policy=request.pii_policy)
+    report.errors.add(issue)
+    return _Prepared(report, "training_file", _Counts())
+
+
+@contextmanager
+def _optional_copy(store: ObjectStore, source: tuple[str, str, str] | None) -> Iterator[Path | None]:
+    if source is None:
+        yield None
+        return
+    with local_copy(store, source[0]) as path:
+        yield path
+
+
+def prepare_files(request: PrepareRequest, train_source: Path, valid_source: Path | None, train_path: Path,
+                  valid_path: Path, *, tokenizer: Any, contamination, min_examples: int) -> _Prepared:  # noqa: ANN001
+    """Runs in a check worker: checks the local copies of the job's files and writes the accepted
+    examples to `train_path` / `valid_path`."""
+    split = float(request.options.get("validation_split") or 0.0) if request.validation is None else 0.0
+    with open(train_path, "wb") as train_out, open(valid_path, "wb") as valid_out:
+        writer = PreparedWriter(train_out, valid_out, request.seed, split)
+        report = check_dataset(train_source, _check_options(request, min_examples, for_validation=False),
+                               name=request.training[1], tokenizer=tokenizer, contamination=contamination,
+                               on_batch=writer)
+        if not report.ok:
+            return _Prepared(report, "training_file", _Counts())
+        if request.validation is not None and valid_source is not None:
+            held = PreparedWriter(valid_out, None, request.seed, 0.0)
+            valid_report = check_dataset(valid_source, _check_options(request, 1, for_validation=True),
+                                         name=request.validation[1], tokenizer=tokenizer, contamination=None,
+                                         on_batch=held)
+            if not valid_report.ok:
+                return _Prepared(valid_report, "validation_file", _Counts())
+            writer.valid_count += held.train_count
+    if writer.train_count < min_examples:
+        report.errors.add(_too_few_after_split(writer.train_count, min_examples))
+        return _Prepared(report, "training_file", _Counts())
+    return _Prepared(report, None, _Counts(writer.train_count, writer.valid_count, writer.train_tokens))
 
 
 def _too_few_after_split(count: int, minimum: int) -> DataIssue:
