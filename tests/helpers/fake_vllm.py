@@ -37,6 +37,7 @@ class FakeVllm:
     loaded: dict[str, str] = field(default_factory=dict)  # lora_name -> lora_path
     refuse: dict[str, str] = field(default_factory=dict)  # lora_name -> the 400 message its load gets
     fail_next: list[tuple[int, str, dict[str, str]]] = field(default_factory=list)  # status, body, headers
+    answer_text: str | None = None  # what every generation says instead of the canned text
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -120,7 +121,7 @@ class FakeVllm:
                 if model != fake.base and model not in fake.loaded:
                     self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
                     return
-                text = f"vllm says hi from {model}"
+                text = fake.answer_text if fake.answer_text is not None else f"vllm says hi from {model}"
                 chat = self.path == "/v1/chat/completions"
                 prompt_tokens = 7
                 if not body.get("stream"):

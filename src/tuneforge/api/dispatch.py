@@ -23,6 +23,7 @@ from tuneforge.db.repos import models as model_repo
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.ids import new_id
+from tuneforge.domain.tenant_text import safe_data
 from tuneforge.serve import vllm
 from tuneforge.serve.params import ModelTarget, Usage
 from tuneforge.serve.targets import resolve_target
@@ -147,6 +148,7 @@ async def proxied(path: str, body: BaseModel, resolved: Resolved, reply_id: str,
             if again is None or retried:
                 return None
             upstream = again
+    answer = safe_data(answer)  # a model's text is escaped wherever it comes from (domain/tenant_text.py)
     answer["id"], answer["model"] = reply_id, resolved.target.name
     if routed is not None:
         await routed.finish(platform, "ok", _usage_of(answer))
@@ -175,7 +177,7 @@ async def _relayed(events: AsyncIterator[dict[str, Any]], reply_id: str, model: 
                 event.pop("usage", None)
             if routed is not None and routed.first_token is None and event.get("choices"):
                 routed.first_token = time.monotonic()
-            yield event | {"id": reply_id, "model": model}
+            yield safe_data(event) | {"id": reply_id, "model": model}
         outcome = "ok"
     except ApiError as exc:
         outcome = "error"

@@ -248,3 +248,20 @@ def test_requests_for_models_not_deployed_stay_on_the_built_in_engine(handed_off
         "model": fleet.models["v1"], "messages": HI, "max_tokens": 3, "temperature": 0})
     assert answer.status_code == 200, answer.text
     assert fake.requests("/v1/chat/completions") == []
+
+
+def test_control_bytes_and_lone_surrogates_from_vllm_reach_the_tenant_escaped(handed_off):
+    _platform, http, fleet, fake, _shared = handed_off
+    v1 = fleet.models["v1"]
+    _promote(http, fleet, "v1", "staging", "production")
+    fake.answer_text = "nul\x00 esc\x1b lone\ud800 end"
+    expected = "nul\\u0000 esc\\u001b lone\ufffd end"
+    answer = http.post("/v1/chat/completions", headers=_auth(fleet), json={"model": v1, "messages": HI})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == expected
+    with http.stream("POST", "/v1/chat/completions", headers=_auth(fleet),
+                     json={"model": v1, "messages": HI, "stream": True}) as response:
+        lines = [line for line in response.iter_lines() if line]
+    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert streamed == " " + expected  # the fake streams word by word, each after a space
