@@ -73,10 +73,11 @@ class Method(BaseModel):
 
     @model_validator(mode="after")
     def _one_block(self) -> "Method":
-        for key, value in (self.model_extra or {}).items():
+        extra = self.model_extra or {}
+        for key, value in extra.items():
             if key != self.type:
                 raise ValueError(f"the method block must be named after method.type ({self.type!r}), not {key!r}")
-            self.model_extra[key] = MethodBlock.model_validate(value)
+            extra[key] = MethodBlock.model_validate(value)
         return self
 
     @property

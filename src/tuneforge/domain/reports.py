@@ -180,7 +180,7 @@ class Failure(_Sequenced):
 Report = Union[Heartbeat, Events, CheckpointWritten, Resumed, Evaluating, Result, Failure]
 
 # kind (the URL's last segment) -> its message type
-REPORT_TYPES: dict[str, type[_Report]] = {
+REPORT_TYPES: dict[str, type[Report]] = {
     "heartbeat": Heartbeat,
     "events": Events,
     "checkpoints": CheckpointWritten,
