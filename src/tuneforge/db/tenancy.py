@@ -4,7 +4,8 @@ found, so the API answers 404 and shows nothing of it.
 
 A job's child rows (attempts, events, checkpoints) have no `tenant_id` of
 their own: they are selected through their job, which must belong to the
-tenant (`of_job`), so a read of another tenant's job finds no children."""
+tenant (`of_job`), so a read of another tenant's job finds no children. A
+sweep's trials are selected through their sweep in the same way (`of_sweep`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, select
 
-from tuneforge.db.tables import Job
+from tuneforge.db.tables import Job, Sweep
 
 
 def owned(model, tenant_id: str) -> Select:  # noqa: ANN001 - any table with tenant_id
@@ -29,3 +30,9 @@ def of_job(model: Any, tenant_id: str, job_id: str) -> ColumnElement[bool]:
 def owned_by_job(model: Any, tenant_id: str, job_id: str) -> Select:
     """SELECT rows of `model` (a job's child table) of job `job_id`, if that job is `tenant_id`'s."""
     return select(model).where(of_job(model, tenant_id, job_id))
+
+
+def of_sweep(model: Any, tenant_id: str, sweep_id: str) -> ColumnElement[bool]:
+    """WHERE clause: rows of `model` that belong to sweep `sweep_id`, if that sweep is `tenant_id`'s."""
+    tenants_sweep = select(Sweep.sweep_id).where(Sweep.sweep_id == sweep_id, Sweep.tenant_id == tenant_id)
+    return and_(model.sweep_id == sweep_id, model.sweep_id.in_(tenants_sweep))

@@ -1,7 +1,8 @@
 """The scheduler loop: one tick validates new jobs, reconciles running
 attempts with what the executor reports, and starts queued jobs in order
-while there is capacity. Each phase commits on its own so a failure in one
-job never blocks the others."""
+while there is capacity, then runs the periodic duties that are due
+(scheduler/housekeeping.py). Each phase commits on its own so a failure in
+one job never blocks the others."""
 
 from __future__ import annotations
 
@@ -24,21 +25,16 @@ from tuneforge.domain.ids import correlation_id
 from tuneforge.domain.status import AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub
 from tuneforge.executors.protocol import Capacity, Executor, Placement, PollResult
-from tuneforge.registry import models as registry
+from tuneforge.scheduler.housekeeping import Housekeeping, platform_duties
 from tuneforge.scheduler.leader import LeaderLock
 from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
 from tuneforge.scheduler.pools import PoolSetup
 from tuneforge.scheduler.spec_builder import build_spec
 from tuneforge.scheduler.state import ClusterState, placement_spans, read_state
-from tuneforge.serve import vllm
 from tuneforge.services import artifacts, quotas, usage
-from tuneforge.services import routes as route_service
 from tuneforge.services import sweeps as sweep_service
-from tuneforge.services import files as file_service
-from tuneforge.services import uploads as upload_service
 from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
-from tuneforge.services.leftovers import LeftoverSweeper
 from tuneforge.services.reports import token_hash
 from tuneforge.services.transitions import transition
 
@@ -58,8 +54,8 @@ class Scheduler:
         # GPUs being freed by preemption, promised to the job they are freed for. Kept in
         # memory: a new leader starts without holds, and preempts again if it must.
         self._holds: dict[str, Hold] = {}
-        self._last_run: dict[str, float] = {}  # housekeeping task -> when it last ran
-        self._leftovers = LeftoverSweeper()  # remembers orphaned files between passes
+        # periodic duties (purges, expiry, leftovers, vLLM sync, reaping): scheduler/housekeeping.py
+        self.housekeeping = Housekeeping(platform_duties(platform, executor))
         self.pools = PoolSetup.from_settings(settings)  # capacity pools (scheduler/pools.py); None: not configured
 
     # ---- the tick -------------------------------------------------------
@@ -79,13 +75,7 @@ class Scheduler:
         if inventory_known:
             self._admit_queued_jobs()
         self._release_ended()
-        self._purge_deleted_models()
-        self._expire_uploads_and_files()
-        self._discard_failed_jobs_weights()
-        self._sweep_leftover_files()
-        self._prune_route_requests()
-        self._sync_vllm()
-        self._reap_executor()
+        self.housekeeping.run_due()
 
     def _release_ended(self) -> None:
         """An attempt that ended — by its result or failure report, its exit, a cancel, a lost
@@ -113,105 +103,6 @@ class Scheduler:
                     attempt.handle = {**handle, "released_at": now}
             except Exception:  # noqa: BLE001 - one broken attempt must not stop the loop
                 log.exception("releasing %s attempt %s failed", job_id, number)
-
-    def _due(self, task: str, every_s: float) -> bool:
-        """Whether housekeeping `task` is due (at most once every `every_s`); if so, it runs now."""
-        now = time.time()
-        if now - self._last_run.get(task, 0.0) < every_s:
-            return False
-        self._last_run[task] = now
-        return True
-
-    def _reap_executor(self, every_s: float = 60.0) -> None:
-        """Free what the executor still holds for attempts that ended without being released
-        (a control plane that died between recording an end and releasing it)."""
-        if not self._due("reap", every_s):
-            return
-        try:
-            with self.platform.db.session() as session:
-                active = {(a.job_id, a.number) for a in attempt_repo.active(session)}
-            self.executor.reap(active)
-        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
-            log.exception("reaping the executor's leftovers failed")
-
-    def _purge_deleted_models(self, every_s: float = 60.0) -> None:
-        """Artifacts of deleted models whose grace period is over (at most once a minute)."""
-        now = time.time()
-        if not self._due("purge", every_s):
-            return
-        try:
-            with self.platform.db.session() as session:
-                purged = registry.purge_expired(session, self.platform.store, now)
-            if purged:
-                log.info("removed the artifacts of %d deleted model(s): %s", len(purged), ", ".join(purged))
-        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
-            log.exception("purging deleted models failed")
-
-    def _expire_uploads_and_files(self, every_s: float = 60.0) -> None:
-        """Pending uploads past their hour (their parts deleted) and files past `expires_at`."""
-        if not self._due("expire", every_s):
-            return
-        now = time.time()
-        try:
-            with self.platform.db.session() as session:
-                uploads = upload_service.expire(session, self.platform.store, now)
-                removed = file_service.delete_expired(session, self.platform.store, now)
-            if uploads or removed:
-                log.info("expired %d upload(s) and deleted %d expired file(s)", uploads, removed)
-        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
-            log.exception("expiring uploads and files failed")
-
-    def _discard_failed_jobs_weights(self, every_s: float = 60.0) -> None:
-        """Checkpoints and artifacts of failed jobs: not offered, so not kept (services/artifacts.py)."""
-        if not self._due("failed_weights", every_s):
-            return
-        try:
-            with self.platform.db.session() as session:
-                cleared = artifacts.discard_failed(session, self.platform.store, time.time(),
-                                                   max(600.0, 2 * self.platform.settings.preempt_grace_s))
-            if cleared:
-                log.info("removed the checkpoints and artifacts of %d failed job(s)", cleared)
-        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
-            log.exception("removing failed jobs' weights failed")
-
-    def _sweep_leftover_files(self, every_s: float = 3600.0) -> None:
-        """File objects no row owns (an upload's worker died between writing and committing),
-        deleted once orphaned for the sweeper's grace period (services/leftovers.py)."""
-        if not self._due("leftovers", every_s):
-            return
-        try:
-            with self.platform.db.session() as session:
-                removed = self._leftovers.sweep(session, self.platform.store, time.time())
-            if removed:
-                log.info("deleted %d leftover file(s) that no row owned", removed)
-        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
-            log.exception("sweeping leftover files failed")
-
-    def _prune_route_requests(self, every_s: float = 3600.0) -> None:
-        """Forget the requests routes served longer ago than their retention (hourly)."""
-        if not self._due("routes", every_s):
-            return
-        try:
-            with self.platform.db.session() as session:
-                pruned = route_service.prune(session, self.platform.settings.route_request_retention_days * 86_400)
-            if pruned:
-                log.info("forgot %d routed request(s) past their retention", pruned)
-        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
-            log.exception("pruning routed requests failed")
-
-    def _sync_vllm(self) -> None:
-        """Every vLLM server holds the deployed adapters of its base, and no others of ours: a
-        restarted server gets them back (serve/vllm.py)."""
-        handoff = vllm.handoff_for(self.platform)
-        if handoff is None or not self._due("vllm", self.platform.settings.vllm_sync_interval_s):
-            return
-        try:
-            with self.platform.db.session() as session:
-                report = handoff.sync(session)
-            if report["loaded"] or report["unloaded"]:
-                log.info("vLLM: loaded %s; unloaded %s", report["loaded"], report["unloaded"])
-        except Exception:  # noqa: BLE001 - housekeeping must never stop scheduling
-            log.exception("syncing the vLLM servers failed")
 
     def _validate_new_jobs(self) -> None:
         with self.platform.db.session() as session:

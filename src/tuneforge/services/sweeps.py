@@ -16,21 +16,27 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.repos import models as model_repo
+from tuneforge.db.repos import sweeps as sweep_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Checkpoint, FineTunedModel, Job, Sweep, SweepTrial, Tenant
-from tuneforge.db.tenancy import owned
+from tuneforge.db.tables import FineTunedModel, Job, Sweep, SweepTrial, Tenant
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
+from tuneforge.registry import models as registry
 from tuneforge.services import jobs as job_service
+from tuneforge.services import usage
 from tuneforge.services.context import Platform
 from tuneforge.sweeps import space as sweep_space
 from tuneforge.sweeps.asha import Asha, judge
@@ -132,46 +138,89 @@ def _request(job: Mapping[str, Any], method_type: str, params: Mapping[str, Any]
 
 # ---- the API's operations ---------------------------------------------------------
 
-def create(session: Session, platform: Platform, tenant: Tenant, body: Mapping[str, Any]) -> Sweep:
+@dataclass(frozen=True)
+class TrialView:
+    """A trial as the API shows it: its row, its job's model (once trained) and its GPU time."""
+    trial: SweepTrial
+    fine_tuned_model: str | None
+    gpu_seconds: float
+
+
+@dataclass(frozen=True)
+class SweepView:
+    sweep: Sweep
+    trials: list[TrialView]
+
+
+def create(session: Session, platform: Platform, tenant: Tenant, body: Mapping[str, Any]) -> SweepView:
     config = check_config(session, platform, tenant, body)
     sweep = Sweep(sweep_id=new_id("sweep"), tenant_id=tenant.tenant_id, status="running", config=config,
                   created_at=int(time.time()))
     session.add(sweep)
     session.flush()
-    return sweep
+    return view(session, sweep)
 
 
 def get(session: Session, tenant_id: str, sweep_id: str) -> Sweep:
-    sweep = session.scalar(owned(Sweep, tenant_id).where(Sweep.sweep_id == sweep_id))
+    sweep = sweep_repo.get(session, tenant_id, sweep_id)
     if sweep is None:
         raise not_found(f"No sweep with id {sweep_id}", param="sweep_id", code="sweep_not_found")
     return sweep
 
 
-def listing(session: Session, tenant_id: str, limit: int = 100) -> list[Sweep]:
-    return list(session.scalars(owned(Sweep, tenant_id).order_by(Sweep.pk.desc()).limit(limit)))
+def retrieve(session: Session, tenant_id: str, sweep_id: str) -> SweepView:
+    return view(session, get(session, tenant_id, sweep_id))
 
 
-def trials(session: Session, sweep_id: str) -> list[SweepTrial]:
-    return list(session.scalars(select(SweepTrial).where(SweepTrial.sweep_id == sweep_id)
-                                .order_by(SweepTrial.number)))
+def listing(session: Session, tenant_id: str, limit: int = 100) -> list[SweepView]:
+    return [view(session, sweep) for sweep in sweep_repo.of_tenant(session, tenant_id, limit)]
 
 
-def cancel(session: Session, platform: Platform, tenant_id: str, sweep_id: str) -> Sweep:
+def trials(session: Session, sweep: Sweep) -> list[SweepTrial]:
+    return sweep_repo.trials(session, sweep.tenant_id, sweep.sweep_id)
+
+
+def view(session: Session, sweep: Sweep) -> SweepView:
+    """The sweep with each trial's model and GPU seconds (every attempt of its job, so far)."""
+    rows = trials(session, sweep)
+    job_ids = [t.job_id for t in rows if t.job_id]
+    jobs = job_repo.get_many(session, sweep.tenant_id, job_ids)
+    seconds: dict[str, float] = {}
+    now = time.time()
+    for attempt in attempt_repo.for_jobs(session, sweep.tenant_id, job_ids):
+        seconds[attempt.job_id] = seconds.get(attempt.job_id, 0.0) + usage.gpu_seconds(attempt, now)
+    shown = []
+    for trial in rows:
+        job = jobs.get(trial.job_id or "")
+        shown.append(TrialView(trial, job.fine_tuned_model if job is not None else None,
+                               seconds.get(trial.job_id or "", 0.0)))
+    return SweepView(sweep, shown)
+
+
+def cancel(session: Session, platform: Platform, tenant_id: str, sweep_id: str) -> SweepView:
     sweep = get(session, tenant_id, sweep_id)
     if sweep.status in TERMINAL:
         raise ApiError(400, f"Sweep {sweep_id} has already {sweep.status}", param="sweep_id",
                        code="sweep_not_cancellable")
-    for trial in trials(session, sweep_id):
+    for trial in trials(session, sweep):
         if trial.status in ACTIVE_TRIAL:
-            _stop(session, platform, trial, "cancelled", "Cancelled with its sweep")
+            _stop(session, platform, sweep, trial, "cancelled", "Cancelled with its sweep")
     sweep.status, sweep.finished_at = "cancelled", int(time.time())
-    return sweep
+    return view(session, sweep)
 
 
-def best_trial(session: Session, sweep: Sweep) -> SweepTrial | None:
-    return next((t for t in trials(session, sweep.sweep_id) if t.job_id == sweep.best_job_id), None) \
-        if sweep.best_job_id else None
+def promote_best(session: Session, tenant_id: str, sweep_id: str, stage: str) -> FineTunedModel:
+    """Move the best trial's model to `stage`, as promoting the model itself does; 409 while the
+    sweep has no best trial, or when that trial registered no model."""
+    sweep = get(session, tenant_id, sweep_id)
+    if sweep.status != "succeeded" or not sweep.best_job_id:
+        raise ApiError(409, f"Sweep {sweep_id} has no best trial yet (it is {sweep.status})", param="sweep_id",
+                       code="sweep_not_finished")
+    model = model_repo.of_job(session, tenant_id, sweep.best_job_id)
+    if model is None:
+        raise ApiError(409, "The best trial registered no model", param="sweep_id", code="model_not_found")
+    registry.promote(session, model, stage, actor=f"tenant:{tenant_id}")
+    return model
 
 
 # ---- the controller (the scheduler runs it) -----------------------------------------
@@ -180,11 +229,11 @@ def advance(platform: Platform) -> None:
     """One pass over every running sweep: follow its trials, stop the weak ones, start new ones,
     finish it when all are done. A sweep that breaks is failed, not retried forever."""
     with platform.db.session() as session:
-        running = list(session.scalars(select(Sweep.sweep_id).where(Sweep.status == "running")))
+        running = sweep_repo.running_ids(session)
     for sweep_id in running:
         try:
             with platform.db.session() as session:
-                sweep = session.scalar(select(Sweep).where(Sweep.sweep_id == sweep_id).with_for_update())
+                sweep = sweep_repo.get_for_update(session, sweep_id)
                 if sweep is not None and sweep.status == "running":
                     _advance_one(session, platform, sweep)
         except Exception:  # noqa: BLE001 - one broken sweep must not stop the others
@@ -196,9 +245,8 @@ def _advance_one(session: Session, platform: Platform, sweep: Sweep) -> None:
     minimize = config["objective"]["goal"] == "minimize"
     stopping = config.get("early_stopping")
     asha = Asha(stopping["min_epochs"], stopping["eta"], minimize) if stopping else None
-    rows = trials(session, sweep.sweep_id)
-    jobs = {job.job_id: job for job in session.scalars(select(Job).where(
-        Job.job_id.in_([t.job_id for t in rows if t.job_id])))}
+    rows = trials(session, sweep)
+    jobs = job_repo.get_many(session, sweep.tenant_id, [t.job_id for t in rows if t.job_id])
     records: dict[int, list[float]] = {}
     for trial in rows:
         for index, value in enumerate(trial.rungs or []):
@@ -211,7 +259,7 @@ def _advance_one(session: Session, platform: Platform, sweep: Sweep) -> None:
     if sweep.status == "failed":  # a trial the platform refused: the others stop too
         for trial in rows:
             if trial.status in ACTIVE_TRIAL:
-                _stop(session, platform, trial, "cancelled", f"Cancelled: sweep {sweep.sweep_id} failed")
+                _stop(session, platform, sweep, trial, "cancelled", f"Cancelled: sweep {sweep.sweep_id} failed")
     elif all(t.status not in ACTIVE_TRIAL for t in rows) and len(rows) >= config["max_trials"]:
         _finish(sweep, rows, minimize)
 
@@ -220,7 +268,7 @@ def _follow(session: Session, platform: Platform, sweep: Sweep, trial: SweepTria
             records: dict[int, list[float]]) -> None:
     metric = sweep.config["objective"]["metric"]
     if job.status == JobStatus.SUCCEEDED.value:
-        trial.objective = _final_objective(session, job, metric)
+        trial.objective = _final_objective(session, sweep.tenant_id, job, metric)
         trial.status = "completed" if trial.objective is not None else "failed"
         return
     if job.status in (JobStatus.FAILED.value, JobStatus.CANCELLED.value):
@@ -229,7 +277,7 @@ def _follow(session: Session, platform: Platform, sweep: Sweep, trial: SweepTria
     if asha is None or job.resolved is None:
         return
     n_epochs = float(job.resolved.hyperparameters.n_epochs)
-    points = _epoch_losses(session, job.job_id)
+    points = _epoch_losses(session, sweep.tenant_id, job.job_id)
     others = {index: [v for v in values] for index, values in records.items()}
     for index, value in enumerate(trial.rungs or []):  # its own values are not its competitors
         others[index].remove(value)
@@ -242,32 +290,31 @@ def _follow(session: Session, platform: Platform, sweep: Sweep, trial: SweepTria
         index, value = new[-1]
         rung = asha.rungs(n_epochs)[index]
         trial.objective = value
-        _stop(session, platform, trial, "stopped",
+        _stop(session, platform, sweep, trial, "stopped",
               f"Stopped early by sweep {sweep.sweep_id}: validation loss {value:.4g} at epoch {rung:g} is not among "
               f"the best 1/{asha.eta} of the {len(records[index])} trials that reached it")
 
 
-def _epoch_losses(session: Session, job_id: str) -> list[tuple[float, float]]:
-    rows = session.execute(select(Checkpoint.epoch, Checkpoint.metrics).where(
-        Checkpoint.job_id == job_id, Checkpoint.epoch.is_not(None)).order_by(Checkpoint.step)).all()
+def _epoch_losses(session: Session, tenant_id: str, job_id: str) -> list[tuple[float, float]]:
+    rows = checkpoint_repo.epoch_metrics(session, tenant_id, job_id)
     return [(float(epoch), float(metrics["valid_loss"])) for epoch, metrics in rows
             if isinstance((metrics or {}).get("valid_loss"), (int, float))]
 
 
-def _final_objective(session: Session, job: Job, metric: str) -> float | None:
+def _final_objective(session: Session, tenant_id: str, job: Job, metric: str) -> float | None:
     if metric == VALIDATION_LOSS:
-        points = _epoch_losses(session, job.job_id)
+        points = _epoch_losses(session, tenant_id, job.job_id)
         return points[-1][1] if points else None
-    model = session.scalar(select(FineTunedModel).where(FineTunedModel.job_id == job.job_id))
+    model = model_repo.of_job(session, tenant_id, job.job_id)
     value = ((model.eval_results or {}) if model is not None else {}).get(metric[len("eval."):])
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _stop(session: Session, platform: Platform, trial: SweepTrial, status: str, message: str) -> None:
+def _stop(session: Session, platform: Platform, sweep: Sweep, trial: SweepTrial, status: str, message: str) -> None:
     trial.status = status
     if not trial.job_id:
         return
-    job = session.scalar(select(Job).where(Job.job_id == trial.job_id))
+    job = job_repo.get(session, sweep.tenant_id, trial.job_id)
     if job is None or job.status in (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value):
         return
     events.add(session, job, message, level="warn", data={"code": "sweep_stopped", "sweep_trial": trial.number})

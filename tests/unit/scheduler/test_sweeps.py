@@ -165,6 +165,21 @@ def test_another_tenants_sweep_is_not_found(setup):
     assert http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/cancel", headers=other).status_code == 404
 
 
+def test_promoting_a_sweep_without_a_best_trial_answers_409_and_another_tenants_404(setup):
+    platform, http, _scheduler, _executor, _create_job, _job, auth = setup
+    from tests.helpers.platform import add_tenant
+
+    training, validation = _files(http, auth)
+    sweep_id = http.post("/v1/fine_tuning/sweeps", headers=auth, json=_sweep_body(training, validation)).json()["id"]
+    early = http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/promote", headers=auth, json={"stage": "production"})
+    assert early.status_code == 409 and early.json()["error"]["code"] == "sweep_not_finished"
+    assert early.json()["error"]["message"] == f"Sweep {sweep_id} has no best trial yet (it is running)"
+    other = {"Authorization": f"Bearer {add_tenant(platform, 'gamma')}"}
+    foreign = http.post(f"/v1/fine_tuning/sweeps/{sweep_id}/promote", headers=other, json={"stage": "staging"})
+    assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "sweep_not_found"
+    assert [s["id"] for s in http.get("/v1/fine_tuning/sweeps", headers=other).json()["data"]] == []
+
+
 def test_a_huge_grid_with_one_trial_is_created_from_arithmetic(setup):
     """16 parameters of 64 choices (2**96 points) and max_trials 1: the space is validated and
     sized without being built, and the one trial's parameters are drawn lazily."""

@@ -7,24 +7,20 @@ trial's model to a stage like `POST /v1/models/{model}/promote`.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
-from tuneforge.db.tables import Attempt, FineTunedModel, Job, Sweep, SweepTrial, Tenant
-from tuneforge.domain.errors import ApiError
-from tuneforge.registry import models as registry
+from tuneforge.db.tables import Tenant
 from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import sweeps as sweep_service
-from tuneforge.services import usage
 from tuneforge.services.context import Platform
+from tuneforge.services.sweeps import SweepView, TrialView
 
 router = APIRouter(prefix="/v1/fine_tuning/sweeps", tags=["sweeps"])
 TENANT = Depends(deps.tenant)
@@ -64,23 +60,16 @@ class PromoteBest(_Body):
     stage: Literal["dev", "staging", "production", "archived"] = "staging"
 
 
-def _trial_object(trial: SweepTrial, job: Job | None, gpu_seconds: float) -> dict[str, Any]:
+def _trial_object(shown: TrialView) -> dict[str, Any]:
+    trial = shown.trial
     return {"number": trial.number, "job_id": trial.job_id, "params": trial.params, "status": trial.status,
-            "rungs": trial.rungs, "objective": trial.objective,
-            "fine_tuned_model": job.fine_tuned_model if job is not None else None,
-            "gpu_seconds": round(gpu_seconds, 3)}
+            "rungs": trial.rungs, "objective": trial.objective, "fine_tuned_model": shown.fine_tuned_model,
+            "gpu_seconds": round(shown.gpu_seconds, 3)}
 
 
-def sweep_object(session: Session, sweep: Sweep) -> dict[str, Any]:
-    trials = sweep_service.trials(session, sweep.sweep_id)
-    job_ids = [t.job_id for t in trials if t.job_id]
-    jobs = {j.job_id: j for j in session.scalars(select(Job).where(Job.job_id.in_(job_ids)))} if job_ids else {}
-    seconds: dict[str, float] = {}
-    if job_ids:
-        now = time.time()
-        for attempt in session.scalars(select(Attempt).where(Attempt.job_id.in_(job_ids))):
-            seconds[attempt.job_id] = seconds.get(attempt.job_id, 0.0) + usage.gpu_seconds(attempt, now)
-    shown = [_trial_object(t, jobs.get(t.job_id or ""), seconds.get(t.job_id or "", 0.0)) for t in trials]
+def sweep_object(view: SweepView) -> dict[str, Any]:
+    sweep = view.sweep
+    shown = [_trial_object(trial) for trial in view.trials]
     best = next((t for t in shown if t["job_id"] == sweep.best_job_id), None) if sweep.best_job_id else None
     config = sweep.config
     return {"id": sweep.sweep_id, "object": "fine_tuning.sweep", "status": sweep.status,
@@ -96,39 +85,30 @@ def sweep_object(session: Session, sweep: Sweep) -> dict[str, Any]:
 @router.post("", responses=error_responses(403, 429))
 def create_sweep(body: SweepCreate, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                  platform: Platform = PLATFORM) -> dict:
-    sweep = sweep_service.create(session, platform, tenant, body.model_dump(exclude_none=True))
-    return sweep_object(session, sweep)
+    return sweep_object(sweep_service.create(session, platform, tenant, body.model_dump(exclude_none=True)))
 
 
 @router.get("")
 def list_sweeps(tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     return {"object": "list", "has_more": False,
-            "data": [sweep_object(session, s) for s in sweep_service.listing(session, tenant.tenant_id)]}
+            "data": [sweep_object(view) for view in sweep_service.listing(session, tenant.tenant_id)]}
 
 
 @router.get("/{sweep_id}")
 def retrieve_sweep(sweep_id: str, tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
-    return sweep_object(session, sweep_service.get(session, tenant.tenant_id, sweep_id))
+    return sweep_object(sweep_service.retrieve(session, tenant.tenant_id, sweep_id))
 
 
 @router.post("/{sweep_id}/cancel")
 def cancel_sweep(sweep_id: str, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                  platform: Platform = PLATFORM) -> dict:
-    return sweep_object(session, sweep_service.cancel(session, platform, tenant.tenant_id, sweep_id))
+    return sweep_object(sweep_service.cancel(session, platform, tenant.tenant_id, sweep_id))
 
 
 @router.post("/{sweep_id}/promote", responses=error_responses(409))
 def promote_best(sweep_id: str, body: PromoteBest | None = None, tenant: Tenant = TENANT,
                  session: Session = deps.SESSION, platform: Platform = PLATFORM) -> dict:
     """Move the best trial's model to a stage (default staging), as POST /v1/models/{model}/promote does."""
-    sweep = sweep_service.get(session, tenant.tenant_id, sweep_id)
-    if sweep.status != "succeeded" or not sweep.best_job_id:
-        raise ApiError(409, f"Sweep {sweep_id} has no best trial yet (it is {sweep.status})", param="sweep_id",
-                       code="sweep_not_finished")
-    model = session.scalar(select(FineTunedModel).where(FineTunedModel.job_id == sweep.best_job_id,
-                                                        FineTunedModel.tenant_id == tenant.tenant_id))
-    if model is None:
-        raise ApiError(409, "The best trial registered no model", param="sweep_id", code="model_not_found")
-    registry.promote(session, model, (body or PromoteBest()).stage, actor=f"tenant:{tenant.tenant_id}")
-    serving_changed(platform, session)
+    model = sweep_service.promote_best(session, tenant.tenant_id, sweep_id, (body or PromoteBest()).stage)
+    serving_changed(platform, session)  # commits, then brings the vLLM servers in line
     return fine_tuned_model_object(model)

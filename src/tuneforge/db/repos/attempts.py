@@ -20,6 +20,14 @@ def for_job(session: Session, tenant_id: str, job_id: str) -> list[Attempt]:
     return list(session.scalars(owned_by_job(Attempt, tenant_id, job_id).order_by(Attempt.number)))
 
 
+def for_jobs(session: Session, tenant_id: str, job_ids: list[str]) -> list[Attempt]:
+    """The attempts of those of `job_ids` that are `tenant_id`'s jobs."""
+    if not job_ids:
+        return []
+    tenants_jobs = select(Job.job_id).where(Job.job_id.in_(job_ids), Job.tenant_id == tenant_id)
+    return list(session.scalars(select(Attempt).where(Attempt.job_id.in_(tenants_jobs)).order_by(Attempt.pk)))
+
+
 def active(session: Session) -> list[Attempt]:
     """Every tenant's starting or running attempts (platform-side: the scheduler's)."""
     return list(

@@ -14,6 +14,13 @@ def get(session: Session, tenant_id: str, job_id: str) -> Job | None:
     return session.scalar(owned(Job, tenant_id).where(Job.job_id == job_id))
 
 
+def get_many(session: Session, tenant_id: str, job_ids: list[str]) -> dict[str, Job]:
+    """The tenant's jobs among `job_ids`, by id; another tenant's ids are simply absent."""
+    if not job_ids:
+        return {}
+    return {job.job_id: job for job in session.scalars(owned(Job, tenant_id).where(Job.job_id.in_(job_ids)))}
+
+
 def get_for_update(session: Session, job_id: str) -> Job | None:
     """Platform-side lookup (scheduler, trainer reports), row-locked on PostgreSQL; on SQLite the
     database's write lock is taken first, so that what is read here (a status checked before a
