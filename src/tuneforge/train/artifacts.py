@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tuneforge.domain.metrics import objective_metrics
 from tuneforge.domain.spec import BaseModelRef, JobSpec
 from tuneforge.storage.store import ObjectStore
 
@@ -44,11 +45,18 @@ def upload_full_model(model: Any, tokenizer: Any, store: ObjectStore, prefix: st
 
 
 def results_csv(history: list[dict[str, Any]]) -> bytes:
+    """One line per step: the fixed columns, then the objective's own figures (`Scores.metrics`) in
+    the order they first appeared; a step without one of them leaves its cell empty."""
+    extra: dict[str, None] = {}  # an ordered set: the columns keep their order from run to run
+    for row in history:
+        extra.update(dict.fromkeys(name for name in objective_metrics(row) if name not in RESULTS_COLUMNS))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULTS_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=[*RESULTS_COLUMNS, *extra], lineterminator="\n")
     writer.writeheader()
     for row in history:
-        writer.writerow({key: "" if row.get(key) is None else row[key] for key in RESULTS_COLUMNS})
+        own = objective_metrics(row)
+        writer.writerow({**{key: "" if row.get(key) is None else row[key] for key in RESULTS_COLUMNS},
+                         **{name: "" if own.get(name) is None else own[name] for name in extra}})
     return buffer.getvalue().encode()
 
 
@@ -93,8 +101,10 @@ def model_card(spec: JobSpec, *, kind: str, metrics: dict[str, Any], trained_tok
         lines += ["", "## Evaluation", "", "| metric | base | fine-tuned |", "|---|---|---|"]
         lines += [f"| {metric} | {_figure(base_scores.get(metric))} | {_figure(tuned_scores.get(metric))} |"
                   for metric in sorted(set(base_scores) | set(tuned_scores))]
-    loader = ("from peft import AutoPeftModelForCausalLM\n\nmodel = AutoPeftModelForCausalLM.from_pretrained(\"<this folder>\")"
+    loader = ("from peft import AutoPeftModelForCausalLM\n\n"
+              "model = AutoPeftModelForCausalLM.from_pretrained(\"<this folder>\")"
               if adapter else
-              "from transformers import AutoModelForCausalLM\n\nmodel = AutoModelForCausalLM.from_pretrained(\"<this folder>\")")
+              "from transformers import AutoModelForCausalLM\n\n"
+              "model = AutoModelForCausalLM.from_pretrained(\"<this folder>\")")
     lines += ["", "## Loading", "", "```python", loader, "```", ""]
     return "\n".join(lines)

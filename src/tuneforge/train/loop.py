@@ -12,7 +12,9 @@
 
 What a method trains on and how a forward pass is scored is its `Objective`
 (`train/objective.py`, one module per method in `train/methods/`); nothing
-here depends on which method runs.
+here depends on which method runs. A step starts with the objective's
+rollout phase when it has one (`train/rollout.py`: generate, then score), and
+the figures an objective reports of its own travel with the step's row.
 
 Determinism: everything random derives from `spec.seed`. The example order of
 an epoch is a pure function of (seed, epoch), so the data position saved in a
@@ -55,24 +57,29 @@ from typing import Any
 import torch
 
 from tuneforge.domain.exit_codes import TrainerExit
-from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
+from tuneforge.domain.metrics import OBJECTIVE_METRICS_KEY, checkpoint_metrics, metrics_data
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout, model_cache
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import attention
+from tuneforge.train import attention, distributed, evaluate, fused_loss, rollout
 from tuneforge.train import checkpoint as ckpt
-from tuneforge.train import distributed
-from tuneforge.train import evaluate, fused_loss
 from tuneforge.train.artifacts import MODEL_CARD, model_card, results_csv, upload_adapter, upload_full_model
 from tuneforge.train.batches import epoch_order
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
 from tuneforge.train.guards import check_divergence
 from tuneforge.train.hooks import NO_HOOKS, Hooks
-from tuneforge.train.model import fetch_base_model, is_adapter, load_adapter_weights, load_base_model, \
-    load_spec_base, prepare_trainable, trainable_parameters
+from tuneforge.train.model import (
+    fetch_base_model,
+    is_adapter,
+    load_adapter_weights,
+    load_base_model,
+    load_spec_base,
+    prepare_trainable,
+    trainable_parameters,
+)
 from tuneforge.train.objective import Objective
 from tuneforge.train.reporter import Reporter, message_event, metrics_event
-from tuneforge.train.run import Run, StepAbandoned, StepMark, StepStats, TrainerState
+from tuneforge.train.run import Run, StepAbandoned, StepMark, StepStats, StepTotals, TrainerState
 from tuneforge.train.setup import LR_SCHEDULES, configure_threads, lr_schedule, pick_device, seed_everything
 from tuneforge.train.telemetry import step_telemetry
 from tuneforge.train.tracking import Trackers
@@ -275,14 +282,14 @@ def rewind(run: Run, mark: StepMark) -> None:
 def train_step(run: Run, indices: list[int]) -> StepStats:
     hp, dist = run.spec.hyperparameters, run.dist
     started = time.perf_counter()
-    step = [run.train_set[index] for index in indices]
+    step = rollout.prepare(run, [run.train_set[index] for index in indices])  # as is, or the rollouts
     step_units = max(1, run.objective.units(step))  # of the whole step, whichever rank scores which example
     chunks = run.objective.chunks(dist.share(step), hp)
     # every rank runs as many micro-batches as the busiest (the strategies communicate in the
     # forward and backward passes); a rank short of examples runs fillers that count zero
     rounds = dist.max(len(chunks))
     filler = run.objective.chunks(step[:1], hp)[0] if rounds > len(chunks) else None
-    loss_sum, correct, counted, num_tokens, num_slots = 0.0, 0, 0, 0, 0
+    totals = StepTotals()
     for done in range(rounds):
         real = done < len(chunks)
         run.hooks.before_micro_batch(run, done)
@@ -293,21 +300,15 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
                                        learning_rate=run.scheduler.get_last_lr()[0])
             weight = dist.loss_scale / step_units if real else 0.0
             (scores.loss_sum * weight).backward()
-        if real:
-            loss_sum += float(scores.loss_sum.detach())
-            correct, counted = correct + scores.correct, counted + scores.count
-            num_tokens += scores.num_tokens
-            num_slots += scores.num_slots
+        totals.add(scores, real=real)
         ensure_current(run)
         run.hooks.after_micro_batch(run, done)
         if run.stop.is_set() and not dist.enabled and done + 1 < len(chunks) and \
                 _would_overrun(run, started, done + 1, len(chunks)):
             raise StepAbandoned()  # (a group of ranks always finishes its step together)
     if dist.enabled:
-        loss_sum, correct, counted, num_tokens, num_slots = dist.sum(
-            [loss_sum, correct, counted, num_tokens, num_slots])
-        correct, counted, num_tokens, num_slots = int(correct), int(counted), int(num_tokens), int(num_slots)
-        if not math.isfinite(loss_sum):  # every rank sees the same sum: the group stops together
+        totals = totals.summed(dist)
+        if not math.isfinite(totals.loss_sum):  # every rank sees the same sum: the group stops together
             raise TrainingDiverged(run.state.step + 1, "the loss is not finite",
                                    learning_rate=run.scheduler.get_last_lr()[0])
     max_norm = hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf")
@@ -319,11 +320,7 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return StepStats(
-        train_loss=loss_sum / max(1, counted), train_accuracy=correct / max(1, counted),
-        grad_norm=grad_norm, learning_rate=learning_rate, num_tokens=num_tokens,
-        elapsed_s=time.perf_counter() - started, num_slots=num_slots,
-    )
+    return totals.stats(grad_norm=grad_norm, learning_rate=learning_rate, elapsed_s=time.perf_counter() - started)
 
 
 def telemetry(run: Run, stats: StepStats) -> dict[str, Any]:
@@ -350,6 +347,8 @@ def finish_step(run: Run, stats: StepStats) -> None:
         "learning_rate": stats.learning_rate, "grad_norm": stats.grad_norm,
         **telemetry(run, stats),
     }
+    if stats.metrics:  # the objective's own figures, apart from the loop's (`domain/metrics.py`)
+        row[OBJECTIVE_METRICS_KEY] = dict(stats.metrics)
     diverged = check_divergence(run, stats)
     policy = run.spec.checkpoint
     # the batch of this step was the epoch's last: its position wrapped to the next epoch's start. Only
@@ -383,7 +382,8 @@ def validate(run: Run) -> tuple[float, float]:
     run.model.eval()
     loss_sum, correct, counted = 0.0, 0, 0
     try:
-        for chunk in run.objective.chunks(run.valid_set, run.spec.hyperparameters):
+        examples = rollout.prepare(run, run.valid_set, validation=True)
+        for chunk in run.objective.chunks(examples, run.spec.hyperparameters):
             scores = run.objective.forward(run, chunk)
             loss_sum += float(scores.loss_sum)
             correct, counted = correct + scores.correct, counted + scores.count

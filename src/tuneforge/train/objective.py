@@ -9,12 +9,27 @@ Units: the loss of a step is `sum(loss_sum) / units(step's examples)`, so
 every unit weighs the same however the step is split into micro-batches —
 target tokens for token-level objectives, examples (pairs, completions) for
 preference objectives.
+
+Rollouts: an objective that generates before it scores (reinforcement
+methods) also has `prepare_step(examples, context) -> examples` (the
+`PreparesSteps` protocol): the loop calls it once per optimizer step, before
+`units` and `chunks`, and scores what it returns. `context` (`StepContext`)
+holds the model in eval mode without gradients for the duration of the call
+and a generator seeded from the job's seed and the step, so that a resumed run
+samples what an uninterrupted one would. An objective without it is scored on
+the step's examples as they are.
+
+Figures of its own: `Scores.metrics` holds sums over the micro-batch's
+`count`, like `loss_sum`; the step reports each summed over its micro-batches
+and divided by the step's count, and the figure reaches the metrics event,
+the checkpoint's metrics, the results file and the console by its name
+(`domain/metrics.py` says which names are the loop's own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
@@ -33,21 +48,38 @@ class Scores:
     """One forward pass: the objective's loss summed over its units (keeps the graph),
     hits and units for the accuracy, real and computed token positions."""
 
-    loss_sum: "torch.Tensor"
+    loss_sum: torch.Tensor
     correct: int
     count: int
     num_tokens: int
     num_slots: int
+    metrics: Mapping[str, float] = field(default_factory=dict)  # the objective's own, summed over `count`
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What `prepare_step` may use. The model is in eval mode and gradients are off while the
+    hook runs; the loop switches it back to training after. Sampling must draw from `generator`
+    (not the global RNG): its seed derives from the job's seed and `step`, so an attempt that
+    resumed at this step draws the same numbers."""
+
+    model: Any
+    tokenizer: Any
+    generator: torch.Generator
+    step: int  # the optimizer step being prepared, 1-based (validating: the last step done)
+    device: torch.device
+    hyperparameters: Hyperparameters
+    validation: bool = False  # preparing the validation set rather than a training step
 
 
 class Objective(Protocol):
     name: str
 
-    def load(self, store: "ObjectStore", ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+    def load(self, store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
              base_model_sha256: str) -> list[Any]:
         """Every example of a prepared file, ready for `chunks` (`label`: "training" or "validation")."""
 
-    def prepare(self, run: "Run") -> None:
+    def prepare(self, run: Run) -> None:
         """Before the first step of an attempt (e.g. reference log-probabilities)."""
 
     def units(self, examples: list[Any]) -> int:
@@ -56,8 +88,15 @@ class Objective(Protocol):
     def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
         """The forward passes (micro-batches) of a step's examples."""
 
-    def forward(self, run: "Run", chunk: list[Any]) -> Scores:
+    def forward(self, run: Run, chunk: list[Any]) -> Scores:
         """Score one micro-batch."""
+
+
+class PreparesSteps(Protocol):
+    """The optional rollout phase of an `Objective` (see the module's docstring)."""
+
+    def prepare_step(self, examples: list[Any], context: StepContext) -> list[Any]:
+        """What the step scores instead of `examples` (e.g. the prompts with sampled completions)."""
 
 
 # -- shared by the token-level objectives (supervised, continued pre-training) ---
@@ -71,11 +110,11 @@ class TokenObjective:
     name: str
     loader: Callable[..., list[Any]]  # (store, ref, tokenizer, hp, *, label, base_model_sha256)
 
-    def load(self, store: "ObjectStore", ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+    def load(self, store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
              base_model_sha256: str) -> list[Any]:
         return self.loader(store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
 
-    def prepare(self, run: "Run") -> None:
+    def prepare(self, run: Run) -> None:
         return None
 
     def units(self, examples: list[Any]) -> int:
@@ -84,30 +123,30 @@ class TokenObjective:
     def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
         return token_chunks(examples, hp)
 
-    def forward(self, run: "Run", chunk: list[Any]) -> Scores:
+    def forward(self, run: Run, chunk: list[Any]) -> Scores:
         return token_scores(run, chunk)
 
 
-def load_token_examples(store: "ObjectStore", ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-                        base_model_sha256: str) -> list["TokenizedExample"]:
+def load_token_examples(store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
+                        base_model_sha256: str) -> list[TokenizedExample]:
     from tuneforge.train.batches import load_tokenized
 
     return load_tokenized(store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
 
 
-def token_units(examples: list["TokenizedExample"]) -> int:
+def token_units(examples: list[TokenizedExample]) -> int:
     from tuneforge.train.batches import target_token_count
 
     return sum(target_token_count(example) for example in examples)
 
 
-def token_chunks(examples: list["TokenizedExample"], hp: Hyperparameters) -> list[list[Any]]:
+def token_chunks(examples: list[TokenizedExample], hp: Hyperparameters) -> list[list[Any]]:
     from tuneforge.train.batches import step_micro_batches
 
     return step_micro_batches(examples, hp)
 
 
-def token_scores(run: "Run", chunk: list[list["TokenizedExample"]]) -> Scores:
+def token_scores(run: Run, chunk: list[list[TokenizedExample]]) -> Scores:
     """Next-token cross-entropy over the target tokens of packed rows (or one example per row)."""
     from tuneforge.train.batches import score_tokens
 
@@ -116,7 +155,7 @@ def token_scores(run: "Run", chunk: list[list["TokenizedExample"]]) -> Scores:
     return Scores(scores.loss_sum, scores.correct, scores.count, batch.num_tokens, batch.num_slots)
 
 
-def make_batch(run: "Run", rows: list[list["TokenizedExample"]]) -> "MicroBatch":
+def make_batch(run: Run, rows: list[list[TokenizedExample]]) -> MicroBatch:
     """Tensors for one forward pass: packed rows, or one example per row."""
     from tuneforge.train.batches import collate, collate_packed, packed_mask_options
 

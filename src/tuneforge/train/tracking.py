@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from tuneforge.domain.metrics import objective_metrics
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train.reporter import message_event
@@ -298,8 +299,12 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
              "learning_rate": "train/learning_rate", "grad_norm": "train/grad_norm",
              "tokens_per_second": "system/tokens_per_second", "peak_memory_mb": "system/peak_memory_mb",
              "mfu": "system/mfu", "padding_fraction": "system/padding_fraction"}
-    return {shown: float(row[key]) for key, shown in names.items()
-            if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)}
+    shown_values = {shown: float(row[key]) for key, shown in names.items()
+                    if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)}
+    # an objective's own figures (`Scores.metrics`), under train/ by the name it gave them
+    shown_values.update({f"train/{name}": float(value) for name, value in objective_metrics(row).items()
+                         if isinstance(value, (int, float)) and not isinstance(value, bool)})
+    return shown_values
 
 
 class Trackers:
@@ -316,7 +321,7 @@ class Trackers:
             self._thread.start()
 
     @classmethod
-    def from_spec(cls, spec: Any, store: ObjectStore, reporter: Any, access: Access | None = None) -> "Trackers":
+    def from_spec(cls, spec: Any, store: ObjectStore, reporter: Any, access: Access | None = None) -> Trackers:
         """`access`: what the control plane says about the trackers (default: asked once, with the
         job token, when the first tracker that needs it starts)."""
         if access is None:

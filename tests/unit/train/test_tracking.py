@@ -293,3 +293,9 @@ def test_a_finished_wandb_offline_run_is_whole_on_disk_when_finish_returns(tmp_p
         assert run["id"] == job_id and sorted(run["history"]) == [1, 2, 3, 4, 5]
         assert run["summary"]["final/steps"] == 5
         assert [r.WhichOneof("record_type") for r in records(path)][-1] == "exit"
+
+
+def test_an_objectives_own_figures_are_tracked_under_train() -> None:
+    row = {"step": 2, "train_loss": 1.0, "objective_metrics": {"reward_mean": 0.25}}
+    assert tracking.scalars(row) == {"train/loss": 1.0, "train/reward_mean": 0.25}
+    assert tracking.scalars({"step": 2, "train_loss": 1.0}) == {"train/loss": 1.0}

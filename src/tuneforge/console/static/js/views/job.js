@@ -17,6 +17,17 @@ const CHARTS = [
   ["grad_norm", "Gradient norm", [{key: "grad_norm", label: "Gradient norm"}]],
   ["tokens_per_second", "Tokens per second", [{key: "tokens_per_second", label: "Tokens per second"}]],
 ];
+// The trainer's own figures of a step that have no chart of their own. Any other number in a
+// metrics event is one a training method reports of its own: it gets a chart named after it.
+const NOT_CHARTED = new Set(["step", "total_steps", "train_mean_token_accuracy", "valid_mean_token_accuracy",
+  "padding_fraction", "peak_memory_mb", "mfu",
+  ...CHARTS.flatMap(([, , series]) => series.map(({key}) => key))]);
+
+/** "rollout_mean_length" → "Rollout mean length". */
+function metricTitle(key) {
+  const words = key.replace(/_/g, " ");
+  return words.charAt(0).toUpperCase() + words.slice(1);
+}
 
 function artifactKind(job) {
   return job.training_type && job.training_type.type === "full" ? "model" : "adapter";
@@ -48,6 +59,7 @@ export async function jobView(main, params, _query, view) {
   const eventCount = h("span", {class: "muted", "data-testid": "event-count"}, "0 events");
   const streamState = h("span", {class: "muted", "data-testid": "stream-state"}, "Connecting to the event stream…");
   const charts = Object.fromEntries(CHARTS.map(([name, title, series]) => [name, new LineChart(name, title, series)]));
+  const chartBox = h("div", {class: "charts", "data-testid": "charts"}, CHARTS.map(([name]) => charts[name].element));
   const metricCount = {value: 0};
   let currentStatus = job.precise_status || job.status;
 
@@ -165,6 +177,15 @@ export async function jobView(main, params, _query, view) {
             if (charts[name].add(key, data.step, data[key])) touched.add(name);
           }
         }
+        for (const [key, value] of Object.entries(data)) {
+          if (NOT_CHARTED.has(key) || typeof value !== "number" || !Number.isFinite(value)) continue;
+          const name = `own:${key}`;  // (apart from the fixed charts' names, whatever the method calls it)
+          if (!charts[name]) {
+            charts[name] = new LineChart(key, metricTitle(key), [{key, label: metricTitle(key)}]);
+            chartBox.append(charts[name].element);
+          }
+          if (charts[name].add(key, data.step, value)) touched.add(name);
+        }
         if (data.total_steps) {
           progress.max = data.total_steps;
           progress.value = data.step;
@@ -223,7 +244,7 @@ export async function jobView(main, params, _query, view) {
     confirmBox,
     h("div", {class: "progress-line"}, progress, progressText, streamState),
     h("div", {class: "two-col"}, section("Overview", overview), section("Hyperparameters", hyperparameters)),
-    section("Training metrics", h("div", {class: "charts", "data-testid": "charts"}, CHARTS.map(([name]) => charts[name].element))),
+    section("Training metrics", chartBox),
     section("Eval results", evalPanel),
     h("div", {class: "two-col"}, section("Checkpoints", checkpoints), section("Attempts", attempts)),
     section("Events", eventCount,

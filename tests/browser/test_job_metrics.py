@@ -1,0 +1,43 @@
+"""The job page charts a training method's own figures: a number in a metrics event that is none
+of the trainer's own gets a chart named after it, with a point for each event that carries it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.browser.steps import client, plotted_points, sign_in, upload_rows, wait_for_job
+from tuneforge.db.repos import events as event_repo
+from tuneforge.db.tables import Job
+from tuneforge.demo.dataset import chat_example, demo_facts
+
+pytestmark = [pytest.mark.browser, pytest.mark.sqlite_pass_only]
+
+
+def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
+    api = client(plane.url, plane.key_a)
+    training = upload_rows(api, [chat_example(fact) for fact in demo_facts(16)], "codes.jsonl")
+    created = api.post("/v1/fine_tuning/jobs", json={
+        "model": "tiny-chat", "training_file": training["id"], "seed": 0,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 8}}}})
+    assert created.status_code == 200, created.text
+    job_id = created.json()["id"]
+    assert wait_for_job(api, job_id)["precise_status"] == "succeeded"
+    # what a generating method's trainer reports beside the loop's figures (tests/unit/train/test_rollout.py)
+    with plane.plane.platform.db.session() as session:
+        job = session.query(Job).filter_by(job_id=job_id).one()
+        for step, reward in ((1, 0.25), (2, 0.5)):
+            event_repo.add(session, job, f"Step {step}/2", event_type="metrics", attempt=1,
+                           data={"step": step, "total_steps": 2, "mfu": 0.1,
+                                 "reward_mean": reward, "rollout_mean_length": 3.0 + step})
+
+    sign_in(page, plane.url, plane.key_a)
+    page.goto(f"{plane.url}/console#/jobs/{job_id}")
+    page.locator('[data-testid="stream-state"][data-finished="true"]').wait_for()
+    for key, title in (("reward_mean", "Reward mean"), ("rollout_mean_length", "Rollout mean length")):
+        chart = page.locator(f'[data-testid="charts"] [data-chart="{key}"]')
+        assert chart.locator("figcaption").inner_text() == title
+        assert plotted_points(page, key, key) == 2
+    # the trainer's own figures keep their charts, and those it shows nowhere get none
+    assert page.locator('[data-testid="charts"] figure').count() == 4 + 2
+    assert page.locator('[data-chart="mfu"]').count() == 0
+    shots(page, "own figures charted")
