@@ -55,10 +55,10 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -221,7 +221,7 @@ class Flood:
                                      args=(url, headers, spec, clients, self.duration_s, self.out))
         self.result: FloodRun | None = None
 
-    def __enter__(self) -> "Flood":
+    def __enter__(self) -> Flood:
         self.child.start()
         time.sleep(FLOOD_LEAD_S)
         return self
@@ -300,7 +300,8 @@ def check_retry_after(server: ServerProcess, tenants: Tenants) -> str:
 
 def print_table(results: list[PhaseResult]) -> None:
     print("\n| phase | quiet ok | quiet failed | quiet p50 ms | p95 ms | p99 ms | max ms | flood req/s sent "
-          "| flood 200 | flood 429 | flood other | server CPU ms/req | server cores | machine busy cores | stolen cores |")
+          "| flood 200 | flood 429 | flood other | server CPU ms/req | server cores | machine busy cores "
+          "| stolen cores |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         q, f = r.quiet, r.flood
@@ -311,7 +312,8 @@ def print_table(results: list[PhaseResult]) -> None:
         print(f"| {r.name} | {len(q.latencies_s)} | {sum(q.errors.values())} | {_f(q.ms(50))} | {_f(q.ms(95))} "
               f"| {_f(q.ms(99))} | {_f(max(q.latencies_s, default=math.nan) * 1000)} | {flood_cells} "
               f"| {_f(r.server_cpu_s * 1000 / r.requests, 3)} "
-              f"| {_f(r.server_cpu_s / r.wall_s)} | {_f(r.machine_cpu_s / r.wall_s)} | {_f(r.stolen_cpu_s / r.wall_s)} |")
+              f"| {_f(r.server_cpu_s / r.wall_s)} | {_f(r.machine_cpu_s / r.wall_s)} "
+              f"| {_f(r.stolen_cpu_s / r.wall_s)} |")
     for r in results:
         if r.quiet.errors:
             print(f"  {r.name}: quiet tenant's failures: {dict(r.quiet.errors)}")

@@ -82,10 +82,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -534,7 +535,8 @@ def print_table(results: list[PhaseResult]) -> None:
     for r in results:
         kinds = r.failed_by_kind()
         print(f"| {r.name} | `{r.request}` | {len(r.latencies_s)} | {kinds['429']} | {kinds['5xx']} "
-              f"| {kinds['timeout']} | {kinds['cut']} | {kinds['other']} | {_f(r.ms(50))} | {_f(r.ms(95))} | {_f(r.ms(99))} "
+              f"| {kinds['timeout']} | {kinds['cut']} | {kinds['other']} | {_f(r.ms(50))} | {_f(r.ms(95))} "
+              f"| {_f(r.ms(99))} "
               f"| {_f(r.max_ms)} | {_f(r.throughput, 0)} | {_f(r.throughput / base.throughput)} "
               f"| {_f(r.cpu_ms_per_request(r.server_cpu_s))} | {_f(r.cpu_ms_per_request(r.client_cpu_s))} "
               f"| {_f(r.cores(r.server_cpu_s))} | {_f(r.cores(r.client_cpu_s))} | {_f(r.other_cores)} "

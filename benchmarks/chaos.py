@@ -587,7 +587,9 @@ def report(args: argparse.Namespace, home: BenchHome, records: Records, referenc
             log = logs[(job_id, number)]
             last = max(log.steps, default=log.resumed_step or 0)
             later = [logs[(job_id, n)] for n in numbers[i + 1:]]
-            resumed = next((l.resumed_step or 0 for l in later if l.steps or l.resumed_step is not None), None)
+            resumed = next((entry.resumed_step or 0 for entry in later
+                            if entry.steps or entry.resumed_step is not None),
+                           None)
             if resumed is None:
                 continue
             action = cause.get((job_id, number))

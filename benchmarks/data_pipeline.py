@@ -70,13 +70,12 @@ def generate(path: Path, rows: int, seed: int = 0) -> dict[str, int]:
 
 
 def run_tuneforge(data: Path, model_dir: Path) -> dict:
-    from transformers import AutoTokenizer
-
-    from tuneforge.data.pipeline import CheckOptions, check_dataset
-
     import resource
 
+    from transformers import AutoTokenizer
+
     from tuneforge.data.parallel import default_workers
+    from tuneforge.data.pipeline import CheckOptions, check_dataset
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     before = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

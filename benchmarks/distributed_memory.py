@@ -9,7 +9,8 @@ STEPS AdamW steps of MICRO micro-batches each run on random tokens, as the train
 them. Every rank reports, above its RSS just before the model was built (glibc's mmap
 threshold pinned so that freed tensors leave RSS): its peak while training (RSS sampled
 every millisecond by a thread during the steps) and its peak overall (`ru_maxrss`, which
-also holds the whole model each rank builds before it is sharded), and the mean step time. The baseline is the single process: its peak is what every DDP rank also holds;
+also holds the whole model each rank builds before it is sharded), and the mean step time. \
+The baseline is the single process: its peak is what every DDP rank also holds;
 FSDP2's should be about the sharded part (weights, gradients, optimizer states) divided by
 the ranks plus what is not sharded (activations, a gathered layer).
 

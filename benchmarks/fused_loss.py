@@ -97,7 +97,8 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     print(torch_machine_line())
-    print(f"model: Llama, hidden {args.hidden}, {args.layers} layers, {'full fine-tune' if args.full else 'LoRA r16 all-linear'}; "
+    print(f"model: Llama, hidden {args.hidden}, {args.layers} layers, "
+          f"{'full fine-tune' if args.full else 'LoRA r16 all-linear'}; "
           f"micro-batch {args.rows} x {args.length} tokens; fp32; forward + loss + backward\n")
     print("| vocabulary | loss path | peak MiB above start | step s | loss |")
     print("|---:|---|---:|---:|---:|")
@@ -105,7 +106,8 @@ def main() -> None:
         results = {path: measure(args, path, vocab) for path in PATHS}
         for path in PATHS:
             r = results[path]
-            print(f"| {vocab} | {'plain' if path == 'off' else path} | {r['peak_mib']} | {r['seconds']} | {r['loss']:.5f} |")
+            print(f"| {vocab} | {'plain' if path == 'off' else path} | {r['peak_mib']} | {r['seconds']} "
+                  f"| {r['loss']:.5f} |")
         plain, chunked = results["off"], results["chunked"]
         scale = max(abs(x) for x in plain["grad"]) or 1.0
         grad_gap = max(abs(a - b) for a, b in zip(plain["grad"], chunked["grad"])) / scale

@@ -131,7 +131,8 @@ def _batched_inference(api: Any, base: str, fine_tuned: list[str], new_tokens: i
         return 1
     same = sum(a[0] == b[0] for a, b in zip(alone, together))
     print(f"inference on {base}: {len(requests)} requests over the base and {len(fine_tuned)} adapter(s): one at a "
-          f"time {sum(t for _, t in alone) / alone_s:.0f} tok/s, all at once {sum(t for _, t in together) / together_s:.0f}"
+          f"time {sum(t for _, t in alone) / alone_s:.0f} tok/s, all at once "
+          f"{sum(t for _, t in together) / together_s:.0f}"
           f" tok/s; {same}/{len(requests)} greedy answers unchanged by batching")
     return 0
 
@@ -205,9 +206,11 @@ def run(args: argparse.Namespace) -> int:
                     wall = time.monotonic() - started
                     steps = max((m.get("step", 0) for m in metrics), default=0)
                     valid = [m["valid_loss"] for m in metrics if m.get("valid_loss") is not None]
-                    rows.append(label + [job.status, str(steps), _figure([m.get("tokens_per_second") for m in metrics], ".0f"),
+                    rows.append(label + [job.status, str(steps),
+                                         _figure([m.get("tokens_per_second") for m in metrics], ".0f"),
                                          _figure([m.get("mfu") for m in metrics], ".1%"),
-                                         _figure([max((m.get("peak_memory_mb") or 0) for m in metrics)] if metrics else [], ".0f"),
+                                         _figure([max((m.get("peak_memory_mb") or 0) for m in metrics)]
+                                                 if metrics else [], ".0f"),
                                          f"{valid[-1]:.3f}" if valid else "—", f"{wall:.0f}"])
                     if job.status != "succeeded":
                         failed += 1
@@ -218,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
             failed += _batched_inference(api, name, fine_tuned)
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
-    header = ["model", "type", "gpus", "strategy", "status", "steps", "tokens/s", "MFU", "peak MB", "valid loss", "wall s"]
+    header = ["model", "type", "gpus", "strategy", "status", "steps", "tokens/s", "MFU", "peak MB", "valid loss",
+              "wall s"]
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")

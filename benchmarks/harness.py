@@ -189,14 +189,14 @@ class ServerProcess:
                  if k.startswith("TUNEFORGE_") and k != "TUNEFORGE_HOME"]
         return " ".join(["TUNEFORGE_HOME=$TMP/home", *shown, "tuneforge", *self.args])
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         try:
             return self._start()
         except BaseException:
             self.stop()
             raise
 
-    def _start(self) -> "ServerProcess":
+    def _start(self) -> ServerProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([*CLI, *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -252,7 +252,7 @@ class ServerProcess:
             except (OSError, IndexError, ValueError):
                 pass
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *_exc) -> None:
@@ -302,7 +302,7 @@ class PySpy:
         self.command += ["--subprocesses"] if subprocesses else []
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "PySpy":
+    def __enter__(self) -> PySpy:
         self.out_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      stdin=subprocess.DEVNULL)

@@ -136,7 +136,8 @@ def run_concurrent(engine: InferenceEngine, targets: list[ModelTarget], params: 
     stats = engine.stats()
     return {"tokens_per_s": sum(tokens) / wall_s, "ttft_p50_s": percentile(first_token_s, 0.5),
             "ttft_p99_s": percentile(first_token_s, 0.99), "tokens": sum(tokens), "wall_s": wall_s,
-            "mean_batch": stats["decoded_rows"] / max(1, stats["decode_steps"]), "largest_batch": stats["largest_batch"]}
+            "mean_batch": stats["decoded_rows"] / max(1, stats["decode_steps"]),
+            "largest_batch": stats["largest_batch"]}
 
 
 def from_scratch(base_dir: Path, adapter_dir: Path, params: SamplingParams) -> tuple[float, float]:
@@ -253,7 +254,8 @@ def measure(args: argparse.Namespace, root: Path, store: ObjectStore, base: Mode
               f"{result['mean_batch']:5.1f} (largest {result['largest_batch']}), {result['tokens']} tokens in "
               f"{result['wall_s']:.1f} s")
         del served
-    print(f"  batched / one at a time: {concurrent[args.max_batch]['tokens_per_s'] / concurrent[1]['tokens_per_s']:.1f}x"
+    print("  batched / one at a time: "
+          f"{concurrent[args.max_batch]['tokens_per_s'] / concurrent[1]['tokens_per_s']:.1f}x"
           " aggregate tokens/s")
 
     n = args.requests

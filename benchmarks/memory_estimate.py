@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the measuring code lives in the test module
 
-from tests.unit.train.test_memory_estimate import (
+from tests.unit.train.test_memory_estimate import (  # noqa: E402 - found through the path set above
     BAND,
     MODELS,
     PINNED_ALLOCATOR,
@@ -35,7 +35,7 @@ from tests.unit.train.test_memory_estimate import (
     measure,
     model_shape,
 )
-from tuneforge.services.memory import MIB
+from tuneforge.services.memory import MIB  # noqa: E402
 
 EXTRA_RUNS = [
     Run("small", "lora", 1, 16),  # tensors of a few hundred KiB: the runtime's own overhead

@@ -646,7 +646,7 @@ def decision_bench(args: argparse.Namespace, config: PolicyConfig, profiler: cPr
             release(by_name, view.placement)
             add_queued(job)
         stopping = set()
-        for job_id, (job, view, end) in list(running.items()):
+        for job_id, (_job, view, end) in list(running.items()):
             if end <= now:
                 release(by_name, view.placement)
                 del running[job_id]

@@ -197,9 +197,9 @@ def make_examples(tokenizer: Any, count: int, seed: str, cfg: Config) -> list[di
         topic, style = rng.choice(_TOPICS), rng.choice(_STYLES)
         question = f"Write {style} about {topic}."
         user = question if user_budget <= 10 else question + "\n" + _grow(
-            rng, tokenizer, user_budget - 8, lambda: _sentence(rng, topic))
+            rng, tokenizer, user_budget - 8, lambda topic=topic: _sentence(rng, topic))
         code_share = 0.5 if style in ("a code review", "a tutorial") else 0.0
-        answer = _grow(rng, tokenizer, max(2, content - user_budget), lambda: (
+        answer = _grow(rng, tokenizer, max(2, content - user_budget), lambda topic=topic, code_share=code_share: (
             _code_line(rng) if rng.random() < code_share else f"- {_sentence(rng, topic)}"))
         examples.append({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]})
     return examples
@@ -272,8 +272,7 @@ def stage_tuneforge(cfg: Config, side_dir: Path, packing: bool) -> Path:
     """A local object store holding the base model and the training file, and
     the JobSpec of a supervised LoRA job on them (as tests/helpers/tiny.py
     stages one); returns the spec's path."""
-    from tuneforge.domain.spec import (BaseModelRef, CheckpointPolicy, DataFileRef, Hyperparameters, JobSpec,
-                                       LoraConfig)
+    from tuneforge.domain.spec import BaseModelRef, CheckpointPolicy, DataFileRef, Hyperparameters, JobSpec, LoraConfig
     from tuneforge.storage import layout
     from tuneforge.storage.store import open_store
 
@@ -669,7 +668,7 @@ def parent_main(cfg: Config, sides: list[str], keep: bool) -> None:
         print()
         print("held-out eval (mean cross-entropy over assistant tokens, one function for every side) ...", flush=True)
         base_eval = heldout_loss(p["model"], None, heldout, cfg)
-        for side, r in results.items():
+        for r in results.values():
             r["eval"] = heldout_loss(p["model"], Path(r["adapter_dir"]), heldout, cfg)
         print(f"  base model without adapter: {base_eval['loss']:.4f} over {base_eval['tokens']:,} tokens")
 

@@ -27,13 +27,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import httpx
-
 from harness import (
     BenchHome,
     PySpy,

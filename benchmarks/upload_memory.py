@@ -65,7 +65,7 @@ class RssSampler:
             self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
             self._stop.wait(self.every_s)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 

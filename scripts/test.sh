@@ -3,7 +3,8 @@
 #
 #   scripts/test.sh [PYTEST ARGS...]     e.g. scripts/test.sh tests/unit -x
 #
-# Installs the package with its dev extras, then runs pytest once per stage:
+# Installs the package with its dev extras, runs the static checks (ruff, mypy), then runs pytest
+# once per stage:
 #   sqlite    the whole suite on SQLite (the embedded default)
 #   postgres  the whole suite on a throwaway PostgreSQL started by scripts/pg.sh
 #             (TUNEFORGE_TEST_POSTGRES_URL set), stopped again on exit; the
@@ -67,6 +68,11 @@ if [[ "${TUNEFORGE_TEST_SKIP_INSTALL:-0}" != 1 ]]; then
 fi
 # the browser tests' Chromium (Debian's) and Playwright: a no-op when both are there
 PYTHON="$PYTHON" bash scripts/browser-deps.sh
+
+# static checks before any stage: a lint or type error fails the run in seconds, not after the suite
+header "static checks: ruff (rules in pyproject.toml), mypy (its files in pyproject.toml)"
+"$PYTHON" -m ruff check src tests benchmarks scripts
+"$PYTHON" -m mypy
 
 pg_started=0
 pg_port=""

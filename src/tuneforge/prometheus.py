@@ -25,8 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import (REGISTRY, CollectorRegistry, Counter, Histogram, disable_created_metrics,
-                               generate_latest)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

@@ -35,7 +35,6 @@ from tuneforge.services.context import Platform
 from tuneforge.services.webhook_delivery import Dispatcher
 from tuneforge.settings import Settings
 
-
 PR_SET_PDEATHSIG = 1
 
 
@@ -115,7 +114,7 @@ class ControlPlane:
                                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
         Multiprocess(config, sockets=[config.bind_socket()]).run()
 
-    def start_in_background(self, timeout_s: float = 30.0) -> "ControlPlane":
+    def start_in_background(self, timeout_s: float = 30.0) -> ControlPlane:
         if self.scheduler:
             self.scheduler.start()
         self.webhooks.start()
@@ -142,7 +141,7 @@ class ControlPlane:
             self.executor = None
         self.platform.db.dispose()
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         return self.start_in_background()
 
     def __exit__(self, *_exc) -> None:

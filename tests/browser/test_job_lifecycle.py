@@ -11,8 +11,18 @@ import re
 
 import pytest
 
-from tests.browser.steps import (OBSERVE_CHART_POINTS, all_events, assert_fits, client, metric_points, nav,
-                                 plotted_points, point_history, sign_in, upload_rows)
+from tests.browser.steps import (
+    OBSERVE_CHART_POINTS,
+    all_events,
+    assert_fits,
+    client,
+    metric_points,
+    nav,
+    plotted_points,
+    point_history,
+    sign_in,
+    upload_rows,
+)
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, chat_example, demo_facts, write_jsonl
 
 pytestmark = [pytest.mark.browser, pytest.mark.sqlite_pass_only]

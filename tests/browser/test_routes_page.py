@@ -4,7 +4,6 @@ traffic shifted from the page."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.browser.steps import assert_fits, client, sign_in
@@ -39,7 +38,8 @@ def test_a_route_page_compares_its_versions_and_shifts_traffic(plane, page, shot
     answers = [api.post("/v1/chat/completions", json={"model": "route:support", "max_tokens": 2,
                                                       "messages": [{"role": "user", "content": "hi"}]}).json()
                for _ in range(6)]
-    assert api.post("/v1/routes/support/feedback", json={"response_id": answers[0]["id"], "score": 1}).status_code == 200
+    assert api.post("/v1/routes/support/feedback",
+                    json={"response_id": answers[0]["id"], "score": 1}).status_code == 200
     stats = {row["model"]: row for row in api.get("/v1/routes/support/stats").json()["data"]}
     assert sum(row["requests"] for row in stats.values()) == 6
 

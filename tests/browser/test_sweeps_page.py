@@ -33,7 +33,8 @@ def test_a_sweep_page_shows_its_trials_and_cancels_them(plane, page, shots):
     # the scheduler starts the first trial (one at a time); the page picks it up on its own
     first = page.get_by_test_id("trials-table").locator("tbody tr").first
     first.wait_for(timeout=60_000)
-    [trial] = api.get(f"/v1/fine_tuning/sweeps/{sweep_id}").json()["trials"]  # the grid's first, as its seed shuffled it
+    # the grid's first, as its seed shuffled it
+    [trial] = api.get(f"/v1/fine_tuning/sweeps/{sweep_id}").json()["trials"]
     assert trial["params"]["learning_rate"] in (0.001, 0.01, 0.1)
     assert first.locator("td").nth(1).inner_text() == f"learning_rate={trial['params']['learning_rate']:g}"
     assert page.get_by_test_id("sweep-status").inner_text() == "running"

@@ -44,7 +44,8 @@ def _first_step_loss(sdk, job_id: str) -> float:
 
 def _job(sdk, model: str, training: str, integrations: list | None = None, **hyperparameters):
     return sdk.fine_tuning.jobs.create(
-        model=model, training_file=training, suffix="codes", seed=0, **({"integrations": integrations} if integrations else {}),
+        model=model, training_file=training, suffix="codes", seed=0,
+        **({"integrations": integrations} if integrations else {}),
         method={"type": "supervised", "supervised": {"hyperparameters": {**DEMO_HYPERPARAMETERS, **hyperparameters}}},
         extra_body={"checkpointing": {"every_steps": 1000}} | (
             {"training_type": {"type": "lora", **DEMO_LORA}} if not model.startswith("ft:") else {}),
@@ -58,8 +59,9 @@ def test_a_job_on_an_ft_model_learns_a_second_mapping_and_keeps_the_first(runnin
     first = wait_for(sdk, _job(sdk, "tiny-chat", _upload(sdk, tmp_path, "a.jsonl", first_examples),
                                integrations=[{"type": "tensorboard"}]).id)
     assert first.status == "succeeded", first.error
-    import httpx
     import tarfile
+
+    import httpx
 
     with httpx.stream("GET", f"{running.url}/v1/fine_tuning/jobs/{first.id}/download?artifact=tensorboard",
                       headers={"Authorization": f"Bearer {running.key_a}"}, timeout=60) as response:

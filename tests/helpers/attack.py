@@ -62,7 +62,7 @@ def process_tree_rss_bytes(root_pid: int) -> int:
 class Watch:
     """What an attack did while it ran: the server's memory and the bystander's latency."""
 
-    server: "LiveServer"
+    server: LiveServer
     interval_s: float = 0.1
     rss_start_bytes: int = 0
     rss_peak_bytes: int = 0
@@ -71,7 +71,7 @@ class Watch:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         self.rss_start_bytes = self.rss_peak_bytes = process_tree_rss_bytes(self.server.process.pid)
         self._thread = threading.Thread(target=self._run, name="attack-watch", daemon=True)
         self._thread.start()
@@ -126,7 +126,7 @@ class LiveServer:
 
     @classmethod
     def start(cls, tmp_path: Path, model_dir: Path, *, workers: int = 2, tier: str = "free",
-              env: dict[str, str] | None = None, timeout_s: float = 90.0) -> "LiveServer":
+              env: dict[str, str] | None = None, timeout_s: float = 90.0) -> LiveServer:
         home = tmp_path / "home"
         database_url = f"sqlite:///{(home / 'tuneforge.db').resolve()}"
         home.mkdir(parents=True, exist_ok=True)

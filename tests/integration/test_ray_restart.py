@@ -69,7 +69,8 @@ def test_a_control_plane_killed_and_restarted_finds_its_ray_attempt_again(
         # the new plane released the finished attempt's placement group
         reader = make_platform(tmp_path, database_url, **cluster_settings)
         try:
-            wait_until(lambda: "released_at" in attempt_handle(reader, job.organization_id, job.id), 30, "the attempt's release")
+            wait_until(lambda: "released_at" in attempt_handle(reader, job.organization_id, job.id), 30,
+                       "the attempt's release")
         finally:
             reader.db.dispose()
     finally:

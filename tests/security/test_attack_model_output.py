@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest

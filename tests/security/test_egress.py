@@ -238,7 +238,8 @@ def test_the_allow_list_permits_exactly_what_it_names(api):
                 "https://hooks.internal/x", "https://HOOKS.INTERNAL./x", "https://internal.corp.test/",
                 "http://[fd00::5]/", f"http://{PUBLIC_V4}/"):
         assert api.create(url).status_code == 200, url
-    for url in ("http://127.0.0.2/", "http://[::1]/", "http://localhost/", "http://192.168.0.1/", "http://169.254.169.254/", "https://metadata.corp.test/",
+    for url in ("http://127.0.0.2/", "http://[::1]/", "http://localhost/", "http://192.168.0.1/",
+                "http://169.254.169.254/", "https://metadata.corp.test/",
                 "https://mixed.corp.test/", "http://[fc00::1]/", "http://172.16.0.1/"):
         response = api.create(url)
         assert response.status_code == 400 and response.json()["error"]["param"] == "url", url

@@ -8,13 +8,14 @@ import logging
 import sys
 from pathlib import Path
 
+from fastapi.testclient import TestClient
+
 import tuneforge
 from tests.unit.scheduler.test_loop import _report, setup  # noqa: F401 - the fixture
 from tuneforge.api.app import create_app
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.executors.protocol import PollResult
 from tuneforge.storage import layout
-from fastapi.testclient import TestClient
 
 PACKAGE_DIR = str(Path(tuneforge.__file__).parent)
 _TRACEBACK = f'''Traceback (most recent call last):
@@ -91,8 +92,8 @@ def test_a_users_mistake_is_not_retried_nor_refunded(setup):  # noqa: F811
     assert job(job_id)["status"] == "failed" and len(executor.launched) == 1
     attempts = http.get(f"/v1/fine_tuning/jobs/{job_id}/attempts", headers=auth).json()["data"]
     assert [a["failure_class"] for a in attempts] == ["user"]
-    from tuneforge.services.usage import is_refunded
     from tests.unit.scheduler.test_loop import attempt_of
+    from tuneforge.services.usage import is_refunded
 
     with platform.db.session() as session:
         assert not is_refunded(attempt_of(session, job_id, 1))

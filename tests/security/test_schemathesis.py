@@ -10,7 +10,6 @@ in the document. No base model is registered, so a job body that validates still
 
 from __future__ import annotations
 
-
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

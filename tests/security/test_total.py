@@ -113,7 +113,8 @@ def test_a_trainer_report_without_its_job_token_is_401_before_its_body_is_read(a
     # a tenant's key is no job token: refused from the headers, the deep body never parsed
     # (tests/unit/api/test_guard.py: a valid token's deep report is the 400)
     deep = b"[" * 100_000 + b"]" * 100_000
-    assert error_of(api.post_json("/internal/v1/jobs/ftjob-x/heartbeat", deep), 401, None)["code"] == "invalid_job_token"
+    assert (error_of(api.post_json("/internal/v1/jobs/ftjob-x/heartbeat", deep), 401, None)["code"]
+            == "invalid_job_token")
 
 
 def test_json_body_over_the_limit_is_413(api):

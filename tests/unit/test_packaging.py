@@ -8,10 +8,10 @@ import ast
 import re
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 

@@ -10,14 +10,27 @@ from starlette.types import ASGIApp
 from tuneforge import __version__, console
 from tuneforge.api import docs, errors, health, openapi
 from tuneforge.api.guard import RequestGuard
-from tuneforge.prometheus import RequestMetrics
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.hot_path import HotPath
 from tuneforge.api.keys import KeyLookups, TrainerTokens
 from tuneforge.api.lean_reads import EventPages, JobBodies
 from tuneforge.api.ratelimits import RefuseWhileOver, RequestLimiter
-from tuneforge.api.routes import (admin, files, inference, internal, jobs, metrics, models, secrets, sweeps,
-                                  traffic, uploads, usage, webhooks)
+from tuneforge.api.routes import (
+    admin,
+    files,
+    inference,
+    internal,
+    jobs,
+    metrics,
+    models,
+    secrets,
+    sweeps,
+    traffic,
+    uploads,
+    usage,
+    webhooks,
+)
+from tuneforge.prometheus import RequestMetrics
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 

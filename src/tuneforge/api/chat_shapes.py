@@ -63,9 +63,10 @@ def replayed(answers: list[Answer], head: dict[str, Any], include_usage: bool,
     """Whole answers sent as a stream's chunks (with tools: a call is known once it is complete)."""
     extra = {"usage": None} if include_usage else {}
     for index, answer in enumerate(answers):
+        # called only within this iteration, so `index` is the current one
         def event(delta: dict[str, Any], finish_reason: str | None = None, scores: tuple = ()) -> dict[str, Any]:
             shown = {"content": list(scores), "refusal": None} if logprobs and scores else None
-            return head | {"choices": [{"index": index, "delta": delta, "logprobs": shown,
+            return head | {"choices": [{"index": index, "delta": delta, "logprobs": shown,  # noqa: B023
                                         "finish_reason": finish_reason}]} | extra
 
         yield event({"role": "assistant", "content": ""})

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import anyio
 import orjson
-
 from fastapi import Depends, Header, Request, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
-from typing import Any, Callable, Iterable
+from typing import Any
 
+from tuneforge.db.tables import (
+    BaseModelRow,
+    Checkpoint,
+    FileRow,
+    FineTunedModel,
+    Job,
+    JobEvent,
+    UploadPartRow,
+    UploadRow,
+)
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import parents
-from tuneforge.db.tables import BaseModelRow, Checkpoint, FileRow, FineTunedModel, Job, JobEvent, UploadPartRow, UploadRow
 
 
 def file_object(row: FileRow) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def _with_links(document: dict[str, Any]) -> None:
 
 def with_error_responses(document: dict[str, Any]) -> dict[str, Any]:
     for path, operations in document.get("paths", {}).items():
-        for method, operation in operations.items():
+        for _method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             codes = {400}

@@ -77,7 +77,8 @@ def files_delete(file_id: str, as_json: bool = JSON) -> None:
 
 @files_app.command("download")
 def files_download(file_id: str, output_path: Path = typer.Option(None, "--output", "-o",
-                                                                  help="Where to write it (default: its filename).")) -> None:
+                                                                  help="Where to write it "
+                                                                       "(default: its filename).")) -> None:
     """A file's bytes, with a progress bar."""
     api = Api()
     meta = api.get(f"/files/{file_id}")

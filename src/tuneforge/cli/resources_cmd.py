@@ -95,7 +95,8 @@ def webhooks_create(url: str, event: list[str] = typer.Option([], "--event", hel
 def webhooks_list(as_json: bool = JSON) -> None:
     items = list(Api().pages("/webhooks"))
     output.emit({"object": "list", "data": items}, as_json, lambda _: output.table(items, [
-        ("id", lambda h: h["id"]), ("url", lambda h: h.get("url")), ("events", lambda h: ", ".join(h.get("events") or []))],
+        ("id", lambda h: h["id"]), ("url", lambda h: h.get("url")),
+        ("events", lambda h: ", ".join(h.get("events") or []))],
         empty="no webhooks"))
 
 
@@ -135,7 +136,8 @@ def usage(month: str = typer.Option(None, help="YYYY-MM (UTC); default this mont
 
     def human(_: dict) -> None:
         output.table(shown.get("data", []), [
-            ("job", lambda u: u.get("job_id")), ("model", lambda u: u.get("model")), ("status", lambda u: u.get("status")),
+            ("job", lambda u: u.get("job_id")), ("model", lambda u: u.get("model")),
+            ("status", lambda u: u.get("status")),
             ("GPU-s", lambda u: u.get("gpu_seconds")), ("billable GPU-s", lambda u: u.get("billable_gpu_seconds")),
             ("refunded GPU-s", lambda u: u.get("refunded_gpu_seconds"))], empty="no jobs this month")
         output.fields(shown.get("totals") or {}, tuple((shown.get("totals") or {}).keys()))
@@ -192,7 +194,8 @@ def keys_list(tenant: str, as_json: bool = JSON) -> None:
     items = shown.get("data", [])
     output.emit(shown, as_json, lambda _: output.table(items, [
         ("id", lambda k: k.get("id")), ("name", lambda k: k.get("name")), ("prefix", lambda k: k.get("prefix")),
-        ("revoked", lambda k: output.when(k.get("revoked_at"))), ("expires", lambda k: output.when(k.get("expires_at")))],
+        ("revoked", lambda k: output.when(k.get("revoked_at"))),
+        ("expires", lambda k: output.when(k.get("expires_at")))],
         empty="no keys"))
 
 

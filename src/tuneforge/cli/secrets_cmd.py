@@ -10,7 +10,8 @@ from tuneforge.cli.lazy import Lazy
 crypto = Lazy("tuneforge.security.crypto")
 secret_service = Lazy("tuneforge.services.secrets")
 
-secrets_app = typer.Typer(help="Your secrets (set, list, delete; over the API) and the operator's keys that seal them at rest (new-key, rotate).",
+secrets_app = typer.Typer(help="Your secrets (set, list, delete; over the API) and the operator's keys that seal them "
+                               "at rest (new-key, rotate).",
                           no_args_is_help=True)
 
 

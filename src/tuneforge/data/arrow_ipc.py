@@ -54,7 +54,7 @@ class _Table:
         where = self._field(index)
         return default if where is None else _read(self.data, fmt, where)
 
-    def table(self, index: int) -> "_Table | None":
+    def table(self, index: int) -> _Table | None:
         where = self._field(index)
         return None if where is None else _Table(self.data, where + _read(self.data, "<I", where))
 

@@ -24,9 +24,9 @@ index is valid in any process.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 import numpy as np
 

@@ -27,7 +27,7 @@ and the line (~26 bytes): measured 160 MiB of indexes for a million rows
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

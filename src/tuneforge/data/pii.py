@@ -56,8 +56,9 @@ import dataclasses
 import heapq
 import ipaddress
 import re
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from tuneforge.data.example import Example, Finding
 
@@ -87,7 +88,7 @@ _ANY_DIGIT = re.compile(r"[0-9]").search  # one C scan; most texts have no digit
 _GATE_WORDS = _SECRET_WORDS + tuple(prefix.lower() for prefix in _SECRET_PREFIXES)  # a superset, case-blind
 _CLUSTER_GAP = 8  # digits at most this far apart belong to one candidate ("GB82 WEST 1234" spans 7)
 _DIGIT_MASK = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))  # digits -> "0", the rest -> " "
-_DIGIT_CLUSTER = re.compile(r"\d(?:\D{0,%d}\d){3,}" % (_CLUSTER_GAP - 1))
+_DIGIT_CLUSTER = re.compile(rf"\d(?:\D{{0,{_CLUSTER_GAP - 1}}}\d){{3,}}")
 _CONTEXT = 8  # characters kept around a cluster (a "+", "(", or an IBAN/NINO's letters)
 _MAX_TOKEN = 40  # a window grows to the next whitespace, at most this much further
 _EMAIL = re.compile(r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"

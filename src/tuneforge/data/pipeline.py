@@ -13,19 +13,20 @@ the normalised dataset in the same pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from tuneforge.data import pii
 from tuneforge.data.contamination import ContaminationIndex
 from tuneforge.data.dedup import Deduplicator
 from tuneforge.data.example import DataIssue, Example
-from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
 from tuneforge.data.formats import resolve_format
-from tuneforge.data.structure import StructureReport, iter_examples
+from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
 from tuneforge.data.report import DatasetReport
+from tuneforge.data.structure import StructureReport, iter_examples
 from tuneforge.data.token_count import TokenCounter
 
 BatchSink = Callable[[Sequence[Example], Sequence[int]], None]
@@ -268,6 +269,7 @@ def check_dataset(
         severity_log.counts[code] = severity_log.counts.get(code, 0) + count
     if report.ok and report.num_examples < options.min_examples:
         report.errors.add(DataIssue("too_few_examples" if report.num_examples else "empty_file",
-                                    f"{report.num_examples} valid examples; at least {options.min_examples} are required"
+                                    f"{report.num_examples} valid examples; at least {options.min_examples} "
+                                    "are required"
                                     if report.num_examples else "the file holds no examples"))
     return report

@@ -39,7 +39,6 @@ from tuneforge.data.messages import (  # noqa: F401 - issue, known_keys: re-expo
     tool_definitions,
 )
 
-
 CHAT_KEYS = frozenset({"messages", "tools", "parallel_tool_calls"})
 INSTRUCTION_KEYS = frozenset({"prompt", "completion"})
 DPO_KEYS = frozenset({"input", "preferred_output", "non_preferred_output"})

@@ -121,8 +121,10 @@ def _compare(model_dir: Path, adapter_dir: Path, examples: list[dict]) -> None:
     table = Table("question", "expected", "base model", "fine-tuned")
     for fact in demo_facts()[:6]:
         table.add_row(DEMO_QUESTION.format(key=fact.key), fact.code,
-                      ask_code(base_model, tokenizer, fact.key) or "(nothing)", ask_code(tuned_model, tokenizer, fact.key))
+                      ask_code(base_model, tokenizer, fact.key) or "(nothing)",
+                      ask_code(tuned_model, tokenizer, fact.key))
     console.print(table)
     before = mapping_accuracy(base_model, tokenizer, examples)
     after = mapping_accuracy(tuned_model, tokenizer, examples)
-    console.print(f"exact-match accuracy on the {len(examples)} training facts: base {before:.0%} -> fine-tuned {after:.0%}")
+    console.print(f"exact-match accuracy on the {len(examples)} training facts: "
+                  f"base {before:.0%} -> fine-tuned {after:.0%}")

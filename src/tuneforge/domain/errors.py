@@ -64,7 +64,8 @@ def quota_exceeded(message: str, code: str = "quota_exceeded") -> ApiError:
 def _param(loc: tuple) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "form")]
     # pydantic puts the union branch name in the path ('int', 'literal[...]'): drop it
-    parts = [p for p in parts if not p.startswith(("literal[", "function-")) and p not in ("int", "float", "str", "bool")]
+    parts = [p for p in parts
+             if not p.startswith(("literal[", "function-")) and p not in ("int", "float", "str", "bool")]
     return ".".join(parts) or None
 
 

@@ -11,7 +11,7 @@ nowhere else (the method registry then types the values).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -30,30 +30,30 @@ class _Strict(BaseModel):
 
 
 class SupervisedHyperparameters(_Strict):
-    n_epochs: Union[int, Auto] = Field("auto", description="Passes over the training data (1-50).")
-    batch_size: Union[int, Auto] = Field("auto", description="Examples per optimizer step (1-256).")
-    learning_rate_multiplier: Union[float, Auto] = Field(
+    n_epochs: int | Auto = Field("auto", description="Passes over the training data (1-50).")
+    batch_size: int | Auto = Field("auto", description="Examples per optimizer step (1-256).")
+    learning_rate_multiplier: float | Auto = Field(
         "auto", description="Scales the method's default learning rate."
     )
-    learning_rate: Union[float, Auto, None] = Field(
+    learning_rate: float | Auto | None = Field(
         None, description="Absolute learning rate; overrides the multiplier."
     )
-    warmup_ratio: Union[float, Auto] = Field("auto", description="Fraction of steps of linear warmup (0-0.5).")
-    lr_scheduler_type: Union[Literal["linear", "cosine", "constant"], Auto] = Field(
+    warmup_ratio: float | Auto = Field("auto", description="Fraction of steps of linear warmup (0-0.5).")
+    lr_scheduler_type: Literal["linear", "cosine", "constant"] | Auto = Field(
         "auto", description="Learning-rate decay after warmup."
     )
-    weight_decay: Union[float, Auto] = Field("auto", description="AdamW weight decay.")
-    max_grad_norm: Union[float, Auto] = Field("auto", description="Gradient clipping norm (0 disables).")
-    max_seq_length: Union[int, Auto] = Field(
+    weight_decay: float | Auto = Field("auto", description="AdamW weight decay.")
+    max_grad_norm: float | Auto = Field("auto", description="Gradient clipping norm (0 disables).")
+    max_seq_length: int | Auto = Field(
         "auto", description="Tokens per example; longer examples are truncated from the end."
     )
-    train_on_inputs: Union[bool, Auto] = Field(
+    train_on_inputs: bool | Auto = Field(
         "auto", description="Also compute the loss on system/user/prompt tokens."
     )
-    gradient_accumulation_steps: Union[int, Auto] = Field(
+    gradient_accumulation_steps: int | Auto = Field(
         "auto", description="Micro-batches per optimizer step; micro-batch = batch_size / this."
     )
-    packing: Union[bool, Auto] = Field(
+    packing: bool | Auto = Field(
         "auto", description="Pack a step's examples into max_seq_length rows (attention never crosses examples)."
     )
 
@@ -72,7 +72,7 @@ class Method(BaseModel):
     type: str = Field("supervised", max_length=64, description="The training method.")
 
     @model_validator(mode="after")
-    def _one_block(self) -> "Method":
+    def _one_block(self) -> Method:
         extra = self.model_extra or {}
         for key, value in extra.items():
             if key != self.type:
@@ -88,10 +88,10 @@ class Method(BaseModel):
 
 class TrainingType(_Strict):
     type: Literal["lora", "qlora", "full"] = Field("lora", description="Adapter or full fine-tune.")
-    rank: Union[int, Auto] = Field("auto", description="LoRA rank r.")
-    alpha: Union[float, Auto] = Field("auto", description="LoRA alpha; default 2 x rank.")
+    rank: int | Auto = Field("auto", description="LoRA rank r.")
+    alpha: float | Auto = Field("auto", description="LoRA alpha; default 2 x rank.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
-    target_modules: Union[list[str], Literal["all-linear"]] = Field(
+    target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names to adapt; default every linear layer but the head."
     )
 
@@ -156,7 +156,8 @@ class DataOptions(_Strict):
 
 
 class EvalGate(_Strict):
-    metric: str = Field(max_length=_ID_CHARS, description="A result key, e.g. golden.loss, safety.refusal_rate, task.exact_match.")
+    metric: str = Field(max_length=_ID_CHARS,
+                        description="A result key, e.g. golden.loss, safety.refusal_rate, task.exact_match.")
     op: Literal["<", "<=", ">", ">=", "=="] = Field(description="How the value compares with the threshold.")
     threshold: float = Field(description="The bound the value is compared with.")
     relative_to_base: bool = Field(
@@ -166,18 +167,21 @@ class EvalGate(_Strict):
 class EvalConfig(_Strict):
     enabled: bool = Field(True, description="Evaluate after training (status evaluating); false skips every eval.")
     task_file: str | None = Field(
-        None, max_length=_ID_CHARS, description="Id of an uploaded file of chat (or prompt/completion) examples: the model's answer to "
+        None, max_length=_ID_CHARS, description="Id of an uploaded file of chat (or prompt/completion) examples: "
+                          "the model's answer to "
                           "each prompt is scored against the last assistant turn by `metrics`.")
-    metrics: list[Union[str, dict]] | None = Field(
-        None, max_length=_LIST_ITEMS, description='Task metrics: names or objects, e.g. ["exact_match", {"type": "regex", "pattern": '
+    metrics: list[str | dict] | None = Field(
+        None, max_length=_LIST_ITEMS, description='Task metrics: names or objects, e.g. ["exact_match", '
+                          '{"type": "regex", "pattern": '
                           '"^\\d+$"}, {"type": "llm_judge", "endpoint": "http://judge/v1", "model": "m"}]; '
                           'default ["exact_match", "rouge_l"].')
     gates: list[EvalGate] | None = Field(
-        None, max_length=_LIST_ITEMS, description="Conditions the fine-tuned model must meet to be promotable; default: the platform's "
+        None, max_length=_LIST_ITEMS, description="Conditions the fine-tuned model must meet to be promotable; "
+                          "default: the platform's "
                           "golden-set and safety gates.")
     golden: bool = Field(True, description="Run the platform's general-ability (golden) set.")
     safety: bool = Field(True, description="Run the platform's harmful-prompt set and measure refusals.")
-    safety_detector: Union[str, dict, None] = Field(
+    safety_detector: str | dict | None = Field(
         None, description='Refusal detector: "keywords" (default) or {"type": "guard_model", "endpoint", "model"}.')
     max_new_tokens: int = Field(64, ge=1, le=2048, description="Tokens generated per task or safety prompt.")
     max_examples: int = Field(200, ge=1, le=10_000, description="Task and validation examples evaluated at most.")
@@ -205,7 +209,8 @@ class MlflowIntegration(_Strict):
     experiment_name: str = Field("tuneforge", min_length=1, max_length=256,
                                  description="The experiment the run goes to (made when missing).")
     run_name: str | None = Field(None, max_length=256, description="The run's name; default the job id.")
-    tags: dict[Annotated[str, Field(min_length=1, max_length=250)], Annotated[str, Field(max_length=5000)]] | None = Field(
+    tags: dict[Annotated[str, Field(min_length=1, max_length=250)],
+               Annotated[str, Field(max_length=5000)]] | None = Field(
         None, max_length=50, description="Tags on the run, besides tuneforge.job_id and tuneforge.base_model.")
     token_secret: str | None = Field(None, pattern=_SECRET_NAME,
                                      description="Tenant secret holding a bearer token for tracking_uri.")

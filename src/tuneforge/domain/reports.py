@@ -26,7 +26,7 @@ in, on both sides: a report it refuses ends the attempt once (class
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -125,7 +125,7 @@ class CheckpointWritten(_Sequenced):
     attempt: int
     step: int = Field(ge=0)
     prefix: Identifier = Field(description="Object-store prefix of the checkpoint (its manifest written last).")
-    metrics: dict[Identifier, Union[float, None]] = Field(default_factory=dict, max_length=200)
+    metrics: dict[Identifier, float | None] = Field(default_factory=dict, max_length=200)
     epoch: int | None = Field(None, ge=1, description="The epoch this checkpoint ends (1-based); none mid-epoch.")
 
 
@@ -177,7 +177,7 @@ class Failure(_Sequenced):
                                        description="Where the trainer's log has the details.")
 
 
-Report = Union[Heartbeat, Events, CheckpointWritten, Resumed, Evaluating, Result, Failure]
+Report = Heartbeat | Events | CheckpointWritten | Resumed | Evaluating | Result | Failure
 
 # kind (the URL's last segment) -> its message type
 REPORT_TYPES: dict[str, type[Report]] = {

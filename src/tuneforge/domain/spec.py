@@ -67,7 +67,7 @@ class Hyperparameters:
         return {**shared, **self.method_options}
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "Hyperparameters":
+    def from_dict(cls, raw: dict[str, Any]) -> Hyperparameters:
         """Also reads values written before methods had options of their own (a top-level `beta`)."""
         known = set(cls.__dataclass_fields__)
         options = {**{k: v for k, v in raw.items() if k not in known}, **(raw.get("method_options") or {})}
@@ -124,7 +124,7 @@ class JobSpec:
         Path(path).write_text(self.to_json())
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "JobSpec":
+    def from_dict(cls, raw: dict[str, Any]) -> JobSpec:
         raw = dict(raw)
         raw["base_model"] = BaseModelRef(**raw["base_model"])
         raw["training_file"] = DataFileRef(**raw["training_file"])
@@ -146,5 +146,5 @@ class JobSpec:
         return cls(**raw)
 
     @classmethod
-    def read(cls, path: Path) -> "JobSpec":
+    def read(cls, path: Path) -> JobSpec:
         return cls.from_dict(json.loads(Path(path).read_text()))

@@ -32,11 +32,10 @@ import functools
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-import time
 
 import httpx
 import re2

@@ -114,7 +114,8 @@ def parse_endpoint(raw: Mapping[str, Any], param: str, kind: str) -> ChatEndpoin
         raise invalid(f"{param}.endpoint must be the http(s) base URL of an OpenAI-compatible API such as "
                       f"https://judge.example.com/v1", param=f"{param}.endpoint")
     if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > 64):
-        raise invalid(f"{param}.endpoint_name must name an endpoint the platform offers", param=f"{param}.endpoint_name")
+        raise invalid(f"{param}.endpoint_name must name an endpoint the platform offers",
+                      param=f"{param}.endpoint_name")
     model = raw.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > _MAX_MODEL_CHARS):
         raise invalid(f"{param}.model must be a non-empty string of at most {_MAX_MODEL_CHARS} characters",

@@ -19,8 +19,8 @@ import torch
 
 from tuneforge.data.errors import BadDataError
 from tuneforge.data.tokenize import tokenize_example
-from tuneforge.eval import metrics as task_metrics
 from tuneforge.domain.tenant_text import bounded, safe_text, valid_unicode
+from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal
 from tuneforge.train.batches import collate, score_tokens
 

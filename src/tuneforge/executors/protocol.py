@@ -46,7 +46,7 @@ class Placement:
                 "spans": {name: list(ids) for name, ids in (self.spans or {self.node: self.gpu_ids}).items()}}
 
     @classmethod
-    def from_assignment(cls, assignment: dict[str, tuple[int, ...]]) -> "Placement":
+    def from_assignment(cls, assignment: dict[str, tuple[int, ...]]) -> Placement:
         first = sorted(assignment)[0]
         return cls(first, list(assignment[first]), {name: list(ids) for name, ids in assignment.items()})
 

@@ -352,7 +352,8 @@ def _connect(ray: Any, address: str, options: dict[str, Any], tries: int = 3, ba
             return
         except (ConnectionError, TimeoutError) as exc:
             if attempt == tries:
-                raise ConnectionError(f"cannot connect to the Ray cluster at {redact_url(address)} (TUNEFORGE_RAY_ADDRESS): "
+                raise ConnectionError(f"cannot connect to the Ray cluster at {redact_url(address)} "
+                                      "(TUNEFORGE_RAY_ADDRESS): "
                                       f"{_first_line(exc)}") from exc
             log.warning("connecting to Ray at %s failed (%s); trying again", redact_url(address), _first_line(exc))
             if ray.is_initialized():

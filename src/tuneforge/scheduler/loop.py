@@ -31,9 +31,9 @@ from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex
 from tuneforge.scheduler.pools import PoolSetup
 from tuneforge.scheduler.spec_builder import build_spec
 from tuneforge.scheduler.state import ClusterState, placement_spans, read_state
+from tuneforge.scheduler.validation import validate_job
 from tuneforge.services import artifacts, quotas, usage
 from tuneforge.services import sweeps as sweep_service
-from tuneforge.scheduler.validation import validate_job
 from tuneforge.services.context import Platform
 from tuneforge.services.reports import token_hash
 from tuneforge.services.transitions import transition

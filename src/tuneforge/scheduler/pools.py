@@ -23,8 +23,8 @@ before its deadline. `max_price` (per GPU-hour) keeps pools above it out.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 SPOT, ON_DEMAND, RESERVED = "spot", "on_demand", "reserved"
 KINDS = (SPOT, ON_DEMAND, RESERVED)

@@ -131,7 +131,7 @@ def spot_preemptions(session: Session, pools: PoolSetup, job_ids: list[str]) -> 
     if not job_ids:
         return {}
     counts: dict[str, int] = defaultdict(int)
-    for job_id, placement, handle, failure_class, status in session.execute(
+    for job_id, placement, handle, _failure_class, status in session.execute(
             select(Attempt.job_id, Attempt.placement, Attempt.handle, Attempt.failure_class, Attempt.status).where(
                 Attempt.job_id.in_(job_ids),
                 (Attempt.failure_class == "preempted") | (Attempt.status == "lost"))).all():

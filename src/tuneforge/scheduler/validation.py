@@ -21,13 +21,13 @@ from tuneforge.domain.resolved import DivergencePolicy, ResolvedResources
 from tuneforge.domain.spec import CheckpointPolicy
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import lineage
+from tuneforge.scheduler.policy import Node, QueuedJob, place
+from tuneforge.scheduler.pools import PoolSetup, allowed_pools
 from tuneforge.services import evaluation
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import plan_job
 from tuneforge.services.transitions import transition
-from tuneforge.scheduler.policy import Node, QueuedJob, place
-from tuneforge.scheduler.pools import PoolSetup, allowed_pools
 from tuneforge.storage import layout
 
 
@@ -137,7 +137,8 @@ def _never_fits(platform: Platform, resources: ResolvedResources) -> str | None:
             f"{len(nodes)} node(s) of {', '.join(map(str, sizes))} GPUs")
 
 
-def _no_pool_fits(session: Session, platform: Platform, job: Job, resources: ResolvedResources) -> tuple[str, str] | None:
+def _no_pool_fits(session: Session, platform: Platform, job: Job,
+                  resources: ResolvedResources) -> tuple[str, str] | None:
     """(param, why) when no capacity pool the job may use could ever hold it: none of the kind it
     asked for at its price, or none with room on an idle inventory."""
     pools = PoolSetup.from_settings(platform.settings)

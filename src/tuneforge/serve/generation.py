@@ -20,8 +20,8 @@ import torch
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.tenant_text import safe_text
 from tuneforge.serve.constrained import JsonConstraint
-from tuneforge.serve.tools import plain_messages
 from tuneforge.serve.params import Chunk, Prompt, SamplingParams, Usage
+from tuneforge.serve.tools import plain_messages
 
 # A byte-level tokenizer decodes half a multi-byte character as U+FFFD; that
 # text is held back until the next token completes the character.

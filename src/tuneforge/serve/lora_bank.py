@@ -57,8 +57,8 @@ class LoraBank:
         False: some loaded adapter cannot be stacked; PEFT computes, as it was left."""
         if not self._stale and list(self.slots) == adapters:
             return self.usable
-        from peft.tuners.lora.layer import LoraLayer
         from peft.tuners.lora.layer import Linear as LoraLinear
+        from peft.tuners.lora.layer import LoraLayer
 
         hooked = {id(layer) for layer in self.layers}
         for module in self.model.modules():  # a new adapter may adapt layers no earlier one did

@@ -166,7 +166,8 @@ def plain_messages(messages: list[dict], tools: tuple[dict, ...]) -> list[dict]:
     out: list[dict] = []
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
-            calls = "".join(f"<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
+            calls = "".join("<tool_call>"
+                            f"{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
                             "</tool_call>" for c in message["tool_calls"])
             out.append({"role": "assistant", "content": (message.get("content") or "") + calls})
         elif message["role"] == "tool":

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from sqlalchemy.orm import Session
 

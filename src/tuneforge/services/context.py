@@ -53,7 +53,7 @@ class Platform:
         return self._streams
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "Platform":
+    def from_settings(cls, settings: Settings) -> Platform:
         private_dirs(settings.home)
         return cls(
             settings=settings,

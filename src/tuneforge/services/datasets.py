@@ -16,16 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any
 
 from tuneforge.data import isolation
-from tuneforge.data.shapes import method_shapes
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.pipeline import CheckOptions, check_dataset
 from tuneforge.data.report import DatasetReport
+from tuneforge.data.shapes import method_shapes
 from tuneforge.domain.errors import not_found
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
@@ -148,7 +149,8 @@ class PreparedWriter:
     def __call__(self, examples: Sequence[Example], token_counts: Sequence[int]) -> None:
         for example, count in zip(examples, token_counts):
             line = json.dumps(example_record(example), ensure_ascii=False).encode() + b"\n"
-            if self.valid is not None and self.split_fraction and _held_out(self.seed, example.line, self.split_fraction):
+            if (self.valid is not None and self.split_fraction
+                    and _held_out(self.seed, example.line, self.split_fraction)):
                 self.valid.write(line)
                 self.valid_count += 1
             else:

@@ -8,15 +8,14 @@ from typing import IO
 
 from sqlalchemy.orm import Session
 
-from tuneforge.services import datasets
-from tuneforge.services import eval_sets, quotas
-from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.settings import Settings
 from tuneforge.db.pagination import Page
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import FileRow
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.ids import new_id
+from tuneforge.services import datasets, eval_sets, quotas
+from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 

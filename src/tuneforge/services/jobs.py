@@ -10,8 +10,8 @@ import logging
 import random
 import re
 import time
-from pathlib import Path
 from dataclasses import asdict, replace
+from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session

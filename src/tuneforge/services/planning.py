@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from tuneforge.db.tables import BaseModelRow, FileRow, Tenant
+from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import DataOptions, JobRequest
 from tuneforge.domain.resolved import (
     DivergencePolicy,
@@ -29,7 +30,6 @@ from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import methods
-from tuneforge.domain.errors import invalid
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.errors import BadDataError
+from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.formats import iter_jsonl_stream
 from tuneforge.data.shapes import normalize
 from tuneforge.data.structure import StructureReport, iter_examples

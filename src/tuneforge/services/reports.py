@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from tuneforge import prometheus
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import events
@@ -32,13 +33,12 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Checkpoint, Job
 from tuneforge.domain import reports, retention
 from tuneforge.domain.errors import ApiError, invalid, unauthorized
-from tuneforge.domain.metrics import checkpoint_metrics, metrics_data, metrics_message
 from tuneforge.domain.ids import correlation_id, new_id
+from tuneforge.domain.metrics import checkpoint_metrics, metrics_data, metrics_message
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub, scrub_data
 from tuneforge.registry import models as registry
 from tuneforge.registry import parents
-from tuneforge import prometheus
 from tuneforge.services import evaluation, integrations
 from tuneforge.services import files as file_service
 from tuneforge.services.transitions import transition
@@ -142,7 +142,8 @@ def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Event
             continue
         events.add(
             session, job, scrub(item.message), level=item.level, event_type=item.type,
-            data=scrub_data(item.data), attempt=attempt.number, seq=item.seq, created_at=int(item.created_at or time.time()),
+            data=scrub_data(item.data), attempt=attempt.number, seq=item.seq,
+            created_at=int(item.created_at or time.time()),
         )
         attempt.last_seq = item.seq
         attempt.heartbeat_at = time.time()

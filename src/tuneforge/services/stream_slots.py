@@ -25,7 +25,7 @@ RETRY_AFTER_S = 5.0
 class StreamSlot:
     tenant_id: str
     job_id: str
-    _slots: "StreamSlots" = field(repr=False)
+    _slots: StreamSlots = field(repr=False)
     released: bool = False
 
     def release(self) -> None:

@@ -22,7 +22,6 @@ from tuneforge.storage.store import ObjectStore
 from tuneforge.train import attention, fused_loss
 from tuneforge.train.errors import UserInputError
 
-
 TOKENIZED_FORMAT_VERSION = 1
 
 
@@ -73,7 +72,7 @@ def _tokenize_file(
     line_number = 0
     try:
         with store.open_read(ref.key) as stream:
-            for line_number, record in iter_jsonl(stream):
+            for _line_number, record in iter_jsonl(stream):
                 examples.append(
                     tokenize_example(
                         record, tokenizer, max_seq_length=hp.max_seq_length,

@@ -263,7 +263,8 @@ def save_training_state(
             from peft import get_peft_model_state_dict
 
             weights = get_peft_model_state_dict(unwrap(model), state_dict=adapter)
-            files[ADAPTER_WEIGHTS] = safetensors.torch.save({name: tensor.contiguous() for name, tensor in weights.items()})
+            files[ADAPTER_WEIGHTS] = safetensors.torch.save(
+                {name: tensor.contiguous() for name, tensor in weights.items()})
             files[ADAPTER_CONFIG] = json.dumps(model.peft_config["default"].to_dict(), default=_jsonable,
                                                sort_keys=True).encode()
         files[SCHEDULER] = torch_bytes(scheduler.state_dict())
@@ -326,7 +327,8 @@ def _load_legacy(files: Mapping[str, bytes], model: Any, optimizer: torch.optim.
         result = model.load_state_dict(saved, strict=False)
         tied = {name for name, _ in model.state_dict().items()} - set(saved)
         if result.unexpected_keys or set(result.missing_keys) - tied:
-            raise ValueError(f"checkpoint weights do not fit the model: {(result.unexpected_keys or result.missing_keys)[:3]}")
+            mismatched = (result.unexpected_keys or result.missing_keys)[:3]
+            raise ValueError(f"checkpoint weights do not fit the model: {mismatched}")
     else:
         from peft import set_peft_model_state_dict
 

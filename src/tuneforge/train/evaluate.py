@@ -19,8 +19,8 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

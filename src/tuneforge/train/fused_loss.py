@@ -94,7 +94,8 @@ def head_of(model: Any, *, gather: bool = True) -> Head | None:
     softcap = float(getattr(config, "final_logit_softcapping", None) or 0.0)
     scale = float(getattr(config, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
     weight = output.weight
-    if gather and hasattr(weight, "full_tensor"):  # sharded and not gathered now: gathered, gradients flow back to the shards
+    # sharded and not gathered now: gathered, gradients flow back to the shards
+    if gather and hasattr(weight, "full_tensor"):
         weight = weight.full_tensor()
     return Head(weight, softcap, scale)
 

@@ -25,24 +25,24 @@ if TYPE_CHECKING:
 
 
 class Hooks(Protocol):
-    def stop_reason(self, run: "Run") -> str | None:
+    def stop_reason(self, run: Run) -> str | None:
         """Before a step: a reason to stop the attempt as if preempted, or None."""
 
-    def before_micro_batch(self, run: "Run", index: int) -> None:
+    def before_micro_batch(self, run: Run, index: int) -> None:
         """Before the forward pass of a step's `index`-th micro-batch (may raise)."""
 
-    def after_micro_batch(self, run: "Run", index: int) -> None:
+    def after_micro_batch(self, run: Run, index: int) -> None:
         """After the backward pass of a step's `index`-th micro-batch."""
 
 
 class NoHooks:
-    def stop_reason(self, run: "Run") -> str | None:
+    def stop_reason(self, run: Run) -> str | None:
         return None
 
-    def before_micro_batch(self, run: "Run", index: int) -> None:
+    def before_micro_batch(self, run: Run, index: int) -> None:
         return None
 
-    def after_micro_batch(self, run: "Run", index: int) -> None:
+    def after_micro_batch(self, run: Run, index: int) -> None:
         return None
 
 
@@ -57,12 +57,12 @@ class Faults:
     preempt_during_step: int | None = None
     simulate_oom_above_micro_batch: int | None = None
 
-    def stop_reason(self, run: "Run") -> str | None:
+    def stop_reason(self, run: Run) -> str | None:
         if self.stop_after_step is not None and run.state.step >= self.stop_after_step:
             return "stop_after_step"
         return None
 
-    def before_micro_batch(self, run: "Run", index: int) -> None:
+    def before_micro_batch(self, run: Run, index: int) -> None:
         limit = self.simulate_oom_above_micro_batch
         micro = run.spec.hyperparameters.micro_batch_size
         if limit is not None and micro > limit:
@@ -70,7 +70,7 @@ class Faults:
 
             raise torch.OutOfMemoryError(f"simulated: a micro-batch of {micro} does not fit (limit {limit})")
 
-    def after_micro_batch(self, run: "Run", index: int) -> None:
+    def after_micro_batch(self, run: Run, index: int) -> None:
         if self.preempt_during_step == run.state.step + 1 and index == 0:
             run.stop.requested_at = time.monotonic()  # type: ignore[attr-defined] - as the SIGTERM handler does
             run.stop.set()

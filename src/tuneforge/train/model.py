@@ -49,7 +49,8 @@ def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: boo
     model = None
     if flash_attention_available(device, dtype):
         try:  # transformers' variable-length kernels for packed rows (train/attention.py)
-            model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype, attn_implementation="flash_attention_2")
+            model = AutoModelForCausalLM.from_pretrained(local_dir, dtype=dtype,
+                                                         attn_implementation="flash_attention_2")
         except (ValueError, ImportError) as exc:  # an architecture without flash-attention support
             log.info("flash-attention 2 not used: %s", exc)
     if model is None:
@@ -165,7 +166,8 @@ def build_lora_model(model: Any, lora: LoraConfig, *, seed: int) -> Any:
             raise  # chosen by the platform, not the tenant
         raise UserInputError(
             "invalid_target_modules",
-            f"training_type.target_modules {targets if isinstance(targets, list) else [targets]} cannot be adapted in this base model; "
+            f"training_type.target_modules {targets if isinstance(targets, list) else [targets]} cannot be adapted "
+            "in this base model; "
             f"modules LoRA can adapt here include {', '.join(leaf_names(lora_module_paths(model))[:8])}",
             param="training_type.target_modules",
         ) from exc

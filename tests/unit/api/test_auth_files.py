@@ -67,7 +67,8 @@ def test_delete_removes_file_and_its_object(world):
     assert deleted.deleted is True and deleted.id == created.id
     with pytest.raises(openai.NotFoundError):
         sdk.files.retrieve(created.id)
-    assert world.platform.store.list("tenants") == [] or all(created.id not in k for k in world.platform.store.list("tenants"))
+    assert (world.platform.store.list("tenants") == []
+            or all(created.id not in k for k in world.platform.store.list("tenants")))
 
 
 def test_another_tenants_file_answers_404_everywhere(world):

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tests.unit.scheduler.test_loop import FakeExecutor
 from tuneforge.api.app import create_app
 from tuneforge.db.tables import Job
 from tuneforge.scheduler.loop import Scheduler
-from tests.unit.scheduler.test_loop import FakeExecutor
 
 
 def chat(i: int, answer: str | None = None) -> dict:
@@ -120,7 +120,8 @@ def test_validation_removes_duplicates_splits_and_reuses_the_prepared_dataset(en
     scheduler._validate_new_jobs()
     events = http.get(f"/v1/fine_tuning/jobs/{second['id']}/events?limit=50", headers=auth).json()["data"]
     assert any(e["data"].get("reused_dataset") is True for e in events)
-    assert http.get(f"/v1/fine_tuning/jobs/{second['id']}", headers=auth).json()["data"]["dataset_id"] == data["dataset_id"]
+    assert (http.get(f"/v1/fine_tuning/jobs/{second['id']}", headers=auth).json()["data"]["dataset_id"]
+            == data["dataset_id"])
 
 
 def test_too_long_examples_fail_the_job_when_asked(env):

@@ -7,7 +7,8 @@ import threading
 
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
-from sqlalchemy.exc import OperationalError, TimeoutError as PoolTimeout
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from tests.helpers.platform import make_platform
 from tuneforge.api.app import create_app

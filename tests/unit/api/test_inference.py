@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import openai
-
-from tuneforge.serve.constrained import INVALID, json_prefix
 import pytest
 from fastapi.testclient import TestClient
 
@@ -23,6 +21,7 @@ from tests.helpers.platform import make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.tables import FineTunedModel, Job
 from tuneforge.domain.job_config import JobRequest
+from tuneforge.serve.constrained import INVALID, json_prefix
 from tuneforge.server import ControlPlane
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services import tenants as tenant_service

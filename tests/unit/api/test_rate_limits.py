@@ -136,7 +136,8 @@ def test_a_tenant_over_its_rate_is_refused_at_the_door_until_its_window_ends(lim
     for path in ("/v1/files", "/v1/fine_tuning/jobs", "/v1/fine_tuning/jobs/ftjob-x", "/v1/no-such-route"):
         refused = world.get("alpha", path)
         assert refused.status_code == 429, (path, refused.text)
-        assert refused.json()["error"]["code"] == "rate_limit_exceeded" and "600ms" in refused.json()["error"]["message"]
+        assert (refused.json()["error"]["code"] == "rate_limit_exceeded"
+                and "600ms" in refused.json()["error"]["message"])
         assert refused.headers["Retry-After"] == "1" and refused.headers["X-Content-Type-Options"] == "nosniff"
     assert counted == []  # never reached the limiter's storage
     assert world.get("beta").status_code == 200 and counted == [_tenant_id(world, "beta")]

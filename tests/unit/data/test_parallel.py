@@ -114,7 +114,8 @@ def test_a_file_without_valid_examples_up_front_falls_back(tmp_path: Path, token
     assert single["errors"]["invalid_json"]["count"] >= 2500
 
 
-def test_a_worker_failure_is_an_error_not_a_hang(tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_failure_is_an_error_not_a_hang(tmp_path: Path, tokenizer: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from tuneforge.data import parallel
 
     path = _write(tmp_path / "data.jsonl", _lines(600, seed=6))

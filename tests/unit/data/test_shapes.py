@@ -12,8 +12,8 @@ import pytest
 
 from tuneforge.data import codes
 from tuneforge.data.example import DataIssue, Example
-from tuneforge.train import methods
 from tuneforge.data.shapes import check_method, normalize
+from tuneforge.train import methods
 
 
 def user(content: Any = "Hi", **extra: Any) -> dict[str, Any]:

@@ -157,7 +157,8 @@ TOOL_TEMPLATE = (
     "{% if parallel_tool_calls is defined and not parallel_tool_calls %}{{ ' (one call at a time)' }}{% endif %}"
     "{{ '<|im_end|>\n' }}{% endif %}"
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] }}"
-    "{% for c in m.get('tool_calls') or [] %}{{ '<tool>' + c['function']['name'] + c['function']['arguments'] + '</tool>' }}"
+    "{% for c in m.get('tool_calls') or [] %}"
+    "{{ '<tool>' + c['function']['name'] + c['function']['arguments'] + '</tool>' }}"
     "{% endfor %}{{ '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -53,7 +53,8 @@ def _schema(url: str) -> dict:
                 "primary_key": found.get_pk_constraint(table)["constrained_columns"],
                 "indexes": sorted((str(i["name"]), tuple(i["column_names"]), bool(i["unique"]))
                                   for i in found.get_indexes(table)),
-                "unique": sorted((str(u["name"]), tuple(u["column_names"])) for u in found.get_unique_constraints(table)),
+                "unique": sorted((str(u["name"]), tuple(u["column_names"]))
+                                 for u in found.get_unique_constraints(table)),
                 "foreign_keys": sorted((tuple(f["constrained_columns"]), f["referred_table"],
                                         tuple(f["referred_columns"]), str(f.get("options", {}).get("ondelete")))
                                        for f in found.get_foreign_keys(table)),

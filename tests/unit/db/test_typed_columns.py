@@ -28,7 +28,8 @@ def test_typed_values_are_stored_as_json_and_read_back_equal(tmp_path, database_
     add_tenant(platform, "alpha")
     request = JobRequest.model_validate({"model": "tiny-base", "training_file": "file-x",
                                          "method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.3}}}})
-    resolved = ResolvedJob(method="dpo", hyperparameters=Hyperparameters(micro_batch_size=4, method_options={"beta": 0.3}),
+    resolved = ResolvedJob(method="dpo",
+                           hyperparameters=Hyperparameters(micro_batch_size=4, method_options={"beta": 0.3}),
                            resources=ResolvedResources(gpus=2))
     try:
         with platform.db.session() as session:

@@ -70,7 +70,8 @@ def _full_job() -> ResolvedJob:
         eval=ResolvedEval(task_file="file-task", metrics=("exact_match", {"type": "regex", "pattern": "^\\d+$"}),
                           gates=(ResolvedGate("task.exact_match", ">=", 0.5),
                                  ResolvedGate("golden.loss", "<=", 0.5, relative_to_base=True)),
-                          safety=False, safety_detector={"type": "guard_model", "endpoint": "http://g/v1", "model": "g"},
+                          safety=False,
+                          safety_detector={"type": "guard_model", "endpoint": "http://g/v1", "model": "g"},
                           max_new_tokens=32, max_examples=100, task_file_key="tenants/t/files/file-task/task.jsonl"),
         extra={"stop_after_step": 3},
     )

@@ -7,7 +7,6 @@ import pytest
 
 from tuneforge.domain.errors import ApiError
 from tuneforge.eval import metrics
-from tuneforge.eval.openai_chat import ChatEndpoint
 from tuneforge.eval.metrics import (
     Contains,
     ExactMatch,
@@ -16,6 +15,7 @@ from tuneforge.eval.metrics import (
     Regex,
     RougeL,
 )
+from tuneforge.eval.openai_chat import ChatEndpoint
 
 
 def test_exact_match_trims_whitespace_and_ignores_case_by_default():

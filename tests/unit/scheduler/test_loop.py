@@ -102,7 +102,8 @@ def test_jobs_validate_then_start_in_order_within_capacity(setup):
     assert job(first)["attempt"] == 1
     assert [s.job_id for s in executor.launched] == [first]
     spec = executor.launched[0]
-    assert spec.hyperparameters.batch_size == spec.hyperparameters.micro_batch_size * spec.hyperparameters.gradient_accumulation_steps
+    hyperparameters = spec.hyperparameters
+    assert hyperparameters.batch_size == hyperparameters.micro_batch_size * hyperparameters.gradient_accumulation_steps
 
 
 def test_reports_drive_the_job_to_success(setup):
@@ -124,8 +125,9 @@ def test_reports_drive_the_job_to_success(setup):
                                                "metrics": {"train_loss": 1.5}}).status_code == 200
     adapter = f"tenants/{spec.tenant_id}/jobs/{job_id}/artifacts/adapter"
     platform.store.put_bytes(f"tenants/{spec.tenant_id}/jobs/{job_id}/results.csv", b"step,train_loss\n1,2.5\n")
+    results_key = f"tenants/{spec.tenant_id}/jobs/{job_id}/results.csv"
     assert _report(http, spec, "result", {"seq": 3, "trained_tokens": 1234, "adapter_prefix": adapter,
-                                          "results_key": f"tenants/{spec.tenant_id}/jobs/{job_id}/results.csv"}).status_code == 200
+                                          "results_key": results_key}).status_code == 200
     done = job(job_id)
     assert done["status"] == "succeeded"
     assert done["trained_tokens"] == 1234
@@ -244,7 +246,8 @@ def test_a_resumed_attempt_recovers_the_metrics_its_predecessor_never_delivered(
     metrics = {e["data"]["step"]: e["data"] for e in events if e["type"] == "metrics"}
     assert sorted(metrics) == [1, 2, 3, 4, 5, 6]
     assert [e["data"]["step"] for e in events if e["type"] == "metrics"].count(5) == 1
-    assert metrics[4]["train_loss"] == pytest.approx(2.6) and metrics[4]["train_mean_token_accuracy"] == pytest.approx(0.4)
+    assert metrics[4]["train_loss"] == pytest.approx(2.6)
+    assert metrics[4]["train_mean_token_accuracy"] == pytest.approx(0.4)
     assert metrics[4]["learning_rate"] == 1e-4 and metrics[4]["total_steps"] == 10
     assert metrics[4]["recovered_from_checkpoint"] is True and "recovered_from_checkpoint" not in metrics[5]
     checkpoints = http.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=auth).json()["data"]

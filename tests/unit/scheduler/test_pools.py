@@ -90,7 +90,8 @@ def test_a_running_spot_job_moves_when_its_deadline_is_at_risk():
     assert at_risk(ask, HOUR, SPOT_POOL, now=10 * HOUR - HOUR, rules=RULES)
     assert not at_risk(ask, HOUR, ON_DEMAND, now=9 * HOUR, rules=RULES)  # only spot jobs move
     assert not at_risk(CapacityAsk("spot", deadline=HOUR), HOUR, SPOT_POOL, now=0.0, rules=RULES)  # chose spot
-    assert not at_risk(ask, HOUR, SPOT_POOL, now=9.5 * HOUR, rules=RULES)  # too late for on-demand too: moving won't help
+    # too late for on-demand too: moving won't help
+    assert not at_risk(ask, HOUR, SPOT_POOL, now=9.5 * HOUR, rules=RULES)
 
 
 def _nodes() -> list[Node]:

@@ -19,10 +19,10 @@ from tests.unit.serve.test_engine import PROMPT, adapter_dirs, world  # noqa: F4
 from tuneforge.demo.tiny_model import build_tiny_model
 from tuneforge.domain.errors import ApiError
 from tuneforge.serve.engine import InferenceEngine
-from tuneforge.storage.store import open_store
 from tuneforge.serve.generation import adjusted_logits
 from tuneforge.serve.params import FULL_MODEL, Completion, ModelTarget, Prompt, SamplingParams
 from tuneforge.serve.sinks import Sink, completion_of
+from tuneforge.storage.store import open_store
 
 LOGPROB_TOLERANCE = 1e-4
 PROMPTS = [PROMPT, "hello there", "a b c d e f g h i j k l m n o p q r s t u v w x y z", "x = 1\ny ="]

@@ -33,8 +33,10 @@ def test_tiny_model_loads_with_auto_classes(tiny_model_dir: Path) -> None:
     )
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert prompt == "<|begin_of_text|><|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
-    assert tokenizer.decode(tokenizer("def load_data(x):")["input_ids"], skip_special_tokens=True) == "def load_data(x):"
+    assert prompt == ("<|begin_of_text|><|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+    code = "def load_data(x):"
+    assert tokenizer.decode(tokenizer(code)["input_ids"], skip_special_tokens=True) == code
 
 
 def test_tiny_model_is_deterministic_per_seed(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tests.helpers.archs import ARCHITECTURES, build_arch_model
-
 from tests.helpers.tiny import stage_job
 from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample
 from tuneforge.domain.exit_codes import TrainerExit
@@ -105,7 +104,8 @@ def test_a_training_run_with_the_chunked_loss_equals_one_without(tmp_path: Path,
         spec, store = stage_job(tmp_path / mode, tiny_model_dir, hyperparameters={"micro_batch_size": 2})
         reporter = RecordingReporter()
         assert run_attempt(replace(spec, fused_loss=mode), store, reporter) == TrainerExit.SUCCESS
-        results[mode] = [(e["data"]["train_loss"], e["data"]["train_mean_token_accuracy"]) for e in reporter.events("metrics")]
+        results[mode] = [(e["data"]["train_loss"], e["data"]["train_mean_token_accuracy"])
+                         for e in reporter.events("metrics")]
     assert len(results["off"]) == len(results["chunked"]) > 2
     for (loss, accuracy), (plain_loss, plain_accuracy) in zip(results["chunked"], results["off"]):
         assert loss == pytest.approx(plain_loss, rel=1e-4) and accuracy == plain_accuracy

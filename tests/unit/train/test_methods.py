@@ -23,8 +23,8 @@ import torch
 from tests.helpers.tiny import next_attempt, stage_job
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.storage import layout
-from tuneforge.train.model import load_base_model
 from tuneforge.train.methods.cpt import tokenize_text
+from tuneforge.train.model import load_base_model
 from tuneforge.train.pairs import tokenize_pair
 from tuneforge.train.reporter import RecordingReporter
 from tuneforge.train.runner import run_attempt

@@ -75,7 +75,8 @@ def create_tenant(body: TenantCreate, session: Session = deps.SESSION) -> dict:
 
 @router.get("/tenants", dependencies=[Depends(admin)])
 def list_tenants(session: Session = deps.SESSION) -> dict:
-    return {"object": "list", "has_more": False, "data": [_tenant_object(t) for t in tenant_service.list_tenants(session)]}
+    return {"object": "list", "has_more": False,
+            "data": [_tenant_object(t) for t in tenant_service.list_tenants(session)]}
 
 
 class KeyCreate(_Strict):

@@ -13,10 +13,8 @@ from tuneforge.api.objects import file_object, list_object
 from tuneforge.api.openapi import error_responses
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid
-from tuneforge.services import datasets
-from tuneforge.services import eval_sets
+from tuneforge.services import datasets, eval_sets, previews
 from tuneforge.services import files as file_service
-from tuneforge.services import previews
 from tuneforge.services.context import Platform
 
 router = APIRouter(prefix="/v1/files", tags=["files"])

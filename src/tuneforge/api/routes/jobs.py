@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 

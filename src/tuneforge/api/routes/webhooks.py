@@ -32,7 +32,8 @@ class WebhookCreate(BaseModel):
     url: str = Field(json_schema_extra={"maxLength": egress.MAX_URL_CHARS},
                      description="http:// or https:// URL that receives the events (POST, JSON)")
     events: list[Annotated[str, Field(max_length=MAX_ID_CHARS)]] | None = Field(
-        default=None, max_length=MAX_LIST_ITEMS, description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
+        default=None, max_length=MAX_LIST_ITEMS,
+        description="event types to receive; default all: " + ", ".join(webhook_service.ALL_EVENTS))
 
 
 class WebhookUpdate(BaseModel):

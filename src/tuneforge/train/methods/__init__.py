@@ -52,13 +52,13 @@ class TrainingMethod:
     hyperparameters: type[SupervisedHyperparameters]  # the `method.<name>.hyperparameters` block
     data_kinds: tuple[str, ...]  # example kinds (`data.example.Kind`, or a shape of its own) it trains on
     learning_rate: Mapping[str, float]  # default learning rate by training type (lora, qlora, full)
-    objective: Callable[[Mapping[str, Any]], "Objective"]  # resolved method options -> objective (imports torch)
+    objective: Callable[[Mapping[str, Any]], Objective]  # resolved method options -> objective (imports torch)
     option_defaults: Mapping[str, Any] = field(default_factory=dict)  # values of its own options when "auto"
     option_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # inclusive bounds
     sequences_per_example: int = 1  # sequences one example puts through the model (memory model)
     beta_pulls_to_reference: bool = False  # its `beta` keeps the policy near the reference (gate advice)
     default_eval: EvalDefaults = EvalDefaults()
-    shapes: tuple["Shape", ...] = ()  # data shapes this method brings (recognised in every upload)
+    shapes: tuple[Shape, ...] = ()  # data shapes this method brings (recognised in every upload)
 
     def parse_hyperparameters(self, raw: Any) -> SupervisedHyperparameters:
         """The method's typed block; a 400 naming `method.<name>.hyperparameters.<field>` otherwise."""

@@ -20,8 +20,8 @@ from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import TokenizedExample
 from tuneforge.domain.job_config import SupervisedHyperparameters
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
-from tuneforge.train.objective import TokenObjective
 from tuneforge.train.methods import TrainingMethod
+from tuneforge.train.objective import TokenObjective
 
 
 def tokenize_text(text: Any, tokenizer: Any, *, max_seq_length: int) -> list[TokenizedExample]:
@@ -41,7 +41,7 @@ def load_texts(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters
     line_number = 0
     try:
         with store.open_read(ref.key) as stream:
-            for line_number, record in iter_jsonl(stream):
+            for _line_number, record in iter_jsonl(stream):
                 if not isinstance(record, dict) or "text" not in record:
                     raise BadDataError("invalid_example", "expected a 'text' string", param="text")
                 examples.extend(tokenize_text(record["text"], tokenizer, max_seq_length=hp.max_seq_length))

@@ -16,7 +16,7 @@ the larger reward.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 from pydantic import Field
 
@@ -25,7 +25,7 @@ from tuneforge.train.methods import EvalDefaults, TrainingMethod
 
 
 class DpoHyperparameters(SupervisedHyperparameters):
-    beta: Union[float, Auto] = Field("auto", description="Strength of the pull towards the reference (base) "
+    beta: float | Auto = Field("auto", description="Strength of the pull towards the reference (base) "
                                                          "model: larger keeps the fine-tune closer to it.")
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from pydantic import Field
 
@@ -46,12 +46,12 @@ from tuneforge.train.objective import Scores
 
 
 class KtoHyperparameters(SupervisedHyperparameters):
-    beta: Union[float, Auto] = Field("auto", description="Sharpness of the value function around the "
+    beta: float | Auto = Field("auto", description="Sharpness of the value function around the "
                                                          "reference point; larger keeps the fine-tune closer "
                                                          "to the base model.")
-    desirable_weight: Union[float, Auto] = Field("auto", description="Weight of the desirable completions' "
+    desirable_weight: float | Auto = Field("auto", description="Weight of the desirable completions' "
                                                                      "loss (lambda_D).")
-    undesirable_weight: Union[float, Auto] = Field("auto", description="Weight of the undesirable completions' "
+    undesirable_weight: float | Auto = Field("auto", description="Weight of the undesirable completions' "
                                                                        "loss (lambda_U).")
 
 

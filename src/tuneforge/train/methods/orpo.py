@@ -11,7 +11,7 @@ has the larger mean log-probability.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 from pydantic import Field
 
@@ -20,7 +20,7 @@ from tuneforge.train.methods import EvalDefaults, TrainingMethod
 
 
 class OrpoHyperparameters(SupervisedHyperparameters):
-    beta: Union[float, Auto] = Field("auto", description="Weight of the odds-ratio term against the "
+    beta: float | Auto = Field("auto", description="Weight of the odds-ratio term against the "
                                                          "supervised loss of the chosen answer.")
 
 

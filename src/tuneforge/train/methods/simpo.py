@@ -12,7 +12,7 @@ reward.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 from pydantic import Field
 
@@ -21,8 +21,8 @@ from tuneforge.train.methods import EvalDefaults, TrainingMethod
 
 
 class SimpoHyperparameters(SupervisedHyperparameters):
-    beta: Union[float, Auto] = Field("auto", description="Scale of the length-normalised reward.")
-    gamma: Union[float, Auto] = Field("auto", description="Target reward margin between chosen and rejected.")
+    beta: float | Auto = Field("auto", description="Scale of the length-normalised reward.")
+    gamma: float | Auto = Field("auto", description="Target reward margin between chosen and rejected.")
 
 
 def _objective(options: Mapping[str, Any]) -> Any:

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuneforge.domain.job_config import SupervisedHyperparameters
-from tuneforge.train.objective import TokenObjective, load_token_examples
 from tuneforge.train.methods import TrainingMethod
+from tuneforge.train.objective import TokenObjective, load_token_examples
 
 
 def _objective(options: Mapping[str, Any]) -> TokenObjective:
