@@ -72,7 +72,7 @@ def _tokenize_file(
     line_number = 0
     try:
         with store.open_read(ref.key) as stream:
-            for _line_number, record in iter_jsonl(stream):
+            for line_number, record in iter_jsonl(stream):  # noqa: B007 - the except clauses read it
                 examples.append(
                     tokenize_example(
                         record, tokenizer, max_seq_length=hp.max_seq_length,

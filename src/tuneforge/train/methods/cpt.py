@@ -41,7 +41,7 @@ def load_texts(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters
     line_number = 0
     try:
         with store.open_read(ref.key) as stream:
-            for _line_number, record in iter_jsonl(stream):
+            for line_number, record in iter_jsonl(stream):  # noqa: B007 - the except clauses read it
                 if not isinstance(record, dict) or "text" not in record:
                     raise BadDataError("invalid_example", "expected a 'text' string", param="text")
                 examples.extend(tokenize_text(record["text"], tokenizer, max_seq_length=hp.max_seq_length))
