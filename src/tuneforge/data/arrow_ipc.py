@@ -118,12 +118,13 @@ def check_ipc_expansion(source: Any, stored_bytes: int, limits: ReadLimits, wher
     import pyarrow as pa
 
     data = source.slice(_FILE_PREAMBLE_BYTES) if source.slice(0, 6).to_pybytes() == _ARROW_FILE_MAGIC else source
-    total_bytes = 0
-    messages = iter(())
     try:
         messages = iter(pa.ipc.MessageReader.open_stream(pa.BufferReader(data)))
     except pa.ArrowException:
-        pass  # not a stream pyarrow can read either: its reader names the problem and the row
+        # not IPC at all, so nothing here decodes: the reader that opens it next refuses it, naming
+        # the problem (the bound holds, since that reader decodes nothing either)
+        return 0
+    total_bytes = 0
     while True:
         try:
             message = next(messages)
