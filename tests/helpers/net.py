@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,3 +72,31 @@ def send_json(handler, payload: object, status: int = 200) -> None:  # noqa: ANN
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
+
+
+@contextmanager
+def counting_json_server(document: object) -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 that answers every GET with `document` as JSON and records the
+    path of each request: (its base URL, the paths asked so far)."""
+    hits: list[str] = []
+    body = json.dumps(document).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    finally:
+        server.shutdown()
+        server.server_close()

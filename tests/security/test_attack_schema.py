@@ -15,12 +15,12 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 import pytest
 
 from tests.helpers.attack import MODEL_NAME, LiveServer
+from tests.helpers.net import counting_json_server
 
 API_WORKERS = 2
 # Bounds, generous for a loaded 2-core CI machine (before the fix: the chained schema held a
@@ -34,26 +34,8 @@ WATCH_AFTER_S = 1.0
 @pytest.fixture(scope="module")
 def listener() -> Iterator[tuple[str, list[str]]]:
     """An HTTP server on 127.0.0.1 that serves a schema and counts every request it gets."""
-    hits: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            hits.append(self.path)
-            body = json.dumps({"type": "object"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/schema+json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    server.shutdown()
-    server.server_close()
+    with counting_json_server({"type": "object"}) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,11 @@ taken has bounded size, depth, references, expansion and validation work."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers.net import counting_json_server
 from tuneforge.domain.errors import ApiError
 from tuneforge.serve import json_schema
 from tuneforge.serve.json_schema import (
@@ -42,29 +41,10 @@ def chained(links: int) -> dict:
 
 
 @pytest.fixture
-def listener():
-    """An HTTP server on 127.0.0.1 that counts the requests it gets."""
-    hits: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            hits.append(self.path)
-            body = json.dumps({"type": "string"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    server.shutdown()
-    server.server_close()
+def listener() -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server on 127.0.0.1 that serves a schema and counts every request it gets."""
+    with counting_json_server({"type": "string"}) as served:
+        yield served
 
 
 def test_a_remote_reference_is_400_and_never_fetched(listener):
