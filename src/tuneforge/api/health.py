@@ -16,10 +16,10 @@ import time
 import anyio
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from tuneforge import __version__
 from tuneforge.db.migrate import current_revision, head_revision
+from tuneforge.db.repos.health import ping
 from tuneforge.scheduler.leader import leader_known
 from tuneforge.services.context import Platform
 
@@ -31,7 +31,7 @@ PROBE_KEY = "_health/probe-{pid}"
 
 def _database(platform: Platform) -> str:
     with platform.db.engine.connect() as conn:
-        conn.execute(text("SELECT 1"))
+        ping(conn)
     return "ok"
 
 

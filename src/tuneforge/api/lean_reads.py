@@ -1,9 +1,10 @@
 """The reads dashboards and CI pipelines poll hardest, lean: GET a job, a page of jobs, a page of a
 job's events.
 
-Each request reads its rows from the database (indexed SELECTs on a pooled cursor,
-`db/fastread.py`), so an answer is never older than its rows. For jobs, what is remembered per
-process is the rendering: the encoded job object together with the exact row it was built from.
+Each request reads its rows from the database (indexed SELECTs, `db/repos/lean_reads.py`, on a
+pooled cursor, `db/fastread.py`), so an answer is never older than its rows. For jobs, what is
+remembered per process is the rendering: the encoded job object together with the exact row it
+was built from.
 When the row read now equals that row, the encoded object is reused; when anything in it changed
 (status, error, metadata, the JSON of the request...), the job object is built again from the new
 row. A queued job's place in the queue is computed from the queue as of the newest job event
@@ -17,13 +18,12 @@ from collections import OrderedDict
 from functools import partial
 
 import orjson
-from sqlalchemy import Text, bindparam, cast, select
 
 from tuneforge.api.objects import job_object
 from tuneforge.db.engine import json_loads
-from tuneforge.db.fastread import Cursor, NewestFirst, PlainRows, Prepared, Reads
+from tuneforge.db.fastread import Reads
 from tuneforge.db.pagination import MAX_LIMIT
-from tuneforge.db.tables import Job, JobEvent
+from tuneforge.db.repos.lean_reads import JOB_ROWS, EventReads, JobReads
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import queue as queue_service
 from tuneforge.services.context import Platform
@@ -36,7 +36,6 @@ def list_body(items: list[bytes], ids: list[str], has_more: bool) -> bytes:
                      b"true" if has_more else b"false", b',"first_id":', first, b',"last_id":', last, b"}"))
 
 
-JOB_ROWS = PlainRows(Job)
 REMEMBERED = 2048  # rendered jobs kept per process (a couple of KB each)
 
 
@@ -44,15 +43,12 @@ class JobBodies:
     def __init__(self, platform: Platform, size: int = REMEMBERED) -> None:
         self.platform = platform
         self.reads: Reads = platform.db.reads
-        engine = platform.db.engine
         # the row, and the newest job event's key (the queue's version) in the same round trip
-        newest_event = queue_service.NEWEST_EVENT.scalar_subquery().label("newest_event")
-        self._job = Prepared(engine, JOB_ROWS.select().add_columns(newest_event).where(
-            Job.tenant_id == bindparam("tenant_id"), Job.job_id == bindparam("job_id")))
+        reads = JobReads(platform.db.engine)
+        self._job = reads.one
         self._status = JOB_ROWS.index("status")
         self._job_id = JOB_ROWS.index("job_id")
-        self._pages = NewestFirst(engine, JOB_ROWS.select().where(Job.tenant_id == bindparam("tenant_id")),
-                                  Job, Job.job_id)
+        self._pages = reads.pages
         self._size = size
         self._lock = threading.Lock()
         self._rendered: OrderedDict[str, tuple[tuple, bytes]] = OrderedDict()
@@ -101,18 +97,12 @@ class EventPages:
     def __init__(self, platform: Platform) -> None:
         self.platform = platform
         self.reads: Reads = platform.db.reads
-        engine = platform.db.engine
-        self._job = Prepared(engine, select(Job.pk).where(Job.tenant_id == bindparam("tenant_id"),
-                                                          Job.job_id == bindparam("job_id")))
-        columns = (JobEvent.event_id, JobEvent.created_at, JobEvent.level, JobEvent.message,
-                   cast(JobEvent.data, Text), JobEvent.event_type)  # JSON as its text, as in db/fastread.py
-        self._pages = NewestFirst(engine, select(*columns).where(JobEvent.job_id == bindparam("job_id")),
-                                  JobEvent, JobEvent.event_id)
+        self._events = EventReads(platform.db.engine)
 
     async def page(self, tenant_id: str, job_id: str, after: str | None, limit: int) -> bytes | None:
         """The page as JSON; None when the tenant has no such job."""
         limit = max(1, min(int(limit), MAX_LIMIT))
-        rows = await self.reads.call(self._rows, tenant_id, job_id, after, limit)
+        rows = await self.reads.call(self._events.rows, tenant_id, job_id, after, limit)
         if rows is None:
             return None
         shown = rows[:limit]
@@ -121,9 +111,3 @@ class EventPages:
                                "data": (json_loads(data) if data is not None else None) or {}, "type": event_type})
                  for event_id, created_at, level, message, data, event_type in shown]
         return list_body(items, [row[0] for row in shown], len(rows) > limit)
-
-    async def _rows(self, raw: Cursor, tenant_id: str, job_id: str, after: str | None,
-                    limit: int) -> list[tuple] | None:
-        if not await self._job.rows(raw, tenant_id=tenant_id, job_id=job_id):
-            return None
-        return await self._pages.rows(raw, after, limit, job_id=job_id)

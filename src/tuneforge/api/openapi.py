@@ -9,7 +9,11 @@ validates input; this API answers such requests 400 in OpenAI's envelope
 - operations that take a tenant's key: 429 (the tier's rate limits, `api/ratelimits.py`);
 - operations with path parameters or on the admin API (off by default): 404;
 - operations with a body: 413 (`api/guard.py` limits the size);
-- the codes a route declares itself with `error_responses(...)` (409, 429...).
+- the codes a route declares itself with `error_responses(...)` (409, 429...);
+- the schemas of the Server-Sent Events of streaming routes (`event_stream(...)`), which FastAPI
+  only adds for JSON bodies.
+
+Each route's 2xx body is its `response_model` (api/schemas/).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
+
+from tuneforge.api.schemas.errors import ErrorEnvelope
 
 ENVELOPE_REF = "#/components/schemas/ErrorEnvelope"
 
@@ -34,23 +40,26 @@ DESCRIPTIONS = {
 }
 
 
-class ErrorDetail(BaseModel):
-    message: str = Field(description="What was wrong, naming the field.")
-    type: str = Field(description="invalid_request_error, rate_limit_error, requests (a tenant's request rate "
-                                  "limit), insufficient_quota, server_error.")
-    param: str | None = Field(description="The parameter at fault, dotted (e.g. messages.0.content).")
-    code: str | None = Field(description="A machine-readable code, e.g. invalid_value.")
-
-
-class ErrorEnvelope(BaseModel):
-    """OpenAI's error body."""
-
-    error: ErrorDetail
-
-
 def error_responses(*status_codes: int) -> dict[int | str, dict[str, Any]]:
     """`responses=` for a route that can answer these codes besides the ones every route documents."""
     return {code: {"model": ErrorEnvelope, "description": DESCRIPTIONS[code]} for code in status_codes}
+
+
+def binary_body(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route whose 200 is a file's bytes (declare `response_class` a streaming one)."""
+    return {200: {"description": description,
+                  "content": {media_type: {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+_STREAMED: dict[str, type[BaseModel]] = {}
+
+
+def event_stream(model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route that streams with `stream=true`: its 200 may also be Server-Sent
+    Events, each message's `data` one `model` (then `data: [DONE]`)."""
+    _STREAMED[model.__name__] = model
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {200: {"description": description, "content": {"text/event-stream": {"schema": schema}}}}
 
 
 def _error(code: int) -> dict[str, Any]:
@@ -120,6 +129,11 @@ def with_error_responses(document: dict[str, Any]) -> dict[str, Any]:
     envelope = ErrorEnvelope.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas.update(envelope.pop("$defs", {}))
     schemas["ErrorEnvelope"] = envelope
+    for name, model in _STREAMED.items():
+        streamed = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="serialization")
+        for inner, definition in streamed.pop("$defs", {}).items():
+            schemas.setdefault(inner, definition)
+        schemas.setdefault(name, streamed)
     _with_links(document)
     return document
 

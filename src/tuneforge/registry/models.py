@@ -11,16 +11,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.repos import models as model_repo
 from tuneforge.db.repos import routes as route_repo
 from tuneforge.db.tables import FineTunedModel, Job, ModelStageChange
-from tuneforge.db.tenancy import owned
 from tuneforge.domain.errors import ApiError, invalid, not_found
-from tuneforge.domain.status import TERMINAL
 from tuneforge.registry import lineage
 from tuneforge.registry.parents import copy_adapter_files
 from tuneforge.registry.stages import GATED, STAGES, can_move
@@ -84,14 +83,11 @@ def same_config(session: Session, tenant_id: str, config_hash: str | None, *,
                 exclude_job: str | None = None) -> FineTunedModel | None:
     if not config_hash:
         return None
-    query = owned(FineTunedModel, tenant_id).where(FineTunedModel.config_hash == config_hash)
-    if exclude_job:
-        query = query.where(FineTunedModel.job_id != exclude_job)
-    return session.scalars(query.order_by(FineTunedModel.pk)).first()
+    return model_repo.same_config(session, tenant_id, config_hash, exclude_job)
 
 
 def get(session: Session, tenant_id: str, model_id: str) -> FineTunedModel:
-    row = session.scalar(owned(FineTunedModel, tenant_id).where(FineTunedModel.model_id == model_id))
+    row = model_repo.get(session, tenant_id, model_id)
     if row is None or row.artifacts_deleted_at is not None:
         raise model_not_found(model_id)
     return row
@@ -103,7 +99,7 @@ def model_not_found(model_id: str) -> ApiError:
 
 def get_any(session: Session, model_id: str) -> FineTunedModel:
     """A model of any tenant (operators only)."""
-    row = session.scalar(select(FineTunedModel).where(FineTunedModel.model_id == model_id))
+    row = model_repo.any_tenants(session, model_id)
     if row is None or row.artifacts_deleted_at is not None:
         raise model_not_found(model_id)
     return row
@@ -113,14 +109,8 @@ def listing(session: Session, tenant_id: str, *, base_model: str | None = None, 
             include_deprecated: bool = False) -> list[FineTunedModel]:
     if stage is not None and stage not in STAGES:
         raise invalid(f"stage must be one of {', '.join(STAGES)}", param="stage")
-    query = owned(FineTunedModel, tenant_id).where(FineTunedModel.artifacts_deleted_at.is_(None))
-    if base_model:
-        query = query.where(FineTunedModel.base_model == base_model)
-    if stage:
-        query = query.where(FineTunedModel.stage == stage)
-    if not include_deprecated:
-        query = query.where(FineTunedModel.deprecated_at.is_(None))
-    return list(session.scalars(query.order_by(FineTunedModel.pk)))
+    return model_repo.listing(session, tenant_id, base_model=base_model, stage=stage,
+                              include_deprecated=include_deprecated)
 
 
 def promote(session: Session, row: FineTunedModel, target: str, *, actor: str, override: bool = False,
@@ -157,8 +147,7 @@ def failure_reasons(row: FineTunedModel) -> list[str]:
 
 
 def history(session: Session, row: FineTunedModel) -> list[ModelStageChange]:
-    return list(session.scalars(select(ModelStageChange).where(ModelStageChange.model_id == row.model_id)
-                                .order_by(ModelStageChange.pk)))
+    return model_repo.stage_changes(session, row.tenant_id, row.model_id)
 
 
 def deprecate(session: Session, row: FineTunedModel, *, grace_s: float, actor: str) -> FineTunedModel:
@@ -194,13 +183,10 @@ def purge_expired(session: Session, store: ObjectStore, now: float | None = None
     """Remove the artifacts of models whose grace period is over; the row stays (lineage). A full
     model that an unfinished job continues from (it reads the files in place) waits for that job."""
     now = time.time() if now is None else now
-    rows = session.scalars(select(FineTunedModel).where(
-        FineTunedModel.delete_after.is_not(None), FineTunedModel.delete_after <= now,
-        FineTunedModel.artifacts_deleted_at.is_(None))).all()
+    rows = model_repo.past_grace(session, now)
     if not rows:
         return []
-    unfinished = session.scalars(select(Job).where(
-        Job.parent.is_not(None), Job.status.not_in([status.value for status in TERMINAL]))).all()
+    unfinished = job_repo.unfinished_continuations(session)
     in_use = {(job.tenant_id, (job.parent or {}).get("model_prefix")) for job in unfinished}
     rows = [row for row in rows if (row.tenant_id, row.artifact_prefix) not in in_use]
     for row in rows:

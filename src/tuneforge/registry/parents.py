@@ -25,10 +25,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import checkpoints as checkpoint_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import models as model_repo
 from tuneforge.db.tables import Checkpoint, FineTunedModel, Job
 from tuneforge.domain.status import JobStatus
@@ -92,7 +92,7 @@ def find(session: Session, tenant_id: str, tenant_name: str, name: str) -> Paren
     if row is not None or match is None:
         if row is None or row.deprecated_at is not None or row.artifacts_deleted_at is not None:
             return None
-        job = session.scalar(select(Job).where(Job.job_id == row.job_id, Job.tenant_id == tenant_id))
+        job = job_repo.get(session, tenant_id, row.job_id)
         step = int(match.group("step")) if match is not None else None
         return None if job is None else Parent(name, job, step, row, None)
     job = _job_named(session, tenant_id, tenant_name, match.group("model"))
@@ -118,11 +118,11 @@ def _job_named(session: Session, tenant_id: str, tenant_name: str, name: str) ->
     if registered is not None:
         if registered.deprecated_at is not None or registered.artifacts_deleted_at is not None:
             return None
-        return session.scalar(select(Job).where(Job.job_id == registered.job_id, Job.tenant_id == tenant_id))
+        return job_repo.get(session, tenant_id, registered.job_id)
     tag = name.rsplit(":", 1)[-1]
     if len(tag) != TAG_CHARS:
         return None
-    candidates = session.scalars(select(Job).where(Job.tenant_id == tenant_id, Job.job_id.endswith(tag)))
+    candidates = job_repo.ending_with(session, tenant_id, tag)
     return next((job for job in candidates if model_id(job, tenant_name) == name), None)
 
 

@@ -20,9 +20,12 @@ import os
 from pathlib import Path
 from typing import IO
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
+
+from tuneforge.db.repos import advisory_lock
+from tuneforge.db.repos.health import ping
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +40,7 @@ def leader_known(database_url: str, home: Path) -> bool:
         engine = create_engine(url, poolclass=NullPool)
         try:
             with engine.connect() as conn:
-                held = conn.execute(text(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                    "AND classid = :high AND objid = :low AND objsubid = 1"),
-                    {"high": LOCK_KEY >> 32, "low": LOCK_KEY & 0xFFFFFFFF}).scalar()
-            return bool(held)
+                return advisory_lock.held(conn, LOCK_KEY)
         finally:
             engine.dispose()
     path = _lock_path(url, home)
@@ -89,12 +87,12 @@ class LeaderLock:
 
     def _try_postgres(self) -> bool:
         if self._conn is not None and self.is_leader:
-            self._conn.execute(text("SELECT 1"))  # still connected, so still holding the lock
+            ping(self._conn)  # still connected, so still holding the lock
             return True
         if self._conn is None:
             self._conn = self._engine.connect()
             self._conn.execution_options(isolation_level="AUTOCOMMIT")
-        got = bool(self._conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": LOCK_KEY}).scalar())
+        got = advisory_lock.try_take(self._conn, LOCK_KEY)
         self._conn.commit()
         return got
 
@@ -127,7 +125,7 @@ class LeaderLock:
         if self._postgres:
             if self._conn is not None and self.is_leader:
                 try:
-                    self._conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": LOCK_KEY})
+                    advisory_lock.release(self._conn, LOCK_KEY)
                 except Exception:  # noqa: BLE001
                     pass
             self._drop_connection()

@@ -325,7 +325,7 @@ class ModelBatcher:
             return entry.model(**inputs)
         bank = entry.bank
         if bank is not None and bank.prepare(list(entry.adapters)):  # the stacked adapters (serve/lora_bank.py)
-            bank.select(adapters, entry.device)
+            bank.activate(adapters, entry.device)
             try:
                 return entry.peft(**inputs)
             finally:

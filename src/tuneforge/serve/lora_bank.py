@@ -76,7 +76,7 @@ class LoraBank:
         self._stale = False
         return self.usable
 
-    def select(self, adapters: list[str | None], device: torch.device) -> None:
+    def activate(self, adapters: list[str | None], device: torch.device) -> None:
         """The adapter of each row of the next forward pass (None: the base alone)."""
         slots = [self.slots[name] if name is not None else 0 for name in adapters]
         self.uniform = slots[0] if len(set(slots)) == 1 else None

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.tables import BaseModelRow, Job
 from tuneforge.domain.errors import ApiError, rate_limited
 from tuneforge.domain.resolved import Estimate
@@ -50,10 +50,7 @@ IN_FLIGHT_RETRY_AFTER_S = 2  # a data pass of a small file takes about this long
 def queue_position(session: Session, job: Job | None = None) -> int:
     """1-based position among jobs waiting to run (first-in first-out)."""
     waiting = [JobStatus.QUEUED.value, JobStatus.VALIDATING_FILES.value]
-    stmt = select(func.count()).select_from(Job).where(Job.status.in_(waiting))
-    if job is not None:
-        stmt = stmt.where(Job.pk < job.pk)
-    return int(session.scalar(stmt) or 0) + 1
+    return job_repo.count_waiting_before(session, waiting, None if job is None else job.pk) + 1
 
 
 def estimate(settings: Settings, base: BaseModelRow, *, train_tokens_per_epoch: int, train_examples: int,

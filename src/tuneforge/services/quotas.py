@@ -49,13 +49,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.repos import uploads as upload_repo
-from tuneforge.db.tables import Job, Tenant
+from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError, invalid, quota_exceeded, rate_limited
 from tuneforge.domain.status import JobStatus
 from tuneforge.services import usage
@@ -127,8 +127,7 @@ def checked_override(name: str, value: float | None) -> int | float | None:
 
 # ---- counts ------------------------------------------------------------------------
 def _jobs_of(session: Session, tenant_id: str, statuses: tuple[str, ...]) -> int:
-    stmt = select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id, Job.status.in_(statuses))
-    return int(session.scalar(stmt) or 0)
+    return job_repo.count_in(session, tenant_id, statuses)
 
 
 def waiting_jobs(session: Session, tenant_id: str) -> int:
@@ -141,9 +140,7 @@ def running_jobs(session: Session, tenant_id: str) -> int:
 
 def running_counts(session: Session) -> dict[str, int]:
     """tenant_id -> jobs holding compute, in one query (for a scheduler tick over many jobs)."""
-    rows = session.execute(
-        select(Job.tenant_id, func.count()).where(Job.status.in_(HOLDING)).group_by(Job.tenant_id))
-    return {tenant_id: int(count) for tenant_id, count in rows}
+    return job_repo.count_in_by_tenant(session, HOLDING)
 
 
 def billable_gpu_hours(session: Session, tenant: Tenant, now: float) -> float:

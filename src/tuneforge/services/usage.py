@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import calendar
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.tables import Attempt, Job, JobEvent, Tenant
+from tuneforge.db.repos import usage as usage_repo
+from tuneforge.db.repos import webhooks as webhook_repo
+from tuneforge.db.tables import Attempt
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.services.context import Platform
@@ -40,7 +41,6 @@ from tuneforge.services.context import Platform
 REFUNDED_FAILURE_CLASSES = frozenset({"platform"})
 _ACTIVE = tuple(status.value for status in ATTEMPT_ACTIVE)
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
-_IN_CHUNK = 1000  # ids per IN (...) list: far below SQLite's and PostgreSQL's parameter limits
 
 
 # ---- months ------------------------------------------------------------------
@@ -148,24 +148,11 @@ class JobUsage:
 
 
 # ---- sums ------------------------------------------------------------------------
-def _attempts_between(session: Session, start: float, end: float,
-                      tenant_id: str | None = None) -> list[tuple[Attempt, Job]]:
-    stmt = (
-        select(Attempt, Job)
-        .join(Job, Job.job_id == Attempt.job_id)
-        .where(Attempt.started_at < end, or_(Attempt.ended_at.is_(None), Attempt.ended_at >= start))
-        .order_by(Job.pk.desc(), Attempt.number)
-    )
-    if tenant_id is not None:
-        stmt = stmt.where(Job.tenant_id == tenant_id)
-    return [(attempt, job) for attempt, job in session.execute(stmt)]
-
-
 def jobs_usage(session: Session, tenant_id: str, month: str, now: float) -> list[JobUsage]:
     """The tenant's jobs that held GPUs in `month`, newest job first, each with its GPU-seconds there."""
     start, end = month_bounds(month)
     by_job: dict[str, JobUsage] = {}
-    for attempt, job in _attempts_between(session, start, end, tenant_id):
+    for attempt, job in usage_repo.attempts_between(session, tenant_id, start, end):
         if _overlaps(attempt, now, start, end):
             usage = by_job.setdefault(job.job_id, JobUsage(job.job_id, job.model, job.status))
             usage.metered.add(attempt, now, start, end)
@@ -176,7 +163,7 @@ def usage_by_tenant(session: Session, start: float, end: float, now: float) -> d
     """Every tenant's GPU-seconds in [start, end); tenants without any are absent.
     Also the input of fair share over a sliding window (start = now - window)."""
     totals: dict[str, Metered] = {}
-    for attempt, job in _attempts_between(session, start, end):
+    for attempt, job in usage_repo.every_tenants_attempts_between(session, start, end):
         if _overlaps(attempt, now, start, end):
             totals.setdefault(job.tenant_id, Metered()).add(attempt, now, start, end)
     return totals
@@ -184,7 +171,7 @@ def usage_by_tenant(session: Session, start: float, end: float, now: float) -> d
 
 def tenant_usage(session: Session, tenant_id: str, start: float, end: float, now: float) -> Metered:
     metered = Metered()
-    for attempt, _job in _attempts_between(session, start, end, tenant_id):
+    for attempt, _job in usage_repo.attempts_between(session, tenant_id, start, end):
         if _overlaps(attempt, now, start, end):
             metered.add(attempt, now, start, end)
     return metered
@@ -208,27 +195,11 @@ class Snapshot:
         return self.gpus_busy / self.gpus_total if self.gpus_total > 0 else 0.0
 
 
-def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
-    for offset in range(0, len(items), size):
-        yield items[offset:offset + size]
-
-
 def queued_since(session: Session, created_at: dict[str, float]) -> dict[str, float]:
     """When each job (job_id -> created_at) last entered the queue: its newest transition to
     `queued` (after validation, a restart or a resume), else its creation. A restarted job
     waits from its requeue, not from its creation."""
-    latest: dict[str, float] = {}
-    for chunk in _chunks(list(created_at), _IN_CHUNK):
-        rows = session.execute(
-            select(JobEvent.job_id, func.max(JobEvent.created_at))
-            .where(
-                JobEvent.job_id.in_(chunk),
-                JobEvent.seq.is_(None),  # control-plane events; trainer reports carry a seq
-                JobEvent.data["status"].as_string() == JobStatus.QUEUED.value,
-            )
-            .group_by(JobEvent.job_id)
-        )
-        latest.update({job_id: float(at) for job_id, at in rows})
+    latest = usage_repo.newest_queued_at(session, list(created_at))
     return {job_id: latest.get(job_id, float(created)) for job_id, created in created_at.items()}
 
 
@@ -239,11 +210,7 @@ def platform_snapshot(session: Session, platform: Platform, tiers: Sequence[str]
 
 
 def snapshot(session: Session, tiers: Sequence[str], gpus_total: int | None, now: float) -> Snapshot:
-    queued = session.execute(
-        select(Job.job_id, Job.created_at, Tenant.tier)
-        .join(Tenant, Tenant.tenant_id == Job.tenant_id)
-        .where(Job.status == JobStatus.QUEUED.value)
-    ).all()
+    queued = usage_repo.queued_jobs(session)
     since = queued_since(session, {job_id: float(created) for job_id, created, _tier in queued})
     depth = {tier: 0 for tier in tiers}
     oldest = {tier: 0.0 for tier in tiers}
@@ -252,12 +219,10 @@ def snapshot(session: Session, tiers: Sequence[str], gpus_total: int | None, now
         oldest[tier] = max(oldest.get(tier, 0.0), now - since[job_id])
     by_status = {status.value: 0 for status in JobStatus}
     by_status.update(job_repo.count_by_status(session))
-    busy = session.scalar(select(func.coalesce(func.sum(Attempt.gpus), 0)).where(Attempt.status.in_(_ACTIVE)))
-    preempted = session.scalar(
-        select(func.count()).select_from(Attempt).where(Attempt.status == AttemptStatus.PREEMPTED.value))
     return Snapshot(
         queue_depth=depth, oldest_wait_s=oldest, running_jobs=by_status[JobStatus.RUNNING.value],
-        gpus_total=gpus_total, gpus_busy=int(busy or 0), preemptions=int(preempted or 0),
+        gpus_total=gpus_total, gpus_busy=usage_repo.gpus_held(session, _ACTIVE),
+        preemptions=usage_repo.preempted_attempts(session),
         jobs_by_status=by_status,
     )
 
@@ -265,14 +230,9 @@ def snapshot(session: Session, tiers: Sequence[str], gpus_total: int | None, now
 def counters(session: Session, now: float) -> dict[str, dict[str, float]]:
     """Platform-wide totals for /metrics: GPU-seconds attempts held, by attempt status (a running
     attempt's so far), and webhook deliveries by status."""
-    from tuneforge.db.tables import WebhookDelivery
-
-    held = func.sum(Attempt.gpus * (func.coalesce(Attempt.ended_at, now) - Attempt.started_at))
     gpu_seconds = {status.value: 0.0 for status in AttemptStatus}
-    gpu_seconds.update({status: max(0.0, float(total or 0.0)) for status, total in
-                        session.execute(select(Attempt.status, held).group_by(Attempt.status))})
+    gpu_seconds.update(usage_repo.gpu_seconds_by_status(session, now))
     deliveries = {"pending": 0.0, "delivered": 0.0, "failed": 0.0}
-    deliveries.update({status: float(count) for status, count in session.execute(
-        select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status))})
+    deliveries.update({status: float(count) for status, count in webhook_repo.deliveries_by_status(session).items()})
     return {"gpu_seconds": gpu_seconds, "webhook_deliveries": deliveries}
 

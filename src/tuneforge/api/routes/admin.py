@@ -12,13 +12,16 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.credentials import admin_refusal
 from tuneforge.api.limits import MAX_NAME_CHARS, MONTH_PATTERN
 from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
+from tuneforge.api.schemas.admin import AdminUsage, ApiKey, ApiKeyList, PoolReclaim, Queue, Tenant, TenantList
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.models import Model
+from tuneforge.db import Session
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.domain.errors import not_found
 from tuneforge.registry import models as registry
@@ -28,7 +31,7 @@ from tuneforge.services import quotas, usage
 from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=ObjectRoute)
 
 Limit = Annotated[float, Field(ge=0, le=1e12)] | Literal["unlimited", "default"] | None
 
@@ -66,14 +69,14 @@ def _tenant_object(tenant: Any) -> dict[str, Any]:
             "quotas": {name: getattr(limits, name) for name in quotas.QUOTA_FIELDS}}
 
 
-@router.post("/tenants", dependencies=[Depends(admin)], responses=error_responses(409))
+@router.post("/tenants", dependencies=[Depends(admin)], response_model=Tenant, responses=error_responses(409))
 def create_tenant(body: TenantCreate, session: Session = deps.SESSION) -> dict:
     """The tenant and its first API key (shown once)."""
     tenant, api_key = tenant_service.create_tenant(session, body.name, body.tier)
     return {**_tenant_object(tenant), "api_key": api_key}
 
 
-@router.get("/tenants", dependencies=[Depends(admin)])
+@router.get("/tenants", dependencies=[Depends(admin)], response_model=TenantList)
 def list_tenants(session: Session = deps.SESSION) -> dict:
     return {"object": "list", "has_more": False,
             "data": [_tenant_object(t) for t in tenant_service.list_tenants(session)]}
@@ -91,7 +94,7 @@ TenantName = Path(..., min_length=1, max_length=64)
 KeyId = Path(..., min_length=1, max_length=64)
 
 
-@router.post("/tenants/{name}/keys", dependencies=[Depends(admin)])
+@router.post("/tenants/{name}/keys", dependencies=[Depends(admin)], response_model=ApiKey)
 def create_key(name: str = TenantName, body: KeyCreate | None = Body(default=None),
                session: Session = deps.SESSION) -> dict:
     """Another API key of the tenant; the secret is in `api_key`, shown this once."""
@@ -101,14 +104,14 @@ def create_key(name: str = TenantName, body: KeyCreate | None = Body(default=Non
     return {**tenant_service.key_view(key), "api_key": api_key}
 
 
-@router.get("/tenants/{name}/keys", dependencies=[Depends(admin)])
+@router.get("/tenants/{name}/keys", dependencies=[Depends(admin)], response_model=ApiKeyList)
 def list_keys(name: str = TenantName, session: Session = deps.SESSION) -> dict:
     """The tenant's keys, revoked and expired ones too; never a secret."""
     keys = tenant_service.list_keys(session, name)
     return {"object": "list", "has_more": False, "data": [tenant_service.key_view(key) for key in keys]}
 
 
-@router.delete("/tenants/{name}/keys/{key_id}", dependencies=[Depends(admin)])
+@router.delete("/tenants/{name}/keys/{key_id}", dependencies=[Depends(admin)], response_model=ApiKey)
 def revoke_key(name: str = TenantName, key_id: str = KeyId, session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> dict:
     """Revoke the key: the next request with it answers 401 (in every API process within a second)."""
@@ -125,7 +128,7 @@ def _stored(session: Session, platform: Platform) -> None:
     platform.keys.forget()
 
 
-@router.post("/tenants/{name}/tier", dependencies=[Depends(admin)])
+@router.post("/tenants/{name}/tier", dependencies=[Depends(admin)], response_model=Tenant)
 def set_tier(name: str, body: TierChange, session: Session = deps.SESSION,
              platform: Platform = Depends(deps.platform)) -> dict:
     tenant = tenant_service.set_tier(session, name, body.tier)
@@ -133,7 +136,7 @@ def set_tier(name: str, body: TierChange, session: Session = deps.SESSION,
     return _tenant_object(tenant)
 
 
-@router.post("/tenants/{name}/quota", dependencies=[Depends(admin)])
+@router.post("/tenants/{name}/quota", dependencies=[Depends(admin)], response_model=Tenant)
 def set_quota(name: str, body: QuotaChange, session: Session = deps.SESSION,
               platform: Platform = Depends(deps.platform)) -> dict:
     changes: dict[str, float | None] = {}
@@ -145,7 +148,7 @@ def set_quota(name: str, body: QuotaChange, session: Session = deps.SESSION,
     return _tenant_object(tenant)
 
 
-@router.get("/usage", dependencies=[Depends(admin)])
+@router.get("/usage", dependencies=[Depends(admin)], response_model=AdminUsage)
 def usage_all(month: str | None = Query(default=None, pattern=MONTH_PATTERN, description="YYYY-MM (UTC); default "
                                                                                       "this month."),
               session: Session = deps.SESSION) -> dict:
@@ -154,7 +157,7 @@ def usage_all(month: str | None = Query(default=None, pattern=MONTH_PATTERN, des
     return {"object": "list", "month": chosen, "data": tenant_service.usage_report(session, chosen, now)}
 
 
-@router.get("/queue", dependencies=[Depends(admin)])
+@router.get("/queue", dependencies=[Depends(admin)], response_model=Queue)
 def whole_queue(session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     entries = queue_service.whole_queue(session, platform)
     return {"object": "list", "data": [
@@ -169,7 +172,8 @@ class Reclaim(_Strict):
                                            "the whole pool.")
 
 
-@router.post("/pools/{pool}/reclaim", dependencies=[Depends(admin)], responses=error_responses(404))
+@router.post("/pools/{pool}/reclaim", dependencies=[Depends(admin)], response_model=PoolReclaim,
+              responses=error_responses(404))
 def reclaim_pool(pool: str, body: Reclaim | None = Body(default=None), session: Session = deps.SESSION,
                  platform: Platform = Depends(deps.platform)) -> dict:
     """A reclaim notice for spot capacity (the provider's interruption notice, or a drained node),
@@ -195,11 +199,13 @@ class AdminPromote(_Strict):
     override: bool = Field(False, description="Promote a model whose eval gates failed (recorded with the reason).")
 
 
-@router.post("/models/{model_id:path}/promote", dependencies=[Depends(admin)], responses=error_responses(409))
+@router.post("/models/{model_id:path}/promote", dependencies=[Depends(admin)], response_model=Model,
+              responses=error_responses(409))
 def promote_model(model_id: str, body: AdminPromote, session: Session = deps.SESSION,
                   platform: Platform = Depends(deps.platform)) -> dict:
     """Any tenant's model; with `override` past failed gates — audited in the model's stage history."""
     row = registry.get_any(session, model_id)
     registry.promote(session, row, body.stage, actor="admin", override=body.override, reason=body.reason)
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return fine_tuned_model_object(row)

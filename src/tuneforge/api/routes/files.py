@@ -4,23 +4,25 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.headers import attachment
 from tuneforge.api.limits import MAX_ID_CHARS
 from tuneforge.api.objects import file_object, list_object
-from tuneforge.api.openapi import error_responses
+from tuneforge.api.openapi import binary_body, error_responses
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.files import FileDeleted, FileList, FileObject, FilePreview, FileValidation
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid
 from tuneforge.services import datasets, eval_sets, previews
 from tuneforge.services import files as file_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = APIRouter(prefix="/v1/files", tags=["files"], route_class=ObjectRoute)
 
 
-@router.post("", responses=error_responses(413))
+@router.post("", response_model=FileObject, responses=error_responses(413))
 def create_file(
     file: UploadFile | None = None,
     purpose: str | None = Form(default=None, max_length=MAX_ID_CHARS),
@@ -47,7 +49,7 @@ def create_file(
     return file_object(row)
 
 
-@router.get("")
+@router.get("", response_model=FileList)
 def list_files(
     purpose: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
@@ -60,12 +62,12 @@ def list_files(
     return list_object(page.rows, file_object, page.has_more)
 
 
-@router.get("/{file_id}")
+@router.get("/{file_id}", response_model=FileObject)
 def retrieve_file(file_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     return file_object(file_service.get(session, tenant.tenant_id, file_id))
 
 
-@router.get("/{file_id}/validation")
+@router.get("/{file_id}/validation", response_model=FileValidation)
 def file_validation(
     file_id: str,
     tenant: Tenant = Depends(deps.tenant),
@@ -78,7 +80,7 @@ def file_validation(
     return {"object": "file.validation", "file_id": row.file_id, "status": row.status, **report}
 
 
-@router.get("/{file_id}/preview")
+@router.get("/{file_id}/preview", response_model=FilePreview)
 def file_preview(
     file_id: str,
     model: str = Query(max_length=MAX_ID_CHARS, description="The base model whose chat template and tokenizer render "
@@ -96,7 +98,7 @@ def file_preview(
                             train_on_inputs)
 
 
-@router.delete("/{file_id}")
+@router.delete("/{file_id}", response_model=FileDeleted)
 def delete_file(
     file_id: str,
     tenant: Tenant = Depends(deps.tenant),
@@ -107,7 +109,8 @@ def delete_file(
     return {"id": row.file_id, "object": "file", "deleted": True}
 
 
-@router.get("/{file_id}/content")
+@router.get("/{file_id}/content", response_class=StreamingResponse,
+            responses=binary_body("application/octet-stream", "The file's bytes as uploaded."))
 def file_content(
     file_id: str,
     tenant: Tenant = Depends(deps.tenant),

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from tuneforge.api import chat_shapes as shapes
 from tuneforge.api import deps, dispatch, sse
@@ -38,16 +38,23 @@ from tuneforge.api.limits import (
     MAX_NAME_CHARS,
     Int64,
 )
-from tuneforge.api.openapi import error_responses
+from tuneforge.api.openapi import error_responses, event_stream
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.inference import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    TextCompletion,
+    TextCompletionChunk,
+)
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.serve import engine_for
 from tuneforge.serve import tools as tool_calls
 from tuneforge.serve.params import Chunk, ModelTarget, Prompt, SamplingParams, Usage
 from tuneforge.serve.sinks import Sink
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1", tags=["inference"])
+router = APIRouter(prefix="/v1", tags=["inference"], route_class=ObjectRoute)
 _log = logging.getLogger(__name__)
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
@@ -56,6 +63,7 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI
 MAX_TOP_K = 100_000
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
+_STREAMED = "The answer; with stream=true, Server-Sent Events: its chunks, then `data: [DONE]`."
 
 
 class _Body(BaseModel):
@@ -131,7 +139,8 @@ class CompletionBody(_Sampling):
     suffix: str | None = Field(None, description="Not supported.")
 
 
-@router.post("/chat/completions", responses=error_responses(404, 422, 429, 503))
+@router.post("/chat/completions", response_model=ChatCompletion,
+             responses={**error_responses(404, 422, 429, 503), **event_stream(ChatCompletionChunk, _STREAMED)})
 async def chat_completions(body: ChatCompletionBody, request: Request, tenant: Tenant = TENANT,
                            session: Session = deps.SESSION, platform: Platform = PLATFORM) -> Any:
     started = time.monotonic()
@@ -158,7 +167,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request, tenant: T
     target, created = resolved.target, int(time.time())
     if resolved.upstream is not None and (answer := await dispatch.proxied(
             "/v1/chat/completions", body, resolved, reply_id, routed, platform)) is not None:
-        return answer
+        return _relayed(answer)
     engine = await _engine(platform, tenant)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     head = {"id": reply_id, "object": "chat.completion.chunk", "created": created, "model": target.name,
@@ -221,7 +230,8 @@ def _earlier_call(call: Any, param: str) -> dict[str, Any]:
             "function": {"name": function["name"], "arguments": parsed}}
 
 
-@router.post("/completions", responses=error_responses(404, 429, 503))
+@router.post("/completions", response_model=TextCompletion,
+             responses={**error_responses(404, 429, 503), **event_stream(TextCompletionChunk, _STREAMED)})
 async def completions(body: CompletionBody, request: Request, tenant: Tenant = TENANT,
                       session: Session = deps.SESSION, platform: Platform = PLATFORM) -> Any:
     started = time.monotonic()
@@ -235,7 +245,7 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
     target, created = resolved.target, int(time.time())
     if resolved.upstream is not None and (answer := await dispatch.proxied(
             "/v1/completions", body, resolved, reply_id, routed, platform)) is not None:
-        return answer
+        return _relayed(answer)
     echoed = prompt.text if body.echo and prompt.text is not None else ""
     engine = await _engine(platform, tenant)
     with engine.reserve(params.max_new_tokens, n) as lease:  # given back as the choices end
@@ -262,10 +272,15 @@ async def completions(body: CompletionBody, request: Request, tenant: Tenant = T
     }
 
 
+def _relayed(answer: Any) -> Response:
+    """A vLLM server's answer, sent as it came (it is that server's shape, not checked against ours)."""
+    return answer if isinstance(answer, Response) else JSONResponse(answer)
+
+
 async def _engine(platform: Platform, tenant: Tenant) -> Any:
     """The engine as this tenant uses it, with its tier's bound on tokens in flight; created
     (torch imported) on a worker thread the first time."""
-    engine = platform.inference or await run_in_threadpool(engine_for, platform)
+    engine = platform.inference or await run_in_threadpool(platform.inference_engine)
     return engine.for_tenant(tenant.tenant_id, platform.settings.inference_tokens_in_flight_for(tenant.tier))
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Header, Query
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.internal import AttemptCredentials, ReportAnswer
+from tuneforge.db import Session
 from tuneforge.domain import reports as domain_reports
 from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.services import reports
@@ -15,10 +17,11 @@ from tuneforge.services.context import Platform
 
 # answers that tell the trainer its attempt is over (stale or unknown token), not that a report was refused
 FENCING_STATUSES = (401, 409)
-router = APIRouter(prefix="/internal/v1/jobs/{job_id}", tags=["internal"], include_in_schema=False)
+router = APIRouter(prefix="/internal/v1/jobs/{job_id}", tags=["internal"], include_in_schema=False,
+                   route_class=ObjectRoute)
 
 
-@router.get("/credentials")
+@router.get("/credentials", response_model=AttemptCredentials)
 def credentials(
     job_id: str,
     attempt: int = Query(ge=1, le=2**31),
@@ -31,7 +34,7 @@ def credentials(
     return reports.credentials(session, platform, job, current)
 
 
-@router.post("/{kind}")
+@router.post("/{kind}", response_model=ReportAnswer)
 def report(
     job_id: str,
     kind: str,

@@ -10,7 +10,6 @@ from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from sqlalchemy.orm import Session
 from sse_starlette import ServerSentEvent
 from starlette.background import BackgroundTask
 
@@ -19,28 +18,44 @@ from tuneforge.api.headers import attachment
 from tuneforge.api.hot_path import job_answer
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import checkpoint_object, event_object, job_object, list_object
-from tuneforge.api.openapi import error_responses
+from tuneforge.api.openapi import binary_body, error_responses, event_stream
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.jobs import (
+    FineTuningJob,
+    FineTuningJobCheckpointList,
+    FineTuningJobEvent,
+    FineTuningJobEventList,
+    FineTuningJobList,
+    JobAttemptList,
+    JobEstimate,
+    JobExport,
+    JobValidation,
+    PriceEstimate,
+)
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.services import artifacts, datasets, event_streams, job_export, usage
 from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
-together_router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tuning"])
+router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"], route_class=ObjectRoute)
+together_router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tuning"], route_class=ObjectRoute)
 _METADATA_PARAM = re.compile(r"^metadata\[(.+)\]$")
+_EVENTS_STREAMED = ("A page of events, newest first; with stream=true, Server-Sent Events: each event, "
+                    "oldest first, then `data: [DONE]` once the job has finished.")
 
 
 # First of the router's routes: the most polled one is matched first. No other route of a single
 # segment answers GET (its `{job_id}` matches neither "" nor a path with more segments).
-@router.get("/{job_id}", response_model=dict, openapi_extra=deps.lean_parameters("job_id"))
+@router.get("/{job_id}", response_model=FineTuningJob, openapi_extra=deps.lean_parameters("job_id"))
 async def retrieve_job(request: Request) -> Response:
     """Answered by api/hot_path.HotPath before the app; here when it hands a request over."""
     body = await job_answer(request.app.state, request.scope, request.path_params["job_id"])
     return Response(body, media_type="application/json")
 
 
-@router.post("", response_model=dict, responses=error_responses(403, 409, 429))
+@router.post("", response_model=FineTuningJob, responses=error_responses(403, 409, 429))
 async def create_job(
     body: JobRequest,
     request: Request,
@@ -53,7 +68,7 @@ async def create_job(
                                             platform.settings.openai_strict_status)))
 
 
-@router.post("/estimate")
+@router.post("/estimate", response_model=JobEstimate)
 def estimate_job(
     body: JobRequest,
     tenant: Tenant = Depends(deps.tenant),
@@ -64,7 +79,7 @@ def estimate_job(
     return job_service.estimate_job(session, platform, tenant, body)
 
 
-@together_router.post("/estimate-price")
+@together_router.post("/estimate-price", response_model=PriceEstimate)
 def estimate_price(
     body: JobRequest,
     tenant: Tenant = Depends(deps.tenant),
@@ -76,7 +91,7 @@ def estimate_price(
     return {**estimate, **job_service.together_price_fields(session, tenant, estimate)}
 
 
-@router.get("", response_model=dict, openapi_extra=deps.lean_parameters())
+@router.get("", response_model=FineTuningJobList, openapi_extra=deps.lean_parameters())
 async def list_jobs(
     request: Request,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
@@ -102,7 +117,7 @@ def _job_page(session: Session, tenant_id: str, metadata: dict[str, str], after:
     return list_object(page.rows, lambda job: job_object(job, strict), page.has_more)
 
 
-@router.post("/{job_id}/cancel")
+@router.post("/{job_id}/cancel", response_model=FineTuningJob)
 def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> dict:
     """Stops the job; its checkpoints are removed unless `checkpointing.keep_on_cancel`."""
@@ -110,7 +125,7 @@ def cancel_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sess
     return job_object(job, platform.settings.openai_strict_status)
 
 
-@router.post("/{job_id}/pause")
+@router.post("/{job_id}/pause", response_model=FineTuningJob)
 def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
               platform: Platform = Depends(deps.platform)) -> dict:
     """A running job checkpoints and stops (status `pausing`, then `paused` once it has); a queued one
@@ -119,7 +134,7 @@ def pause_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sessi
     return job_object(job, platform.settings.openai_strict_status)
 
 
-@router.post("/{job_id}/resume")
+@router.post("/{job_id}/resume", response_model=FineTuningJob)
 def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> dict:
     """A paused job is queued again and continues from its newest checkpoint."""
@@ -127,7 +142,8 @@ def resume_job(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Sess
     return job_object(job, platform.settings.openai_strict_status)
 
 
-@router.get("/{job_id}/events", response_model=None, responses=error_responses(429),
+@router.get("/{job_id}/events", response_model=FineTuningJobEventList,
+            responses={**error_responses(429), **event_stream(FineTuningJobEvent, _EVENTS_STREAMED)},
             openapi_extra=deps.lean_parameters())
 async def list_events(
     job_id: str,
@@ -167,7 +183,7 @@ async def _event_frames(platform: Platform, opened: event_streams.OpenStream) ->
         yield sse.message(sse.DONE)
 
 
-@router.get("/{job_id}/export")
+@router.get("/{job_id}/export", response_model=JobExport)
 def export_job(
     job_id: str,
     tenant: Tenant = Depends(deps.tenant),
@@ -178,7 +194,7 @@ def export_job(
     return job_export.export(session, job_service.get_job(session, tenant.tenant_id, job_id))
 
 
-@router.get("/{job_id}/validation")
+@router.get("/{job_id}/validation", response_model=JobValidation)
 def job_validation(
     job_id: str,
     tenant: Tenant = Depends(deps.tenant),
@@ -191,7 +207,7 @@ def job_validation(
     return {"object": "fine_tuning.job.validation", "job_id": job.job_id, **report}
 
 
-@router.get("/{job_id}/checkpoints")
+@router.get("/{job_id}/checkpoints", response_model=FineTuningJobCheckpointList)
 def list_checkpoints(
     job_id: str,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
@@ -204,7 +220,9 @@ def list_checkpoints(
     return list_object(page.rows, lambda row: checkpoint_object(row, job, tenant.name), page.has_more)
 
 
-@router.get("/{job_id}/download", responses=error_responses(409))
+@router.get("/{job_id}/download", response_class=StreamingResponse,
+            responses={**binary_body("application/gzip", "The artifact as a .tar.gz archive."),
+                       **error_responses(409)})
 def download(
     job_id: str,
     artifact: str | None = Query(default=None, max_length=MAX_NAME_CHARS),
@@ -224,7 +242,7 @@ def download(
     )
 
 
-@router.get("/{job_id}/attempts")
+@router.get("/{job_id}/attempts", response_model=JobAttemptList)
 def list_attempts(job_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     """Extension: every attempt of the job, with how it ended and why (failure_class: platform failures are
     retried and not billed, user errors are not retried)."""

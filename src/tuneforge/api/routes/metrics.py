@@ -11,18 +11,20 @@ import time
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
-from sqlalchemy.orm import Session
 
 from tuneforge import prometheus
 from tuneforge.api import deps
+from tuneforge.db import Session
+from tuneforge.domain.vocab import TIERS
 from tuneforge.services import usage
 from tuneforge.services.context import Platform
-from tuneforge.services.tenants import TIERS
 
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", include_in_schema=False)
+@router.get("/metrics", include_in_schema=False, response_class=Response,
+            responses={200: {"description": "The exposition (Prometheus text format).",
+                             "content": {prometheus.CONTENT_TYPE: {"schema": {"type": "string"}}}}})
 def metrics(session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> Response:
     now = time.time()
     snap = usage.platform_snapshot(session, platform, TIERS, now)

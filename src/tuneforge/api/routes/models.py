@@ -13,12 +13,14 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_NAME_CHARS
 from tuneforge.api.objects import base_model_object, fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.models import Model, ModelDeleted, ModelList, StageHistory
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError
 from tuneforge.registry import models as registry
@@ -27,7 +29,7 @@ from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import base_models as base_model_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], route_class=ObjectRoute)
 
 
 class PromoteBody(BaseModel):
@@ -39,7 +41,7 @@ def _actor(tenant: Tenant) -> str:
     return f"tenant:{tenant.tenant_id}"
 
 
-@router.get("")
+@router.get("", response_model=ModelList)
 def list_models(
     type: Literal["base", "fine-tuned"] | None = Query(None, description="Only base or only fine-tuned models."),
     base_model: str | None = Query(None, max_length=MAX_ID_CHARS, description="Fine-tuned models of this base model."),
@@ -57,7 +59,7 @@ def list_models(
     return {"object": "list", "data": data}
 
 
-@router.post("/{model_id:path}/promote", responses=error_responses(409))
+@router.post("/{model_id:path}/promote", response_model=Model, responses=error_responses(409))
 def promote_model(model_id: str, body: PromoteBody, tenant: Tenant = Depends(deps.tenant),
                   session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     """A checkpoint's name (`…:ckpt-step-N`) registers the checkpoint as a model first."""
@@ -70,20 +72,22 @@ def promote_model(model_id: str, body: PromoteBody, tenant: Tenant = Depends(dep
         row = registry.register_checkpoint(session, platform.store, checkpoint.job, model_id=model_id,
                                            step=checkpoint.step, source_prefix=checkpoint.checkpoint.prefix)
     registry.promote(session, row, body.stage, actor=_actor(tenant))
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return fine_tuned_model_object(row)
 
 
-@router.post("/{model_id:path}/restore", responses=error_responses(409))
+@router.post("/{model_id:path}/restore", response_model=Model, responses=error_responses(409))
 def restore_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                   platform: Platform = Depends(deps.platform)) -> dict:
     row = registry.get(session, tenant.tenant_id, model_id)
     registry.restore(session, row, actor=_actor(tenant))
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return fine_tuned_model_object(row)
 
 
-@router.get("/{model_id:path}/stages")
+@router.get("/{model_id:path}/stages", response_model=StageHistory)
 def stage_history(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
     row = registry.get(session, tenant.tenant_id, model_id)
     return {"object": "list", "data": [stage_change_object(c) for c in registry.history(session, row)]}
@@ -95,7 +99,7 @@ def stage_change_object(change) -> dict:  # noqa: ANN001 - a ModelStageChange ro
             "reason": change.reason, "created_at": change.created_at}
 
 
-@router.get("/{model_id:path}")
+@router.get("/{model_id:path}", response_model=Model)
 def retrieve_model(model_id: str, include_deprecated: bool = Query(
                        False, description="Extension: a deleted model still in its grace period answers too."),
                    tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION) -> dict:
@@ -108,7 +112,7 @@ def retrieve_model(model_id: str, include_deprecated: bool = Query(
     return fine_tuned_model_object(row)
 
 
-@router.delete("/{model_id:path}", responses=error_responses(409))
+@router.delete("/{model_id:path}", response_model=ModelDeleted, responses=error_responses(409))
 def delete_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                  platform: Platform = Depends(deps.platform)) -> dict:
     base_model_service.refuse_deleting(session, model_id)
@@ -116,5 +120,6 @@ def delete_model(model_id: str, tenant: Tenant = Depends(deps.tenant), session: 
     if row.deprecated_at is not None:  # deleted already: gone, as OpenAI answers a second delete
         raise registry.model_not_found(model_id)
     registry.deprecate(session, row, grace_s=platform.settings.model_delete_grace_s, actor=_actor(tenant))
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return {"id": row.model_id, "object": "model", "deleted": True, "delete_after": row.delete_after}

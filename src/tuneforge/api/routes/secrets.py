@@ -11,14 +11,16 @@ from typing import Any
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.secrets import Secret, SecretDeleted, SecretList
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant, TenantSecret
 from tuneforge.services import secrets as secret_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
+router = APIRouter(prefix="/v1/secrets", tags=["secrets"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)
 
 
@@ -34,7 +36,8 @@ def secret_object(row: TenantSecret) -> dict[str, Any]:
     return {"object": "secret", "name": row.name, "created_at": row.created_at, "updated_at": row.updated_at}
 
 
-@router.post("", status_code=201, responses={200: {"description": "an existing secret got the new value"}})
+@router.post("", status_code=201, response_model=Secret,
+             responses={200: {"model": Secret, "description": "an existing secret got the new value"}})
 def put_secret(body: SecretPut, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> Any:
     """Store a secret; a name that exists gets the new value (rotation)."""
@@ -42,13 +45,13 @@ def put_secret(body: SecretPut, tenant: Tenant = TENANT, session: Session = deps
     return JSONResponse(secret_object(row), status_code=201 if created else 200)
 
 
-@router.get("")
+@router.get("", response_model=SecretList)
 def list_secrets(tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     rows = secret_service.list_names(session, tenant.tenant_id)
     return {"object": "list", "data": [secret_object(row) for row in rows], "has_more": False}
 
 
-@router.delete("/{name}")
+@router.delete("/{name}", response_model=SecretDeleted)
 def delete_secret(name: str = Path(max_length=64), tenant: Tenant = TENANT,
                   session: Session = deps.SESSION) -> dict:
     row = secret_service.delete(session, tenant.tenant_id, name)

@@ -11,18 +11,21 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.models import Model
+from tuneforge.api.schemas.sweeps import Sweep, SweepList
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import sweeps as sweep_service
 from tuneforge.services.context import Platform
 from tuneforge.services.sweeps import SweepView, TrialView
 
-router = APIRouter(prefix="/v1/fine_tuning/sweeps", tags=["sweeps"])
+router = APIRouter(prefix="/v1/fine_tuning/sweeps", tags=["sweeps"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
 
@@ -82,33 +85,34 @@ def sweep_object(view: SweepView) -> dict[str, Any]:
             "gpu_seconds": round(sum(t["gpu_seconds"] for t in shown), 3)}
 
 
-@router.post("", responses=error_responses(403, 429))
+@router.post("", response_model=Sweep, responses=error_responses(403, 429))
 def create_sweep(body: SweepCreate, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                  platform: Platform = PLATFORM) -> dict:
     return sweep_object(sweep_service.create(session, platform, tenant, body.model_dump(exclude_none=True)))
 
 
-@router.get("")
+@router.get("", response_model=SweepList)
 def list_sweeps(tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     return {"object": "list", "has_more": False,
             "data": [sweep_object(view) for view in sweep_service.listing(session, tenant.tenant_id)]}
 
 
-@router.get("/{sweep_id}")
+@router.get("/{sweep_id}", response_model=Sweep)
 def retrieve_sweep(sweep_id: str, tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     return sweep_object(sweep_service.retrieve(session, tenant.tenant_id, sweep_id))
 
 
-@router.post("/{sweep_id}/cancel")
+@router.post("/{sweep_id}/cancel", response_model=Sweep)
 def cancel_sweep(sweep_id: str, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                  platform: Platform = PLATFORM) -> dict:
     return sweep_object(sweep_service.cancel(session, platform, tenant.tenant_id, sweep_id))
 
 
-@router.post("/{sweep_id}/promote", responses=error_responses(409))
+@router.post("/{sweep_id}/promote", response_model=Model, responses=error_responses(409))
 def promote_best(sweep_id: str, body: PromoteBest | None = None, tenant: Tenant = TENANT,
                  session: Session = deps.SESSION, platform: Platform = PLATFORM) -> dict:
     """Move the best trial's model to a stage (default staging), as POST /v1/models/{model}/promote does."""
     model = sweep_service.promote_best(session, tenant.tenant_id, sweep_id, (body or PromoteBest()).stage)
-    serving_changed(platform, session)  # commits, then brings the vLLM servers in line
+    session.commit()  # stored before the vLLM servers are brought in line
+    serving_changed(platform, session)
     return fine_tuned_model_object(model)

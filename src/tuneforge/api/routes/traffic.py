@@ -14,17 +14,21 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.limits import MAX_ID_CHARS, Int64
 from tuneforge.api.openapi import error_responses
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.traffic import Route as RouteObject
+from tuneforge.api.schemas.traffic import RouteDeleted, RouteList, RouteStats
+from tuneforge.api.schemas.traffic import RouteFeedback as RouteFeedbackObject
+from tuneforge.db import Session
 from tuneforge.db.tables import Route, Tenant
 from tuneforge.serve.vllm import serving_changed
 from tuneforge.services import routes as route_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/routes", tags=["routes"])
+router = APIRouter(prefix="/v1/routes", tags=["routes"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)
 PLATFORM = Depends(deps.platform)
 MAX_SCORE = 1_000.0
@@ -73,56 +77,60 @@ def _versions(body: RouteCreate | RouteUpdate) -> list[dict[str, Any]]:
     return [version.model_dump() for version in body.versions]
 
 
-@router.post("", responses=error_responses(404, 409))
+@router.post("", response_model=RouteObject, responses=error_responses(404, 409))
 def create_route(body: RouteCreate, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                  platform: Platform = PLATFORM) -> dict:
     route = route_service.create(session, tenant.tenant_id, body.name, _versions(body))
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return route_object(route)
 
 
-@router.get("")
+@router.get("", response_model=RouteList)
 def list_routes(tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     return {"object": "list", "data": [route_object(r) for r in route_service.listing(session, tenant.tenant_id)]}
 
 
-@router.get("/{name}")
+@router.get("/{name}", response_model=RouteObject)
 def retrieve_route(name: str, tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     return route_object(route_service.get(session, tenant.tenant_id, name))
 
 
-@router.patch("/{name}", responses=error_responses(409))
+@router.patch("/{name}", response_model=RouteObject, responses=error_responses(409))
 def update_route(name: str, body: RouteUpdate, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                  platform: Platform = PLATFORM) -> dict:
     route = route_service.update(session, tenant.tenant_id, name, _versions(body))
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return route_object(route)
 
 
-@router.delete("/{name}")
+@router.delete("/{name}", response_model=RouteDeleted)
 def delete_route(name: str, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                  platform: Platform = PLATFORM) -> dict:
     route = route_service.delete(session, tenant.tenant_id, name)
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return {"id": route.route_id, "object": "route", "name": route.name, "deleted": True}
 
 
-@router.post("/{name}/promote", responses=error_responses(409))
+@router.post("/{name}/promote", response_model=RouteObject, responses=error_responses(409))
 def promote_version(name: str, body: RoutePromote, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                     platform: Platform = PLATFORM) -> dict:
     route = route_service.promote(session, tenant.tenant_id, name, body.model, body.weight)
+    session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return route_object(route)
 
 
-@router.post("/{name}/feedback")
+@router.post("/{name}/feedback", response_model=RouteFeedbackObject)
 def give_feedback(name: str, body: RouteFeedback, tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     row = route_service.feedback(session, tenant.tenant_id, name, body.response_id, body.score)
     return {"object": "route.feedback", "route": name, "response_id": row.response_id, "model": row.model,
             "score": row.feedback}
 
 
-@router.get("/{name}/stats")
+@router.get("/{name}/stats", response_model=RouteStats)
 def route_stats(name: str, since: Int64 | None = Query(None, description="Unix seconds; default: the last 7 days."),
                 tenant: Tenant = TENANT, session: Session = deps.SESSION) -> dict:
     route = route_service.get(session, tenant.tenant_id, name)

@@ -10,12 +10,14 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, UploadFile
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.limits import MAX_ID_CHARS
 from tuneforge.api.objects import list_object, upload_object, upload_part_object
 from tuneforge.api.openapi import error_responses
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.uploads import Upload, UploadPart, UploadPartList
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid
 from tuneforge.services import eval_sets
@@ -23,7 +25,7 @@ from tuneforge.services import files as file_service
 from tuneforge.services import uploads as upload_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
+router = APIRouter(prefix="/v1/uploads", tags=["uploads"], route_class=ObjectRoute)
 
 
 class _ExpiresAfter(BaseModel):
@@ -52,7 +54,7 @@ def _present(session: Session, row) -> dict:  # noqa: ANN001 - an UploadRow
     return upload_object(row, upload_service.file_of(session, row))
 
 
-@router.post("", responses=error_responses(429))
+@router.post("", response_model=Upload, responses=error_responses(429))
 def create_upload(body: CreateUpload, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                   platform: Platform = Depends(deps.platform)) -> dict:
     expires_after_s = None
@@ -65,14 +67,14 @@ def create_upload(body: CreateUpload, tenant: Tenant = Depends(deps.tenant), ses
     return _present(session, row)
 
 
-@router.get("/{upload_id}")
+@router.get("/{upload_id}", response_model=Upload)
 def retrieve_upload(upload_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                     platform: Platform = Depends(deps.platform)) -> dict:
     """Extension: the upload as it stands (OpenAI has no retrieve call)."""
     return _present(session, upload_service.get(session, platform.store, tenant.tenant_id, upload_id))
 
 
-@router.post("/{upload_id}/parts", responses=error_responses(413))
+@router.post("/{upload_id}/parts", response_model=UploadPart, responses=error_responses(413))
 def add_part(upload_id: str, data: UploadFile | None = None, tenant: Tenant = Depends(deps.tenant),
              session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     if data is None:
@@ -81,7 +83,7 @@ def add_part(upload_id: str, data: UploadFile | None = None, tenant: Tenant = De
     return upload_part_object(part)
 
 
-@router.get("/{upload_id}/parts")
+@router.get("/{upload_id}/parts", response_model=UploadPartList)
 def list_parts(upload_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                platform: Platform = Depends(deps.platform)) -> dict:
     """Extension: the parts received so far, oldest first, with their sizes."""
@@ -89,7 +91,7 @@ def list_parts(upload_id: str, tenant: Tenant = Depends(deps.tenant), session: S
     return list_object(parts, upload_part_object, False)
 
 
-@router.post("/{upload_id}/complete")
+@router.post("/{upload_id}/complete", response_model=Upload)
 def complete_upload(upload_id: str, body: CompleteUpload, tenant: Tenant = Depends(deps.tenant),
                     session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     row = upload_service.complete(
@@ -99,7 +101,7 @@ def complete_upload(upload_id: str, body: CompleteUpload, tenant: Tenant = Depen
     return _present(session, row)
 
 
-@router.post("/{upload_id}/cancel")
+@router.post("/{upload_id}/cancel", response_model=Upload)
 def cancel_upload(upload_id: str, tenant: Tenant = Depends(deps.tenant), session: Session = deps.SESSION,
                   platform: Platform = Depends(deps.platform)) -> dict:
     return _present(session, upload_service.cancel(session, platform.store, tenant.tenant_id, upload_id))

@@ -5,15 +5,17 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Depends, Query
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.limits import MONTH_PATTERN
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.usage import UsageReport
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.services import quotas, usage
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/usage", tags=["usage"])
+router = APIRouter(prefix="/v1/usage", tags=["usage"], route_class=ObjectRoute)
 
 
 def usage_job_object(row: usage.JobUsage) -> dict:
@@ -33,7 +35,7 @@ def usage_job_object(row: usage.JobUsage) -> dict:
     }
 
 
-@router.get("")
+@router.get("", response_model=UsageReport)
 def get_usage(month: str | None = Query(None, pattern=MONTH_PATTERN, description="YYYY-MM (UTC), 1970-01 on; "
                                                                                  "default this month."),
               tenant: Tenant = Depends(deps.tenant),

@@ -10,11 +10,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
 from tuneforge.api import deps
 from tuneforge.api.limits import MAX_ID_CHARS, MAX_LIST_ITEMS
 from tuneforge.api.objects import list_object
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.webhooks import (
+    WebhookDeleted,
+    WebhookDeliveryList,
+    WebhookEndpointList,
+)
+from tuneforge.api.schemas.webhooks import WebhookEndpoint as EndpointObject
+from tuneforge.db import Session
 from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
 from tuneforge.security import egress
 from tuneforge.security.egress import EgressPolicy
@@ -22,7 +29,7 @@ from tuneforge.services import webhook_delivery
 from tuneforge.services import webhooks as webhook_service
 from tuneforge.services.context import Platform
 
-router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)
 
 
@@ -61,7 +68,7 @@ def delivery_object(row: WebhookDelivery) -> dict[str, Any]:
             "event": row.payload}
 
 
-@router.post("")
+@router.post("", response_model=EndpointObject)
 def create_webhook(body: WebhookCreate, tenant: Tenant = TENANT, session: Session = deps.SESSION,
                    egress: EgressPolicy = deps.EGRESS, platform: Platform = Depends(deps.platform)) -> dict:
     row, secret = webhook_service.register(session, tenant.tenant_id, body.url, body.events, egress=egress,
@@ -69,7 +76,7 @@ def create_webhook(body: WebhookCreate, tenant: Tenant = TENANT, session: Sessio
     return endpoint_object(row, secret=secret)
 
 
-@router.get("")
+@router.get("", response_model=WebhookEndpointList)
 def list_webhooks(
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),
     limit: int = Query(default=20, ge=1, le=100),
@@ -80,13 +87,13 @@ def list_webhooks(
     return list_object(page.rows, endpoint_object, page.has_more)
 
 
-@router.get("/{webhook_id}")
+@router.get("/{webhook_id}", response_model=EndpointObject)
 def retrieve_webhook(webhook_id: str, tenant: Tenant = TENANT,
                      session: Session = deps.SESSION) -> dict:
     return endpoint_object(webhook_service.get(session, tenant.tenant_id, webhook_id))
 
 
-@router.post("/{webhook_id}")
+@router.post("/{webhook_id}", response_model=EndpointObject)
 def update_webhook(webhook_id: str, body: WebhookUpdate, tenant: Tenant = TENANT,
                    session: Session = deps.SESSION, egress: EgressPolicy = deps.EGRESS) -> dict:
     row = webhook_service.update(session, tenant.tenant_id, webhook_id, egress=egress, url=body.url,
@@ -94,14 +101,14 @@ def update_webhook(webhook_id: str, body: WebhookUpdate, tenant: Tenant = TENANT
     return endpoint_object(row)
 
 
-@router.delete("/{webhook_id}")
+@router.delete("/{webhook_id}", response_model=WebhookDeleted)
 def delete_webhook(webhook_id: str, tenant: Tenant = TENANT,
                    session: Session = deps.SESSION) -> dict:
     row = webhook_service.delete(session, tenant.tenant_id, webhook_id)
     return {"id": row.endpoint_id, "object": "webhook_endpoint", "deleted": True}
 
 
-@router.get("/{webhook_id}/deliveries")
+@router.get("/{webhook_id}/deliveries", response_model=WebhookDeliveryList)
 def list_deliveries(
     webhook_id: str,
     after: str | None = Query(default=None, max_length=MAX_ID_CHARS),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db import notify
@@ -61,6 +61,16 @@ def _in_pk_order(session: Session, job: Job) -> None:
     # no_autoflush: the lock comes before this transaction's pending rows are written, not after
     with session.no_autoflush:
         session.execute(select(Job.pk).where(Job.job_id == job.job_id).with_for_update())
+
+
+# The newest event's key, of every tenant's jobs (platform-wide on purpose): every state change of
+# every job writes an event, so it tells whether the queue may have changed (services/queue.py).
+NEWEST_EVENT = select(func.max(JobEvent.pk))
+
+
+def newest_pk(session: Session) -> int | None:
+    """`NEWEST_EVENT`: the key of the newest event of any job (None while there is none)."""
+    return session.scalar(NEWEST_EVENT)
 
 
 def page(session: Session, tenant_id: str, job_id: str, *, after: str | None, limit: int) -> Page:

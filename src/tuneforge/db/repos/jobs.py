@@ -7,7 +7,7 @@ from tuneforge.db.engine import write_lock
 from tuneforge.db.pagination import Page, newest_first
 from tuneforge.db.tables import Checkpoint, Job
 from tuneforge.db.tenancy import owned
-from tuneforge.domain.status import JobStatus
+from tuneforge.domain.status import TERMINAL, JobStatus
 
 
 def get(session: Session, tenant_id: str, job_id: str) -> Job | None:
@@ -29,6 +29,14 @@ def get_for_update(session: Session, job_id: str) -> Job | None:
     return session.scalar(select(Job).where(Job.job_id == job_id).with_for_update())
 
 
+def reread_for_update(session: Session, job: Job) -> Job:
+    """`job` read afresh and row-locked on PostgreSQL, after the database's write lock on SQLite
+    (see `get_for_update`), for a caller that already holds the row."""
+    write_lock(session)
+    session.refresh(job, with_for_update=True)
+    return job
+
+
 def status_of(session: Session, tenant_id: str, job_id: str) -> str | None:
     """Status read without the row (no lock), for streaming."""
     return session.scalar(owned(Job, tenant_id).with_only_columns(Job.status).where(Job.job_id == job_id))
@@ -36,6 +44,19 @@ def status_of(session: Session, tenant_id: str, job_id: str) -> str | None:
 
 def by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:
     return session.scalar(owned(Job, tenant_id).where(Job.idempotency_key == key))
+
+
+def ending_with(session: Session, tenant_id: str, tag: str) -> list[Job]:
+    """The tenant's jobs whose id ends with `tag`."""
+    return list(session.scalars(owned(Job, tenant_id).where(Job.job_id.endswith(tag))))
+
+
+def first_twin(session: Session, tenant_id: str, config_hash: str | None, job_id: str) -> Job | None:
+    """The tenant's oldest job other than `job_id` with configuration hash `config_hash` that was
+    not cancelled."""
+    return session.scalars(owned(Job, tenant_id).where(
+        Job.config_hash == config_hash, Job.job_id != job_id,
+        Job.status != JobStatus.CANCELLED.value).order_by(Job.pk)).first()
 
 
 def page(
@@ -67,6 +88,29 @@ def with_status(session: Session, statuses: list[str]) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.status.in_(statuses)).order_by(Job.pk)))
 
 
+def count_in(session: Session, tenant_id: str, statuses: tuple[str, ...]) -> int:
+    """How many of the tenant's jobs are in one of `statuses`."""
+    stmt = select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id, Job.status.in_(statuses))
+    return int(session.scalar(stmt) or 0)
+
+
+def count_in_by_tenant(session: Session, statuses: tuple[str, ...]) -> dict[str, int]:
+    """tenant_id -> how many of its jobs are in one of `statuses`, in one query (platform-wide on
+    purpose: for a scheduler tick over many tenants' jobs)."""
+    rows = session.execute(
+        select(Job.tenant_id, func.count()).where(Job.status.in_(statuses)).group_by(Job.tenant_id))
+    return {tenant_id: int(count) for tenant_id, count in rows}
+
+
+def count_waiting_before(session: Session, statuses: list[str], before_pk: int | None) -> int:
+    """How many jobs of every tenant are in one of `statuses` and came before the job of pk
+    `before_pk` (all of them when None): platform-wide on purpose, a place in the one queue."""
+    stmt = select(func.count()).select_from(Job).where(Job.status.in_(statuses))
+    if before_pk is not None:
+        stmt = stmt.where(Job.pk < before_pk)
+    return int(session.scalar(stmt) or 0)
+
+
 def count_by_status(session: Session) -> dict[str, int]:
     rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
     return {status: count for status, count in rows}
@@ -78,3 +122,10 @@ def failed_with_checkpoints(session: Session, finished_before: float, limit: int
     return list(session.scalars(
         select(Job).where(Job.status == JobStatus.FAILED.value, Job.finished_at < finished_before,
                           Job.job_id.in_(select(Checkpoint.job_id))).limit(limit)))
+
+
+def unfinished_continuations(session: Session) -> list[Job]:
+    """Every tenant's jobs that continue from a parent model and have not finished (platform-wide on
+    purpose: the housekeeping that must not remove weights such a job reads)."""
+    return list(session.scalars(select(Job).where(
+        Job.parent.is_not(None), Job.status.not_in([status.value for status in TERMINAL]))).all())

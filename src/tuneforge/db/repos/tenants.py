@@ -25,6 +25,17 @@ def by_id(session: Session, tenant_id: str) -> Tenant | None:
     return session.scalar(select(Tenant).where(Tenant.tenant_id == tenant_id))
 
 
+def tier_of(session: Session, tenant_id: str) -> str | None:
+    """The tenant's tier; None when there is no such tenant."""
+    return session.scalar(select(Tenant.tier).where(Tenant.tenant_id == tenant_id))
+
+
+def tiers(session: Session) -> dict[str, str]:
+    """tenant_id -> tier of every tenant (platform-wide on purpose: the scheduler orders every
+    tenant's jobs by tier)."""
+    return dict(session.execute(select(Tenant.tenant_id, Tenant.tier)).all())
+
+
 def by_api_key(session: Session, api_key: str, now: float | None = None) -> Tenant | None:
     """The tenant whose key `api_key` is, if that key is neither revoked nor expired at `now`."""
     found = key_and_tenant(session, api_key)

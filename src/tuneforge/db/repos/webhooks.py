@@ -7,7 +7,7 @@ per control plane.
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from tuneforge.db.pagination import Page, newest_first
@@ -105,3 +105,10 @@ def record_attempt(session: Session, delivery_id: str, attempt: int, values: dic
 def all_endpoints(session: Session) -> list[WebhookEndpoint]:
     """Every tenant's endpoints, deleted ones included (key rotation only)."""
     return list(session.scalars(select(WebhookEndpoint).order_by(WebhookEndpoint.pk)))
+
+
+def deliveries_by_status(session: Session) -> dict[str, int]:
+    """status -> how many deliveries have it, every tenant's (platform-wide on purpose: a counter of
+    /metrics). Statuses without deliveries are absent."""
+    rows = session.execute(select(WebhookDelivery.status, func.count()).group_by(WebhookDelivery.status))
+    return {status: count for status, count in rows}

@@ -1,0 +1,85 @@
+"""The operators' API (/v1/admin): tenants, API keys, usage across tenants, the queue, spot
+reclaims; a fine-tuned model promoted by an admin answers the model object (schemas/models.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tuneforge.api.schemas.base import ApiObject, Number
+
+
+class Tenant(ApiObject):
+    object: Literal["tenant"]
+    id: str
+    name: str
+    tier: str
+    pii_policy: str | None
+    created_at: int
+    quotas: dict[str, Any] = Field(description="The tenant's limits (null: the tier's default).")
+    api_key: str | None = Field(default=None, description="The first API key: in the answer to the create only.")
+
+
+class TenantList(ApiObject):
+    object: Literal["list"]
+    has_more: bool
+    data: list[Tenant]
+
+
+class ApiKey(ApiObject):
+    object: Literal["api_key"]
+    id: str
+    prefix: str
+    name: str | None
+    created_at: int
+    last_used_at: Number | None
+    expires_at: Number | None
+    revoked_at: Number | None
+    active: bool
+    api_key: str | None = Field(default=None, description="The secret: in the answer to the create only.")
+
+
+class ApiKeyList(ApiObject):
+    object: Literal["list"]
+    has_more: bool
+    data: list[ApiKey]
+
+
+class TenantUsage(ApiObject):
+    tenant: str
+    tier: str
+
+
+class AdminUsage(ApiObject):
+    object: Literal["list"]
+    month: str
+    data: list[TenantUsage]
+
+
+class QueueEntry(ApiObject):
+    position: int
+    job_id: str
+    tenant_id: str
+    tier: str
+    gpus: int
+    queued_at: int
+    estimated_start: int | None
+
+
+class Queue(ApiObject):
+    """The whole queue in the order the scheduler would start it."""
+
+    object: Literal["list"]
+    data: list[QueueEntry]
+
+
+class ReclaimedAttempt(ApiObject):
+    job_id: str
+    attempt: int
+
+
+class PoolReclaim(ApiObject):
+    object: Literal["pool.reclaim"]
+    pool: str
+    attempts: list[ReclaimedAttempt] = Field(description="The attempts told to checkpoint and stop.")

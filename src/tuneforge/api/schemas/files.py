@@ -1,0 +1,50 @@
+"""Files (/v1/files): OpenAI's file object, list and delete, and the validation and preview
+extensions."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tuneforge.api.schemas.base import ApiObject, Deleted, Page
+
+
+class FileObject(ApiObject):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str = Field(description="uploaded, processed or error (the validation of a fine-tune file).")
+    status_details: str | None = None
+    expires_at: int | None = None
+
+
+class FileList(Page):
+    data: list[FileObject]
+
+
+class FileDeleted(Deleted):
+    object: Literal["file"]
+
+
+class FileValidation(ApiObject):
+    """Extension: the full validation report of a fine-tune file."""
+
+    object: Literal["file.validation"]
+    file_id: str
+    status: str
+
+
+class FilePreview(ApiObject):
+    """Extension: the first examples rendered through a base model's chat template, each token
+    marked with whether training puts loss on it."""
+
+    object: Literal["file.preview"]
+    file_id: str
+    model: str
+    max_seq_length: int
+    train_on_inputs: bool
+    examples: list[Any]

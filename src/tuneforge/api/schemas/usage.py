@@ -1,0 +1,31 @@
+"""The calling tenant's metered GPU time in a month (/v1/usage), an extension."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tuneforge.api.schemas.base import ApiObject, Number
+
+
+class JobUsage(ApiObject):
+    object: Literal["usage.job"]
+    job_id: str
+    model: str
+    status: str
+    gpu_seconds: Number
+    billable_gpu_seconds: Number
+    refunded_gpu_seconds: Number
+    attempts: int
+    cost: Number = Field(description="The billed GPU time at each attempt's pool price.")
+    on_demand_cost: Number
+    saving: Number
+
+
+class UsageReport(ApiObject):
+    object: Literal["list"]
+    data: list[JobUsage]
+    has_more: bool
+    totals: dict[str, Any] = Field(description="The month's GPU-hours against the tenant's allowance.")
+    storage: dict[str, Any] = Field(description="What the tenant keeps now against its storage quotas.")
