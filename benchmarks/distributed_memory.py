@@ -1,6 +1,6 @@
 """Memory of one training process on each distributed path, on this machine's CPU: one
 process alone, two DDP ranks, two FSDP2 ranks — for a full fine-tune and for LoRA — measured
-against what the memory model (`services/memory.py`) predicts for the same job.
+against what the memory model (`planning/memory.py`) predicts for the same job.
 
 Each layout runs in processes of its own, in torchrun's environment, joined and wrapped by the
 trainer's own code (`train/distributed.py`: `join`, `Dist.wrap`, `Dist.accumulating`,
@@ -131,7 +131,7 @@ def measure(args: argparse.Namespace, strategy: str, world: int, training_type: 
 
 
 def predicted_mib(args: argparse.Namespace, training_type: str, shards: int) -> float:
-    from tuneforge.services import memory
+    from tuneforge.planning import memory
 
     shape = memory.ModelShape.from_config(_config(args).to_dict())
     estimate = memory.estimate(shape, training_type=training_type, micro_batch_size=1, seq_len=args.seq_len,

@@ -29,6 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tuneforge import methods
 from tuneforge.data import cells
 from tuneforge.data.formats import iter_rows
 from tuneforge.data.shapes import normalize
@@ -78,7 +79,7 @@ def read_and_normalize(path: Path) -> int:
 
 
 def validate(path: Path) -> int:
-    report = validate_structure(path, method="supervised")
+    report = validate_structure(path, method=methods.get("supervised").fit)
     assert report.ok, report.first_error()
     return report.num_examples
 

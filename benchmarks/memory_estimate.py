@@ -35,7 +35,7 @@ from tests.unit.train.test_memory_estimate import (  # noqa: E402 - found throug
     measure,
     model_shape,
 )
-from tuneforge.services.memory import MIB  # noqa: E402
+from tuneforge.planning.memory import MIB  # noqa: E402
 
 EXTRA_RUNS = [
     Run("small", "lora", 1, 16),  # tensors of a few hundred KiB: the runtime's own overhead

@@ -70,9 +70,11 @@ fi
 PYTHON="$PYTHON" bash scripts/browser-deps.sh
 
 # static checks before any stage: a lint or type error fails the run in seconds, not after the suite
-header "static checks: ruff (rules in pyproject.toml), mypy (its files in pyproject.toml)"
+header "static checks: ruff, mypy, import-linter (each configured in pyproject.toml)"
 "$PYTHON" -m ruff check src tests benchmarks scripts
 "$PYTHON" -m mypy
+# the layers of docs/architecture.md and the forbidden imports (contracts in pyproject.toml)
+"$PYTHON" -c 'import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))'
 
 pg_started=0
 pg_port=""

@@ -23,9 +23,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tuneforge import methods
 from tuneforge.domain.job_config import SupervisedHyperparameters
 from tuneforge.domain.spec import Hyperparameters
-from tuneforge.train import methods
 from tuneforge.train.objective import Scores, StepContext, load_token_examples
 
 MAX_NEW_TOKENS = 5
@@ -123,21 +123,30 @@ def score(run: Any, chunk: list[Rollout]) -> Scores:
                   metrics={"rollout_mean_length": float(lengths.sum()), "reward_mean": float(sum(rewards))})
 
 
+_built: list[list[RolloutObjective]] = [[]]  # the objectives `build` made in the current block
+
+
+def build(options: Any) -> RolloutObjective:
+    """The catalogue's dotted path names this: the trainer calls it with the (empty) options."""
+    _built[-1].append(RolloutObjective())
+    return _built[-1][-1]
+
+
 @contextmanager
 def registered() -> Iterator[list[RolloutObjective]]:
     """"rollout" in the method registry while the block runs; yields the objectives it builds,
     one per attempt."""
     built: list[RolloutObjective] = []
-
-    def objective(options: Any) -> RolloutObjective:
-        built.append(RolloutObjective())
-        return built[-1]
-
+    _built.append(built)
     method = methods.TrainingMethod(
         name="rollout", summary="samples completions, then scores them (tests only)",
         hyperparameters=SupervisedHyperparameters, data_kinds=("chat",),
-        learning_rate={"lora": 1e-2, "qlora": 1e-2, "full": 1e-4}, objective=objective,
+        learning_rate={"lora": 1e-2, "qlora": 1e-2, "full": 1e-4},
+        objective="tests.helpers.rollout_objective:build",
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(methods._load(), "rollout", method)
-        yield built
+        try:
+            yield built
+        finally:
+            _built.remove(built)

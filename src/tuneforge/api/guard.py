@@ -43,7 +43,7 @@ from tuneforge.api.limits import (
 )
 from tuneforge.api.ratelimits import Admission
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.services.tenants import Caller
+from tuneforge.services.api_keys import Caller
 
 UPLOAD_PATH = "/v1/files"
 PART_PATH = re.compile(r"^/v1/uploads/[^/]+/parts/?$")

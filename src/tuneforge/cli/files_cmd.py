@@ -168,10 +168,17 @@ def files_validate(
     as_json: bool = JSON,
 ) -> None:
     """Run the platform's dataset checks locally, before uploading (needs tuneforge[server])."""
+    from tuneforge import methods
     from tuneforge.data.pipeline import CheckOptions, check_dataset
+    from tuneforge.domain.errors import ApiError
 
+    try:
+        fit = methods.get(method).fit
+    except ApiError as exc:
+        err.print(f"--method: {exc.message}", markup=False)
+        raise typer.Exit(code=EXIT_USAGE) from None
     tokenizer = _local_tokenizer(model) if model else None
-    options = CheckOptions(method=method, data_format=data_format, max_seq_length=max_seq_length
+    options = CheckOptions(method=fit, data_format=data_format, max_seq_length=max_seq_length
                            or (getattr(tokenizer, "model_max_length", None) if tokenizer else None))
     if options.max_seq_length and options.max_seq_length > 1 << 20:
         options.max_seq_length = None  # tokenizers without a limit report a huge sentinel

@@ -36,6 +36,7 @@ RECORD_CODES: dict[str, str] = {
     "unknown_shape": "The record matches no supported shape (chat, instruction, preference, text).",
     "unknown_key": "The record or a message has keys the shape does not define (named in the message).",
     "missing_key": "A required key is absent (named in `field`).",
+    "invalid_label": "A KTO example's `label` is not true (desirable) or false (undesirable).",
     "empty_messages": "`messages` (or a prompt conversation) is an empty list.",
     "invalid_role": "A message role outside system, developer, user, assistant, tool.",
     "role_order": "Turns out of order: a system/developer turn not first, an assistant turn not right after "

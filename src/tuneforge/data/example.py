@@ -15,7 +15,7 @@ from typing import Any, Literal
 Kind = str  # "chat", "instruction", "preference", "text", or a kind a training method brings
 Severity = Literal["error", "warning"]
 
-# Which kinds a training method accepts is the method's own (`train.methods`); a
+# Which kinds a training method accepts is the method's own (`tuneforge.methods`); a
 # method may bring a kind of its own (`data.shapes.Shape`).
 
 

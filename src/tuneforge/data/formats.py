@@ -35,11 +35,12 @@ from tuneforge.data.columnar import Row, iter_hf_dataset_rows, iter_parquet_rows
 from tuneforge.data.compression import GZIP_MAGIC, GuardedGunzip, gunzip_head
 from tuneforge.data.example import DataIssue, excerpt_of
 from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
+from tuneforge.domain.vocab import DATA_FORMATS
 
 __all__ = ["FORMATS", "ReadLimits", "Row", "check_text", "detect_format", "iter_csv_stream", "iter_jsonl_stream",
            "iter_rows", "parse_jsonl_line", "resolve_format", "split_lines"]
 
-FORMATS = ("jsonl", "csv", "parquet", "hf_dataset")
+FORMATS = DATA_FORMATS
 HEAD_BYTES = 64 * 1024
 _CHUNK_BYTES = 1024 * 1024
 _UTF8_BOM = b"\xef\xbb\xbf"

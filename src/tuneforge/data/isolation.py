@@ -26,7 +26,6 @@ import math
 import os
 import pickle
 import resource
-import select
 import shutil
 import signal
 import struct
@@ -35,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from select import select as wait_readable
 from typing import IO, Any
 
 from tuneforge.security.env import child_env
@@ -147,7 +147,7 @@ def _read_until(stream: IO[bytes], size: int, ends_at: float, deadline_s: float)
     remaining = size
     while remaining:
         wait_s = ends_at - time.monotonic()
-        if wait_s <= 0 or not select.select([descriptor], [], [], wait_s)[0]:
+        if wait_s <= 0 or not wait_readable([descriptor], [], [], wait_s)[0]:
             raise DeadlineExceeded(deadline_s)
         chunk = os.read(descriptor, min(remaining, 1 << 20))
         if not chunk:

@@ -26,6 +26,7 @@ from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.formats import resolve_format
 from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
 from tuneforge.data.report import DatasetReport
+from tuneforge.data.shapes import MethodFit
 from tuneforge.data.structure import StructureReport, iter_examples
 from tuneforge.data.token_count import TokenCounter
 
@@ -36,7 +37,7 @@ BatchSink = Callable[[Sequence[Example], Sequence[int]], None]
 class CheckOptions:
     """How a dataset is checked; every field is a per-job or per-tenant choice."""
 
-    method: str | None = "supervised"  # None (at upload): any shape, method fit checked at job creation
+    method: MethodFit | None = None  # None (at upload): any shape, method fit checked at job creation
     data_format: str | None = None  # None: detected from magic bytes, extension, content
     max_errors_per_code: int = 20
     min_examples: int = 10
@@ -73,7 +74,7 @@ class _Run:
 
     def new_report(self) -> DatasetReport:
         options = self.options
-        report = DatasetReport(method=options.method or "any", pii_policy=options.pii_policy,
+        report = DatasetReport(method=options.method.name if options.method else "any", pii_policy=options.pii_policy,
                                max_seq_length=options.max_seq_length, tokenizer=self.tokenizer_name)
         report.errors.max_per_code = options.max_errors_per_code
         report.warnings.max_per_code = options.max_errors_per_code

@@ -2,6 +2,9 @@
 
 Shapes (the key that decides is in brackets; checked in this order):
 
+- kto [`label`, or `output`]: `{input, output, label}` or `{prompt,
+  completion, label}`, a completion marked desirable (true) or not (a shape
+  beyond the built-ins, `method_shapes`: recognised first);
 - preference, OpenAI DPO [`input`, `preferred_output`, `non_preferred_output`]:
   `{input: {messages, tools?}, preferred_output: [assistant message],
   non_preferred_output: [assistant message]}`;
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneforge.data.example import DataIssue, Example
-from tuneforge.data.messages import (  # noqa: F401 - issue, known_keys: re-exported for methods' shapes
+from tuneforge.data.messages import (
     conversation,
     excerpt,
     issue,
@@ -58,7 +61,7 @@ SHAPE_HELP: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Shape:
-    """A data shape a training method brings (`TrainingMethod.shapes`). Its records are
+    """A data shape beyond the built-in ones (`method_shapes`). Its records are
     recognised before the built-in shapes, so its deciding key must be one no built-in
     shape has (e.g. KTO's `label`)."""
 
@@ -71,17 +74,10 @@ class Shape:
     to_record: Callable[[Example], dict[str, Any]]  # the prepared-dataset line the trainer reads
 
 
-_method_shapes: tuple[Shape, ...] | None = None
-
-
 def method_shapes() -> tuple[Shape, ...]:
-    """The shapes the registered training methods bring (looked up once per process)."""
-    global _method_shapes
-    if _method_shapes is None:
-        from tuneforge.train import methods  # the registry imports this module: look it up late
-
-        _method_shapes = tuple(shape for method in methods.all_methods() for shape in method.shapes)
-    return _method_shapes
+    """The shapes beyond the built-in ones that some method trains on, recognised first.
+    They live here, not with their method: an upload is checked before any method is named."""
+    return (KTO,)
 
 
 def known_keys_all() -> frozenset[str]:
@@ -125,23 +121,22 @@ def normalize(record: dict[str, Any], line: int) -> tuple[Example, list[DataIssu
                  line, value=record)
 
 
-def kinds_for_method(method: str) -> tuple[str, ...]:
-    """The example kinds `method` trains on (the method registry says)."""
-    from tuneforge.train import methods
+@dataclass(frozen=True)
+class MethodFit:
+    """What the data checks need of a training method: its name (for messages) and the example
+    kinds it trains on. The method catalogue makes it (`tuneforge.methods.TrainingMethod.fit`)."""
 
-    if method not in methods.names():
-        raise ValueError(f"unknown training method {method!r}; known: {', '.join(methods.names())}")
-    return methods.get(method).data_kinds
+    name: str
+    kinds: tuple[str, ...]
 
 
-def check_method(kind: str, method: str, line: int = 0) -> None:
+def check_method(kind: str, method: MethodFit, line: int = 0) -> None:
     """Raise `shape_mismatch` unless `method` trains on examples of `kind`."""
-    accepted = kinds_for_method(method)
-    if kind in accepted:
+    if kind in method.kinds:
         return
     help_by_kind = shape_help()
-    needs = " or ".join(f"{accepted_kind} {help_by_kind[accepted_kind]}" for accepted_kind in accepted)
-    raise issue("shape_mismatch", f"method '{method}' needs {needs} examples; this file holds {kind} examples",
+    needs = " or ".join(f"{accepted_kind} {help_by_kind[accepted_kind]}" for accepted_kind in method.kinds)
+    raise issue("shape_mismatch", f"method '{method.name}' needs {needs} examples; this file holds {kind} examples",
                  line)
 
 
@@ -286,5 +281,63 @@ def _check_distinct(chosen: dict[str, Any], rejected: dict[str, Any], field: str
                      "teaches nothing", line, field, chosen["content"])
 
 
-# Building blocks for the shapes methods bring (`Shape`, e.g. in train/methods/kto.py); `issue`
-# and `known_keys` come from data/messages.py.
+# --- kto (labelled completions, `methods/kto.py`) ------------------------------------
+
+_KTO_KEYS = frozenset({"input", "output", "label", "prompt", "completion"})
+_KTO_HELP = "{input, output, label} or {prompt, completion, label} (KTO: label true = desirable)"
+
+
+def _kto_claims(record: dict[str, Any]) -> bool:
+    return "label" in record or "output" in record
+
+
+def _kto_normalize(record: dict[str, Any], line: int, warnings: list[DataIssue]) -> Example:
+    openai_style = "input" in record or "output" in record
+    allowed = frozenset({"input", "output", "label"}) if openai_style else frozenset({"prompt", "completion", "label"})
+    known_keys(record, allowed, "a KTO example", line)
+    for key in sorted(allowed):
+        if key not in record:
+            raise issue("missing_key", f"a KTO example needs '{key}'", line, key)
+    label = record["label"]
+    if type(label) is not bool:
+        raise issue("invalid_label", "'label' must be true (desirable) or false (undesirable)", line,
+                           "label", label)
+    tools = None
+    if openai_style:
+        messages, tools, tool_names = prompt_input(record["input"], line, warnings)
+        answer = one_answer(record["output"], "output", line, tool_names)
+    else:
+        messages = _kto_prompt_messages(record["prompt"], line, warnings)
+        answer = _kto_completion(record["completion"], line)
+    return Example(line=line, kind="kto", messages=messages, tools=tools,
+                   chosen=answer if label else None, rejected=None if label else answer)
+
+
+def _kto_prompt_messages(prompt: Any, line: int, warnings: list[DataIssue]) -> list[dict[str, Any]]:
+    if type(prompt) is str:
+        if not prompt.strip():
+            raise issue("empty_turn", "'prompt' is empty", line, "prompt", prompt)
+        return [{"role": "user", "content": prompt}]
+    if type(prompt) is list:
+        return prompt_input({"messages": prompt}, line, warnings)[0]
+    raise issue("invalid_type", "'prompt' must be a string or a list of messages", line, "prompt", prompt)
+
+
+def _kto_completion(value: Any, line: int) -> dict[str, Any]:
+    if type(value) is not str:
+        raise issue("invalid_type", "'completion' must be a string", line, "completion", value)
+    if not value.strip():
+        raise issue("empty_turn", "'completion' is an empty answer", line, "completion", value)
+    return {"role": "assistant", "content": value}
+
+
+def _kto_to_record(example: Example) -> dict[str, Any]:
+    prompt: dict[str, Any] = {"messages": example.messages}
+    if example.tools:
+        prompt["tools"] = example.tools
+    desirable = example.chosen is not None
+    return {"input": prompt, "output": [example.chosen if desirable else example.rejected], "label": desirable}
+
+
+KTO = Shape(kind="kto", help=_KTO_HELP, keys=_KTO_KEYS, json_keys=frozenset({"input", "output"}),
+            claims=_kto_claims, normalize=_kto_normalize, to_record=_kto_to_record)

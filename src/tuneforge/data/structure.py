@@ -21,7 +21,7 @@ from typing import Any
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.formats import iter_rows, resolve_format
 from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
-from tuneforge.data.shapes import check_method, normalize
+from tuneforge.data.shapes import MethodFit, check_method, normalize
 
 DEFAULT_MAX_ISSUES_PER_CODE = 20
 
@@ -70,7 +70,7 @@ class StructureReport:
 def iter_examples(
     path: Path,
     fmt: str | None = None,
-    method: str | None = None,
+    method: MethodFit | None = None,
     *,
     report: StructureReport,
     limits: ReadLimits = DEFAULT_LIMITS,
@@ -79,7 +79,7 @@ def iter_examples(
 ) -> Iterator[Example]:
     """Every valid example of the dataset at `path`, while `report` collects the issues.
 
-    `method` (a registered training method's name) adds the `shape_mismatch` check.
+    `method` (what a training method trains on: `tuneforge.methods.get(name).fit`) adds the `shape_mismatch` check.
     The report is complete once the iterator is exhausted.
     """
     try:
@@ -101,7 +101,8 @@ def iter_examples(
                              "are required"))
 
 
-def _normalized(record: dict[str, Any], line: int, report: StructureReport, method: str | None) -> Example | None:
+def _normalized(record: dict[str, Any], line: int, report: StructureReport,
+                method: MethodFit | None) -> Example | None:
     try:
         example, warnings = normalize(record, line)
     except DataIssue as issue:
@@ -130,7 +131,7 @@ def _with_article(kind: str) -> str:
 def validate_structure(
     path: Path,
     fmt: str | None = None,
-    method: str | None = None,
+    method: MethodFit | None = None,
     *,
     limits: ReadLimits = DEFAULT_LIMITS,
     name: str | None = None,

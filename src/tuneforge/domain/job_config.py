@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tuneforge.domain.vocab import DataFormat, Strategy, TrainingTypeName
+
 Auto = Literal["auto"]
 
 
@@ -66,7 +68,7 @@ class MethodBlock(_Strict):
 
 class Method(BaseModel):
     """`{"type": NAME, NAME: {"hyperparameters": {...}}}` as OpenAI's API has it; NAME is a
-    registered training method (`tuneforge.train.methods`), whose own model checks the block."""
+    registered training method (`tuneforge.methods`), whose own model checks the block."""
 
     model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     type: str = Field("supervised", max_length=64, description="The training method.")
@@ -87,7 +89,7 @@ class Method(BaseModel):
 
 
 class TrainingType(_Strict):
-    type: Literal["lora", "qlora", "full"] = Field("lora", description="Adapter or full fine-tune.")
+    type: TrainingTypeName = Field("lora", description="Adapter or full fine-tune.")
     rank: int | Auto = Field("auto", description="LoRA rank r.")
     alpha: float | Auto = Field("auto", description="LoRA alpha; default 2 x rank.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
@@ -133,7 +135,7 @@ class Resources(_Strict):
 
 
 class Distributed(_Strict):
-    strategy: Literal["ddp", "fsdp"] | None = Field(
+    strategy: Strategy | None = Field(
         None, description='How several GPUs share the job: "ddp" (each GPU holds the whole model, gradients '
                           'are all-reduced) or "fsdp" (weights, gradients and optimizer states sharded with '
                           'FSDP2); default: "fsdp" for full fine-tunes and bases that do not fit one GPU, else '
@@ -141,7 +143,7 @@ class Distributed(_Strict):
 
 
 class DataOptions(_Strict):
-    format: Literal["jsonl", "csv", "parquet", "hf_dataset"] | None = Field(
+    format: DataFormat | None = Field(
         None, description="Force the file format instead of detecting it.")
     remove_duplicates: bool = Field(False, description="Drop exact and near duplicates before training.")
     near_duplicate_threshold: float = Field(0.9, ge=0.5, le=1.0, description="Jaccard of character 5-grams.")

@@ -2,7 +2,7 @@
 replaced by a value, the prepared dataset, the resources, the cost estimate and the
 checkpoint, divergence and eval policies.
 
-It is written once, when the job is validated (scheduler/validation.py), kept on the
+It is written once, when the job is validated (services/validation.py), kept on the
 job row through one codec (`ResolvedJob.to_json` / `ResolvedJob.from_json`, which
 db/tables.py applies to the `jobs.resolved` column) and read by attribute everywhere
 else. Every type here is frozen: a change, such as a smaller micro-batch after the
@@ -41,7 +41,7 @@ class ResolvedResources:
     strategy: str = ""
     """How several GPUs share the job: "ddp" (each holds the model) or "fsdp" (sharded); "" on one GPU."""
     capacity: str = ""
-    """auto, spot or on_demand as asked; "": as the tenant's tier says (scheduler/pools.py)."""
+    """auto, spot or on_demand as asked; "": as the tenant's tier says (planning/pools.py)."""
     deadline: float | None = None
     """Unix seconds the job should finish by."""
     max_price: float | None = None

@@ -36,7 +36,7 @@ class DataFileRef:
 @dataclass(frozen=True)
 class LoraConfig:
     rank: int = 8
-    alpha: int = 16
+    alpha: int | float = 16  # an int unless a tenant asked for a fractional one
     dropout: float = 0.0
     target_modules: list[str] | str = "all-linear"
 
@@ -92,7 +92,7 @@ class JobSpec:
     base_model: BaseModelRef
     training_file: DataFileRef
     validation_file: DataFileRef | None
-    method: str  # a registered training method (`tuneforge.train.methods`)
+    method: str  # a registered training method (`tuneforge.methods`)
     training_type: str  # "lora"
     lora: LoraConfig
     hyperparameters: Hyperparameters

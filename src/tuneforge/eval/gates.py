@@ -322,7 +322,7 @@ def _harder(hyperparameters: Mapping[str, Any]) -> list[str]:
 
 def _pulls_to_reference(hyperparameters: Mapping[str, Any]) -> bool:
     """Whether the job's method has a beta that keeps the policy near the reference model (DPO, KTO)."""
-    from tuneforge.train import methods
+    from tuneforge import methods
 
     name = hyperparameters.get("method")
     return name in methods.names() and methods.get(str(name)).beta_pulls_to_reference

@@ -92,7 +92,7 @@ class TrainerHost:
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(spec, indent=2, sort_keys=True))
-        from tuneforge.train.distributed import rendezvous_env  # torchrun's variables
+        from tuneforge.domain.rendezvous import rendezvous_env  # torchrun's variables
 
         hook = parent_death_hook()
         pids = []

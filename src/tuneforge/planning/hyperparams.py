@@ -4,7 +4,7 @@ Rules (shown on the job once resolved):
 - n_epochs: 3, raised for tiny datasets so the run sees >= 100 examples
   (at most 25 epochs), lowered for large ones to ~25,000 examples seen.
 - batch_size: about 0.2% of the examples, a power of two within [1, 32].
-- learning_rate: the method's default for the training type (`train.methods`),
+- learning_rate: the method's default for the training type (`tuneforge.methods`),
   times the multiplier; the method's own options (e.g. beta) from its defaults.
 - micro-batch: at most 8 examples; gradient accumulation makes up the rest.
 - LoRA rank 8 (alpha = 2 x rank); max_seq_length = min(model limit, 2048).
@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from tuneforge import methods
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import JobRequest, SupervisedHyperparameters, TrainingType
 from tuneforge.domain.spec import Hyperparameters, LoraConfig
-from tuneforge.train import methods
-from tuneforge.train.methods import param_prefix
+from tuneforge.methods import param_prefix
 
 MAX_MICRO_BATCH = 8
 DEFAULT_MAX_SEQ_LENGTH = 2048
@@ -141,7 +141,7 @@ def resolve(
         max_seq_length=max_seq_length,
         train_on_inputs=bool(_auto(hp.train_on_inputs, False)),
         packing=bool(_auto(hp.packing, True)),
-        method_options=training_method.resolve_options(hp),
+        method_options=training_method.resolve_options(hp).model_dump(),
     )
 
 

@@ -5,7 +5,7 @@ Pure Python (no torch), for the control plane: to size a job's GPU request
 before any trainer runs (`services/planning.py`; docs/memory.md). The model of
 memory is written out in `estimate` and in docs/memory.md, which also compares
 it with peak memory measured on a CPU (tests/unit/train/test_memory_estimate.py). The model's
-sizes come from `services/model_shape.py`.
+sizes come from `planning/model_shape.py`.
 
 Scope: decoder-only transformers as their config.json describes them — dense or
 mixture-of-experts, gated MLP (Llama, Mistral, Qwen, Gemma, Phi-3) or not
@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 # ModelShape stays importable from here: the planner and the docs call it memory.ModelShape
-from tuneforge.services.model_shape import ATTENTION_ROLES, ModelShape, lora_target_names
+from tuneforge.domain.vocab import TRAINING_TYPES
+from tuneforge.planning.model_shape import ATTENTION_ROLES, ModelShape, lora_target_names
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 
-TRAINING_TYPES = ("lora", "qlora", "full")
 OPTIMIZERS = ("adamw", "adamw_pure", "adamw_8bit", "sgd")
 ATTENTION = ("sdpa", "eager", "flash")
 DEVICES = ("cuda", "cpu")
@@ -214,17 +214,18 @@ def estimate(
         weights = P * a + N * 4
     else:
         weights = P * a
-    gradients = N * (a if full else 4)
+    gradients: float = N * (a if full else 4)
     param_bytes = a if full else 4  # the trainable parameters' dtype
     master = P * 4 if (full and mixed and optimizer in ("adamw", "adamw_8bit")) else 0
-    optimizer_bytes = {
+    optimizer_bytes: float = {
         "adamw": N * 8 + master,
         "adamw_pure": N * 2 * param_bytes,
         "adamw_8bit": N * 2 + master,
         "sgd": 0,
     }[optimizer]
+    step_scratch: float = 0
     if optimizer == "sgd":
-        step_scratch = 0
+        pass
     elif device == "cuda":
         step_scratch = N * (4 if optimizer != "adamw_pure" else param_bytes)
     else:
@@ -264,11 +265,11 @@ def estimate(
                 inputs += 4 * size * copies * len(shape.adapters(adapted))
         lora = 0
         if adapter:
-            adapted = shape.adapters([name for name in targets
-                                      if name in ATTENTION_ROLES or any(trainable for _, _, trainable in mlps)])
-            lora = 4 * len(adapted) * lora_rank  # each adapter's r-wide intermediate
+            adapters = shape.adapters([name for name in targets
+                                       if name in ATTENTION_ROLES or any(trainable for _, _, trainable in mlps)])
+            lora = 4 * len(adapters) * lora_rank  # each adapter's r-wide intermediate
             if lora_dropout > 0:  # a dropped-out copy of the input and its mask, per adapter
-                lora += ((4 if mixed else a) + 1) * sum(fan_in for fan_in, _ in adapted)
+                lora += ((4 if mixed else a) + 1) * sum(fan_in for fan_in, _ in adapters)
         return norms + attn + mlp + inputs + lora
 
     dense_layer = layer_bytes([(i, 1, True)])

@@ -1,7 +1,7 @@
 """The sizes of a decoder-only transformer that training memory depends on, read from its
 config.json alone (`ModelShape.from_config`): parameters by role, LoRA adapters, experts.
 
-Pure Python (no torch), for the memory model (`services/memory.py`) and the control plane's
+Pure Python (no torch), for the memory model (`planning/memory.py`) and the control plane's
 planning. Module names play no part: each linear layer counts by the role it plays (Llama's
 names), a fused projection as the roles it holds, and a small table says what each family
 does differently (`FAMILIES`)."""
@@ -101,11 +101,12 @@ class ModelShape:
             config = {**config["text_config"], **{k: v for k, v in config.items() if k == "tie_word_embeddings"}}
         model_type = str(config.get("model_type", ""))
         family = FAMILIES.get(model_type, Family())
-        sizes = {key: _size(config, key) for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+        found = {key: _size(config, key) for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                      "vocab_size")}
-        missing = [key for key, value in sizes.items() if not value]
+        missing = [key for key, value in found.items() if not value]
         if missing:
             raise ValueError(f"config.json lacks {', '.join(missing)}")
+        sizes = {key: int(value or 0) for key, value in found.items()}
         hidden, heads, layers = sizes["hidden_size"], sizes["num_attention_heads"], sizes["num_hidden_layers"]
         experts = next((int(config[key]) for key in _EXPERT_COUNT_KEYS if config.get(key)), 0)
         intermediate = _size(config, "intermediate_size")
@@ -241,7 +242,8 @@ class ModelShape:
         """(in_features, out_features) of each LoRA adapter a layer gets for the roles `names`
         (see `lora_target_names`): one per linear layer, so one for a fused projection's roles."""
         shapes = self.linear_shapes(intermediate)
-        groups = [("q_proj", "k_proj", "v_proj")] if self.fused_qkv else [("q_proj",), ("k_proj",), ("v_proj",)]
+        groups: list[tuple[str, ...]] = \
+            [("q_proj", "k_proj", "v_proj")] if self.fused_qkv else [("q_proj",), ("k_proj",), ("v_proj",)]
         groups.append(("o_proj",))
         if self.gated_mlp:
             groups += [("gate_proj", "up_proj")] if self.fused_gate_up else [("gate_proj",), ("up_proj",)]

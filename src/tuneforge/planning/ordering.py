@@ -15,7 +15,7 @@ import bisect
 import heapq
 from collections.abc import Iterable, Iterator, Mapping
 
-from tuneforge.scheduler.policy_inputs import TIER_RANK, PolicyConfig, QueuedJob
+from tuneforge.planning.policy_inputs import TIER_RANK, PolicyConfig, QueuedJob
 
 
 def queue_key(job: QueuedJob, config: PolicyConfig, recent_gpu_hours: dict[str, float]) -> float:

@@ -28,7 +28,7 @@ time. Every rule is one function:
   they start (or the hold lapses).
 
 The queue's order (`order_queue`, `QueueIndex`, `iter_queue`) lives in
-`scheduler/ordering.py` and the policy's inputs in `scheduler/policy_inputs.py`;
+`planning/ordering.py` and the policy's inputs in `planning/policy_inputs.py`;
 both are re-exported here.
 """
 
@@ -39,8 +39,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tuneforge.scheduler.ordering import QueueIndex, iter_queue, jobs_with_a_target, order_queue, queue_key
-from tuneforge.scheduler.policy_inputs import TIER_RANK, Assignment, Node, PolicyConfig, QueuedJob, RunningJob
+from tuneforge.planning.ordering import QueueIndex, iter_queue, jobs_with_a_target, order_queue, queue_key
+from tuneforge.planning.policy_inputs import TIER_RANK, Assignment, Node, PolicyConfig, QueuedJob, RunningJob
 
 __all__ = [
     "TIER_RANK", "Assignment", "Decision", "Hold", "Node", "Plan", "PolicyConfig", "QueueIndex", "QueuedJob",
@@ -338,12 +338,12 @@ def decide(queue: Iterable[QueuedJob] | QueueIndex, nodes: Sequence[Node], runni
     view = _copy(result.free)
     view_by_name = {node.name: node for node in view}
     held_elsewhere = {(name, gpu) for hold in holding.values() for name, ids in hold.assignment.items() for gpu in ids}
-    for job in running:
-        if job.job_id in stopping:  # their GPUs come free soon: count them, unless already promised
-            for name, ids in job.placement.items():
+    for ending in running:
+        if ending.job_id in stopping:  # their GPUs come free soon: count them, unless already promised
+            for name, ids in ending.placement.items():
                 if name in view_by_name:
                     view_by_name[name].free.update(gpu for gpu in ids if (name, gpu) not in held_elsewhere)
-    candidates = [job for job in running if job.job_id not in stopping]
+    candidates = [other for other in running if other.job_id not in stopping]
     preemptions: list[tuple[QueuedJob, list[RunningJob], Assignment]] = []
     skip = started | set(holding) | result.refused
     for job in jobs_with_a_target(queue, config, usage, skip, config.preemptors_per_tick):

@@ -1,6 +1,6 @@
 """What the scheduling policy decides on: its configuration, the queued and
 running jobs, the nodes and their free GPUs. Plain data; the scheduler loop
-builds it from rows and the executor's inventory (`scheduler/state.py`)."""
+builds it from rows and the executor's inventory (`services/cluster_state.py`)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class QueuedJob:
     runtime_s: float  # estimated
     gpus_per_node: int = 0  # 0: all on one node; else a multi-node job takes gpus / gpus_per_node nodes
     seq: int = 0  # breaks ties between jobs queued in the same second: arrival order (e.g. the row's key)
-    pools: tuple[str, ...] | None = None  # capacity pools it may start on, in order (scheduler/pools.py); None: any
+    pools: tuple[str, ...] | None = None  # capacity pools it may start on, in order (planning/pools.py); None: any
 
 
 @dataclass(frozen=True)

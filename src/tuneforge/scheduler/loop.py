@@ -25,18 +25,18 @@ from tuneforge.domain.ids import correlation_id
 from tuneforge.domain.status import AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub
 from tuneforge.executors.protocol import Capacity, Executor, Placement, PollResult
+from tuneforge.planning.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
+from tuneforge.planning.pools import PoolSetup
 from tuneforge.scheduler.housekeeping import Housekeeping, platform_duties
 from tuneforge.scheduler.leader import LeaderLock
-from tuneforge.scheduler.policy import Hold, PolicyConfig, QueuedJob, QueueIndex, RunningJob, decide
-from tuneforge.scheduler.pools import PoolSetup
 from tuneforge.scheduler.spec_builder import build_spec
-from tuneforge.scheduler.state import ClusterState, placement_spans, read_state
-from tuneforge.scheduler.validation import validate_job
 from tuneforge.services import artifacts, quotas, usage
 from tuneforge.services import sweeps as sweep_service
+from tuneforge.services.cluster_state import ClusterState, placement_spans, read_state
 from tuneforge.services.context import Platform
 from tuneforge.services.reports import token_hash
 from tuneforge.services.transitions import transition
+from tuneforge.services.validation import validate_job
 
 log = logging.getLogger("tuneforge.scheduler")
 
@@ -56,7 +56,7 @@ class Scheduler:
         self._holds: dict[str, Hold] = {}
         # periodic duties (purges, expiry, leftovers, vLLM sync, reaping): scheduler/housekeeping.py
         self.housekeeping = Housekeeping(platform_duties(platform, executor))
-        self.pools = PoolSetup.from_settings(settings)  # capacity pools (scheduler/pools.py); None: not configured
+        self.pools = PoolSetup.from_settings(settings)  # capacity pools (planning/pools.py); None: not configured
 
     # ---- the tick -------------------------------------------------------
     def tick(self) -> None:

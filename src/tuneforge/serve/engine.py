@@ -22,7 +22,7 @@ queued and running requests) is bounded per tier (`serve/budget.py`): a request
 reserves all of it at once through `TenantEngine.reserve`, or more answers 429.
 
 This module imports torch; nothing imports it until the first inference
-request (`tuneforge.serve.engine_for`).
+request (`services.context.Platform.inference_engine`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from tuneforge.domain.errors import ApiError, invalid
+from tuneforge.modeling.base import load_base_model
 from tuneforge.serve.batching import ModelBatcher, Request
 from tuneforge.serve.budget import Lease, TokenBudget
 from tuneforge.serve.generation import prompt_token_ids
@@ -60,7 +61,6 @@ from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.model_cache import fetch_base_model
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train.model import load_base_model
 
 log = logging.getLogger(__name__)
 

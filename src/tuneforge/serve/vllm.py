@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import models as model_repo
 from tuneforge.db.repos import routes as route_repo
 from tuneforge.db.tables import FineTunedModel
 from tuneforge.domain.errors import ApiError, invalid, rate_limited
@@ -84,10 +84,7 @@ def deployed(session: Session, bases: Iterable[str]) -> list[Deployed]:
     bases = list(bases)
     if not bases:
         return []
-    rows = session.scalars(select(FineTunedModel).where(
-        FineTunedModel.base_model.in_(bases), FineTunedModel.artifact_kind == "adapter",
-        FineTunedModel.deprecated_at.is_(None), FineTunedModel.artifacts_deleted_at.is_(None))
-        .order_by(FineTunedModel.pk)).all()
+    rows = model_repo.live_adapters_of(session, bases)
     routed = {(route.tenant_id, version["model"]) for route in route_repo.all_routes(session)
               for version in route.versions if version["weight"] > 0}
     return [Deployed(row.model_id, row.base_model, row.artifact_prefix) for row in rows
@@ -376,20 +373,19 @@ def handoff_for(platform: Any) -> VllmHandoff | None:
     """The platform's hand-off (made once), or None when no vLLM server is configured."""
     if not platform.settings.vllm_urls:
         return None
-    handoff = platform.memo.get("vllm")
-    if handoff is None:
+    if platform.vllm is None:
         with _create_lock:
-            handoff = platform.memo.setdefault("vllm", VllmHandoff(platform.settings, platform.store))
-    return handoff
+            if platform.vllm is None:
+                platform.vllm = VllmHandoff(platform.settings, platform.store)
+    return platform.vllm
 
 
 def serving_changed(platform: Any, session: Session) -> None:
-    """After a promotion, deletion or route change: commit it, then bring the vLLM servers in line
-    at once (the scheduler's periodic sync retries whatever fails here)."""
+    """After a promotion, deletion or route change, once the caller has committed it: bring the vLLM
+    servers in line at once (the scheduler's periodic sync retries whatever fails here)."""
     handoff = handoff_for(platform)
     if handoff is None:
         return
-    session.commit()
     try:
         report = handoff.sync(session)
     except Exception:  # noqa: BLE001 - the change is stored; serving catches up at the next sync

@@ -176,7 +176,7 @@ def _build_module_paths(store: ObjectStore, base: BaseModelRow) -> list[str] | N
         from transformers import AutoModelForCausalLM
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-        from tuneforge.train.model import lora_module_paths as paths_of
+        from tuneforge.modeling.base import lora_module_paths as paths_of
 
         model_config = CONFIG_MAPPING[config["model_type"]].from_dict(config)
         with torch.device("meta"):
@@ -194,7 +194,7 @@ def check_target_modules(store: ObjectStore, base: BaseModelRow, training_type: 
     targets = training_type.target_modules if training_type is not None else "all-linear"
     if targets == "all-linear" or training_type.type == "full":
         return
-    from tuneforge.train.model import leaf_names, unmatched_target_modules
+    from tuneforge.modeling.base import leaf_names, unmatched_target_modules
 
     if not targets:
         raise invalid(f"{TARGET_MODULES_PARAM} must name at least one module, or be \"all-linear\"",

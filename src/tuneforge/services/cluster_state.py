@@ -14,16 +14,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import attempts as attempt_repo
-from tuneforge.db.tables import Attempt, Checkpoint, Job, Tenant
+from tuneforge.db.repos import scheduling as scheduling_repo
+from tuneforge.db.repos import tenants as tenant_repo
+from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.resolved import ResolvedResources
 from tuneforge.domain.status import JobStatus
 from tuneforge.executors.protocol import Capacity
-from tuneforge.scheduler.policy import Node, QueuedJob, RunningJob
-from tuneforge.scheduler.pools import SPOT, PoolSetup, allowed_pools, at_risk
+from tuneforge.planning.policy import Node, QueuedJob, RunningJob
+from tuneforge.planning.pools import SPOT, PoolSetup, allowed_pools, at_risk
 
 FAIR_SHARE_WINDOW_S = 24 * 3600.0
 
@@ -59,11 +60,9 @@ def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetu
     nodes = {n.name: Node(n.name, n.total_gpus, set(range(n.total_gpus)),
                           pools.node_pool(n.name, n.pool) if pools else "") for n in capacity.nodes}
     active = attempt_repo.active(session)
-    jobs = {j.job_id: j for j in session.scalars(select(Job).where(
-        Job.job_id.in_([a.job_id for a in active]) | (Job.status == JobStatus.QUEUED.value)))}
-    tiers = dict(session.execute(select(Tenant.tenant_id, Tenant.tier)).all())
-    checkpointed = dict(session.execute(
-        select(Checkpoint.job_id, func.max(Checkpoint.created_at)).group_by(Checkpoint.job_id)).all())
+    jobs = {j.job_id: j for j in scheduling_repo.running_or_queued(session, [a.job_id for a in active])}
+    tiers = tenant_repo.tiers(session)
+    checkpointed = scheduling_repo.newest_checkpoint_at(session)
 
     running: list[RunningJob] = []
     stopping: set[str] = set()
@@ -103,8 +102,7 @@ def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetu
     waiting_ids = [job.job_id for job in waiting]
     preempted = spot_preemptions(session, pools, waiting_ids) if pools else {}
     done = work_done(session, waiting_ids) if pools else {}
-    requeued = dict(session.execute(select(Attempt.job_id, func.max(Attempt.ended_at)).where(
-        Attempt.job_id.in_(waiting_ids)).group_by(Attempt.job_id)).all()) if pools and waiting_ids else {}
+    requeued = scheduling_repo.last_attempt_end(session, waiting_ids) if pools and waiting_ids else {}
     for job in waiting:
         resources = job.resolved.resources if job.resolved is not None else ResolvedResources()
         tier = tiers.get(job.tenant_id, "standard")
@@ -131,10 +129,7 @@ def spot_preemptions(session: Session, pools: PoolSetup, job_ids: list[str]) -> 
     if not job_ids:
         return {}
     counts: dict[str, int] = defaultdict(int)
-    for job_id, placement, handle, _failure_class, status in session.execute(
-            select(Attempt.job_id, Attempt.placement, Attempt.handle, Attempt.failure_class, Attempt.status).where(
-                Attempt.job_id.in_(job_ids),
-                (Attempt.failure_class == "preempted") | (Attempt.status == "lost"))).all():
+    for job_id, placement, handle, _failure_class, status in scheduling_repo.preempted_or_lost(session, job_ids):
         pool = pools.pools.get((placement or {}).get("pool", ""))
         if pool is None or pool.kind != SPOT:
             continue
@@ -149,10 +144,8 @@ def work_done(session: Session, job_ids: list[str]) -> dict[str, float]:
     does not have to do again."""
     if not job_ids:
         return {}
-    steps = dict(session.execute(select(Checkpoint.job_id, func.max(Checkpoint.step)).where(
-        Checkpoint.job_id.in_(job_ids)).group_by(Checkpoint.job_id)).all())
-    totals = dict(session.execute(select(Attempt.job_id, func.max(Attempt.total_steps)).where(
-        Attempt.job_id.in_(job_ids)).group_by(Attempt.job_id)).all())
+    steps = scheduling_repo.newest_checkpoint_step(session, job_ids)
+    totals = scheduling_repo.total_steps(session, job_ids)
     return {job_id: min(1.0, steps[job_id] / totals[job_id]) for job_id in steps if totals.get(job_id)}
 
 
@@ -190,10 +183,7 @@ def _take_foreign_use(nodes: dict[str, Node], capacity: Capacity, held: dict[str
 def recent_usage(session: Session, now: float, window_s: float = FAIR_SHARE_WINDOW_S) -> dict[str, float]:
     """GPU-hours each tenant used in the last `window_s` seconds (running attempts up to now)."""
     since = now - window_s
-    rows = session.execute(
-        select(Job.tenant_id, Attempt.gpus, Attempt.started_at, Attempt.ended_at)
-        .join(Job, Job.job_id == Attempt.job_id)
-        .where((Attempt.ended_at.is_(None)) | (Attempt.ended_at > since))).all()
+    rows = scheduling_repo.attempt_spans_since(session, since)
     usage: dict[str, float] = defaultdict(float)
     for tenant_id, gpus, started, ended in rows:
         seconds = max(0.0, min(ended or now, now) - max(started or now, since))

@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuneforge.db.engine import Database
 from tuneforge.executors.local import local_inventory
 from tuneforge.executors.protocol import Capacity
 from tuneforge.security.crypto import Sealer, sealer_for
 from tuneforge.security.env import private_dirs
+from tuneforge.services.api_keys import KeyCache
 from tuneforge.services.stream_slots import StreamSlots
 from tuneforge.settings import Settings
 from tuneforge.storage.store import FsspecStore, open_store
 
+if TYPE_CHECKING:
+    from tuneforge.serve.engine import InferenceEngine
+    from tuneforge.serve.vllm import VllmHandoff
+    from tuneforge.services.queue_view import QueueEntry
 
-def _key_cache() -> Any:
-    from tuneforge.services.tenants import KeyCache  # tenants -> quotas -> usage import this module
+_engine_lock = threading.Lock()
 
-    return KeyCache()
+
+@dataclass
+class QueueMemo:
+    """The queue as this process last computed it (`services/queue.queue_as_of`): as of which
+    event, when, and what; `lock` lets one caller at a time compute it."""
+
+    newest_event: int | None = None
+    computed_at: float = 0.0
+    entries: list[QueueEntry] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -28,9 +42,10 @@ class Platform:
     store: FsspecStore
     inventory: Capacity | None = None  # the executor's last reported capacity (set by the scheduler); read capacity()
     scheduler_role: str = "off"  # "leader" | "standby" | "off", set by the scheduler thread
-    inference: Any = None  # serve.InferenceEngine, created on first use by serve.engine_for
-    keys: Any = field(default_factory=_key_cache)  # services.tenants.KeyCache: keys verified by this process
-    memo: dict[str, Any] = field(default_factory=dict)  # per-process results worth keeping a moment
+    inference: InferenceEngine | None = None  # created on first use: `inference_engine()`
+    keys: KeyCache = field(default_factory=KeyCache)  # the API keys this process has verified
+    queue: QueueMemo = field(default_factory=QueueMemo)  # the queue computed last, for a second
+    vllm: VllmHandoff | None = None  # the vLLM hand-off, made on first use (`serve/vllm.handoff_for`)
     _sealer: Sealer | None = None
     _streams: StreamSlots | None = None
 
@@ -61,6 +76,19 @@ class Platform:
                         max_overflow=settings.database_max_overflow),
             store=open_store(settings.resolved_storage_url, settings.storage_options()),
         )
+
+    def inference_engine(self) -> InferenceEngine:
+        """This process's inference engine, created by the first caller: torch and transformers
+        load then, never when the API starts."""
+        engine = self.inference
+        if engine is None:
+            with _engine_lock:
+                if self.inference is None:
+                    from tuneforge.serve.engine import InferenceEngine
+
+                    self.inference = InferenceEngine.from_settings(self.settings, self.store)
+                engine = self.inference
+        return engine
 
     def capacity(self) -> Capacity | None:
         """What the executor offers, as this process can know it — the one answer validation,

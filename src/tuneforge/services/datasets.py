@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tuneforge import methods
 from tuneforge.data import isolation
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.pipeline import CheckOptions, check_dataset
@@ -204,7 +205,7 @@ class PrepareRequest:
 def _check_options(request: PrepareRequest, min_examples: int, *, for_validation: bool) -> CheckOptions:
     opts = request.options
     return CheckOptions(
-        method=request.method, data_format=opts.get("format"), min_examples=min_examples,
+        method=methods.get(request.method).fit, data_format=opts.get("format"), min_examples=min_examples,
         max_seq_length=request.max_seq_length, long_examples=opts.get("long_examples", "truncate"),
         near_duplicate_threshold=opts.get("near_duplicate_threshold", 0.9),
         contamination_threshold=opts.get("contamination_threshold", 0.5),

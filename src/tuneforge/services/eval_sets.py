@@ -127,7 +127,7 @@ def _lines(store: ObjectStore, key: str):  # noqa: ANN202 - (line number, bytes)
 
 def _check_eval_line(line: bytes, number: int) -> None:
     """One line of an evals file: a JSON object shaped as a task example (the trainer's
-    `eval.runner.task_examples` reads the same two shapes)."""
+    `train.eval_runner.task_examples` reads the same two shapes)."""
     where = f"line {number}"
     try:
         row: Any = json.loads(line.decode("utf-8-sig" if number == 1 else "utf-8"))

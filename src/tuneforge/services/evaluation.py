@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from tuneforge import methods
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import invalid
@@ -26,7 +27,6 @@ from tuneforge.security.crypto import Sealer
 from tuneforge.security.egress import EgressPolicy
 from tuneforge.services import secrets as secret_service
 from tuneforge.settings import Settings
-from tuneforge.train import methods
 
 TASK_FILE_PURPOSES = ("fine-tune", "evals")
 

@@ -12,12 +12,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tuneforge import __version__
+from tuneforge import __version__, methods
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.job_config import Checkpointing, JobRequest
-from tuneforge.train import methods
 
 
 def export(session: Session, job: Job) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tuneforge import methods
 from tuneforge.db.engine import savepoint
 from tuneforge.db.pagination import Page
 from tuneforge.db.repos import attempts as attempt_repo
@@ -30,18 +31,18 @@ from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest, TrainingType
 from tuneforge.domain.status import JobStatus
+from tuneforge.domain.vocab import TRAINING_TYPES
+from tuneforge.planning import hyperparams
 from tuneforge.registry import parents
-from tuneforge.scheduler.validation import validate_job
-from tuneforge.services import artifacts, base_models, estimates, evaluation, hyperparams, integrations
+from tuneforge.services import artifacts, base_models, estimates, evaluation, integrations
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
 from tuneforge.services.planning import check_strategy, plan_job
 from tuneforge.services.transitions import is_terminal, transition
+from tuneforge.services.validation import validate_job
 from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import methods
 
-SUPPORTED_TRAINING_TYPES = ("lora", "qlora", "full")
 _SUFFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _log = logging.getLogger(__name__)
 
@@ -89,9 +90,9 @@ def qlora_available(settings: Settings) -> bool:
 def _check_request(request: JobRequest, settings: Settings) -> None:
     method = methods.get(request.method_type).name  # 400 naming method.type if unknown
     training_type = request.training_type_kind
-    if training_type not in SUPPORTED_TRAINING_TYPES:
+    if training_type not in TRAINING_TYPES:
         raise invalid(f"training_type.type {training_type!r} is not supported; use one of "
-                      f"{', '.join(SUPPORTED_TRAINING_TYPES)}", param="training_type.type")
+                      f"{', '.join(TRAINING_TYPES)}", param="training_type.type")
     if request.distributed is not None:
         check_strategy(request.distributed.strategy, training_type)
     deadline = request.resources.deadline if request.resources is not None else None

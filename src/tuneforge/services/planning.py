@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from tuneforge import methods
 from tuneforge.db.tables import BaseModelRow, FileRow, Tenant
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import DataOptions, JobRequest
@@ -22,14 +23,14 @@ from tuneforge.domain.resolved import (
     ResolvedResources,
 )
 from tuneforge.domain.spec import CheckpointPolicy, Hyperparameters, LoraConfig
-from tuneforge.services import estimates, eval_sets, hyperparams, memory
+from tuneforge.planning import hyperparams, memory
+from tuneforge.services import estimates, eval_sets
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import PreparedDataset, PrepareRequest, prepare_for_job
 from tuneforge.services.tokenizers import tokenizer_for
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import methods
 
 
 @dataclass

@@ -4,17 +4,16 @@ operator configured (`PolicyConfig.from_settings`)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tuneforge.db.tables import Job, JobEvent
-from tuneforge.scheduler.policy import PolicyConfig
-from tuneforge.scheduler.pools import PoolSetup
-from tuneforge.scheduler.queue_view import QueueEntry, queue_view
+from tuneforge.db.repos import events as event_repo
+from tuneforge.db.tables import Job
+from tuneforge.planning.policy import PolicyConfig
+from tuneforge.planning.pools import PoolSetup
 from tuneforge.services.context import Platform
+from tuneforge.services.queue_view import QueueEntry, queue_view
 
 
 def whole_queue(session: Session, platform: Platform, now: float | None = None) -> list[QueueEntry]:
@@ -27,42 +26,38 @@ def whole_queue(session: Session, platform: Platform, now: float | None = None) 
 QUEUE_MEMO_S = 1.0
 
 
-NEWEST_EVENT = select(func.max(JobEvent.pk))
-
-
 def queue_as_of(platform: Platform, newest_event: int | None, session: Session | None = None) -> list[QueueEntry]:
     """`whole_queue`, computed at most once a second per process while nothing changes: every
-    state change of every job writes an event, so the newest event's key (`NEWEST_EVENT`, read by
-    the caller) tells whether the queue may have changed since it was computed. A busy dashboard
+    state change of every job writes an event, so the newest event's key (`db/repos/events.NEWEST_EVENT`,
+    read by the caller) tells whether the queue may have changed since it was computed. A busy dashboard
     polling queued jobs then costs one indexed lookup per request instead of a simulation of the
     whole queue. Computed in `session`, else in a unit of work of its own.
 
     One caller at a time computes it. When only its age is past (no job changed), the others answer
     from the queue computed last while one refreshes it; when a job changed, they wait for the
     new one (a second after a change, forty requests in threads would otherwise all compute it)."""
-    memo = platform.memo.get("queue")
-    computing = platform.memo.setdefault("queue_lock", threading.Lock())
-    if memo is not None and memo[0] == newest_event:
-        if 0 <= time.time() - memo[1] < QUEUE_MEMO_S:
-            return memo[2]
-        if not computing.acquire(blocking=False):
-            return memo[2]
+    memo = platform.queue
+    if memo.entries is not None and memo.newest_event == newest_event:
+        if 0 <= time.time() - memo.computed_at < QUEUE_MEMO_S:
+            return memo.entries
+        if not memo.lock.acquire(blocking=False):
+            return memo.entries
     else:
-        computing.acquire()
+        memo.lock.acquire()
     try:
-        memo = platform.memo.get("queue")  # computed by the caller waited for?
         now = time.time()
-        if memo is not None and memo[0] == newest_event and 0 <= now - memo[1] < QUEUE_MEMO_S:
-            return memo[2]
+        fresh = memo.newest_event == newest_event and 0 <= now - memo.computed_at < QUEUE_MEMO_S
+        if memo.entries is not None and fresh:  # computed by the caller waited for
+            return memo.entries
         if session is None:
             with platform.db.session() as own:
                 entries = whole_queue(own, platform, now)
         else:
             entries = whole_queue(session, platform, now)
-        platform.memo["queue"] = (newest_event, now, entries)
+        memo.newest_event, memo.computed_at, memo.entries = newest_event, now, entries
         return entries
     finally:
-        computing.release()
+        memo.lock.release()
 
 
 def place_in(entries: list[QueueEntry], job_id: str) -> dict | None:
@@ -78,4 +73,4 @@ def place_in(entries: list[QueueEntry], job_id: str) -> dict | None:
 
 def place_of(session: Session, platform: Platform, job: Job) -> dict | None:
     """`place_in` the queue as `session` sees it now."""
-    return place_in(queue_as_of(platform, session.scalar(NEWEST_EVENT), session), job.job_id)
+    return place_in(queue_as_of(platform, event_repo.newest_pk(session), session), job.job_id)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from tuneforge.executors.protocol import Capacity
-from tuneforge.scheduler.policy import Node, PolicyConfig, expected_end, order_queue, place
-from tuneforge.scheduler.pools import PoolSetup
-from tuneforge.scheduler.state import read_state
+from tuneforge.planning.policy import Node, PolicyConfig, expected_end, order_queue, place
+from tuneforge.planning.pools import PoolSetup
+from tuneforge.services.cluster_state import read_state
 
 
 @dataclass(frozen=True)

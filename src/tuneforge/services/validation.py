@@ -7,22 +7,21 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tuneforge.db.engine import write_lock
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Job, Tenant
+from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import DivergencePolicy, ResolvedResources
 from tuneforge.domain.spec import CheckpointPolicy
 from tuneforge.domain.status import JobStatus
+from tuneforge.planning.policy import Node, QueuedJob, place
+from tuneforge.planning.pools import PoolSetup, allowed_pools
 from tuneforge.registry import lineage
-from tuneforge.scheduler.policy import Node, QueuedJob, place
-from tuneforge.scheduler.pools import PoolSetup, allowed_pools
 from tuneforge.services import evaluation
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import DataCheckFailed
@@ -93,9 +92,7 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
 
 def _point_out_duplicate(session: Session, job: Job) -> None:
     """An earlier job of the tenant with the same configuration hash would train the same weights."""
-    twin = session.scalars(select(Job).where(
-        Job.tenant_id == job.tenant_id, Job.config_hash == job.config_hash, Job.job_id != job.job_id,
-        Job.status != JobStatus.CANCELLED.value).order_by(Job.pk)).first()
+    twin = job_repo.first_twin(session, job.tenant_id, job.config_hash, job.job_id)
     if twin is None:
         return
     model = f" (model {twin.fine_tuned_model})" if twin.fine_tuned_model else ""
@@ -108,8 +105,7 @@ def _point_out_duplicate(session: Session, job: Job) -> None:
 def _still_validating(session: Session, job: Job) -> bool:
     """Take the write lock and read the job again: the create request and the scheduler may both
     validate a new job, and only the first to finish records the outcome."""
-    write_lock(session)
-    session.refresh(job, with_for_update=True)
+    job_repo.reread_for_update(session, job)
     return job.status == JobStatus.VALIDATING_FILES.value
 
 
@@ -145,7 +141,7 @@ def _no_pool_fits(session: Session, platform: Platform, job: Job,
     capacity = platform.capacity()
     if pools is None or capacity is None:
         return None
-    tier = session.scalar(select(Tenant.tier).where(Tenant.tenant_id == job.tenant_id)) or "standard"
+    tier = tenant_repo.tier_of(session, job.tenant_id) or "standard"
     ask = pools.ask(tier, resources.capacity, None, resources.max_price, 0, float("-inf"))
     allowed = allowed_pools(ask, 0.0, list(pools.pools.values()), 0.0, pools.rules)
     if not allowed:

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tuneforge.domain.vocab import TIERS
 from tuneforge.settings.cluster import CapacityPool, ClusterSettings
 from tuneforge.settings.money import MoneySettings
 from tuneforge.settings.serving import ServingSettings
@@ -279,8 +280,6 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
     @classmethod
     def _rate_limits_over_defaults(cls, value: object) -> object:
         """Every tier gets its limits: a tier the setting names takes the fields it gives over its defaults."""
-        from tuneforge.services.tenants import TIERS
-
         if not isinstance(value, dict):
             return value  # pydantic says what is wrong with it
         unknown = sorted(str(tier) for tier in value if tier not in TIERS)

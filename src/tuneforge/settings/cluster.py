@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class CapacityPool(BaseModel):
-    """One pool of the inventory (scheduler/pools.py)."""
+    """One pool of the inventory (planning/pools.py)."""
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["spot", "on_demand", "reserved"]

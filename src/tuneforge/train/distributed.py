@@ -53,20 +53,19 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from tuneforge.domain.rendezvous import (  # noqa: F401 - RENDEZVOUS_ENV, rendezvous_env: re-exported
+    ADDR_ENV,
+    LOCAL_RANK_ENV,
+    RANK_ENV,
+    RENDEZVOUS_ENV,
+    WORLD_ENV,
+    rendezvous_env,
+)
 from tuneforge.security.env import child_env
 
 log = logging.getLogger(__name__)
 
-RANK_ENV = "RANK"
-WORLD_ENV = "WORLD_SIZE"
-LOCAL_RANK_ENV = "LOCAL_RANK"  # the rank's GPU among its node's; default: the rank
-LOCAL_WORLD_ENV = "LOCAL_WORLD_SIZE"
-ADDR_ENV = "MASTER_ADDR"  # rank 0's address (another node's in a multi-node attempt)
-PORT_ENV = "MASTER_PORT"
-RENDEZVOUS_ENV = (RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_ENV, ADDR_ENV, PORT_ENV)
 JOIN_TIMEOUT = datetime.timedelta(minutes=10)
-
-STRATEGIES = ("ddp", "fsdp")
 
 
 def rank_from_env() -> tuple[int, int]:
@@ -75,12 +74,6 @@ def rank_from_env() -> tuple[int, int]:
 
 def local_rank_from_env() -> int:
     return int(os.environ.get(LOCAL_RANK_ENV) or os.environ.get(RANK_ENV, "0"))
-
-
-def rendezvous_env(rank: int, world: int, local_rank: int, local_world: int, address: str, port: int) -> dict[str, str]:
-    """The torchrun variables of one rank."""
-    values = (rank, world, local_rank, local_world, address, port)
-    return {name: str(value) for name, value in zip(RENDEZVOUS_ENV, values)}
 
 
 def default_strategy(training_type: str) -> str:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from tuneforge.modeling.errors import UnsupportedJob, UserInputError
+
+__all__ = ["AttemptFenced", "ReportRefused", "TrainingDiverged", "UnsupportedJob", "UserInputError"]
+
 
 class TrainingDiverged(Exception):
     """The loss stopped being finite or stayed far above its best: a user error
@@ -35,21 +39,3 @@ class ReportRefused(Exception):
         self.kind = kind
         self.reason = reason
         self.status = status
-
-
-class UnsupportedJob(Exception):
-    """The spec asks for a method or training type this trainer does not run."""
-
-    code = "unsupported_method"
-
-
-class UserInputError(Exception):
-    """The tenant's configuration or data cannot be used as given, found where the trainer
-    knows the input is the tenant's (LoRA target modules, the data files, the eval config).
-    `code` is stable, `param` names the request field, the message says what to change and
-    holds nothing of the host (no paths, no reprs): it is shown to the tenant as is."""
-
-    def __init__(self, code: str, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param

@@ -24,13 +24,15 @@ from typing import Any
 
 import torch
 
+from tuneforge import methods
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import ResolvedEval
 from tuneforge.eval import metrics as task_metrics
-from tuneforge.eval import refusal, runner, shipped
+from tuneforge.eval import refusal, shipped
 from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError
-from tuneforge.train import credentials, methods
+from tuneforge.train import credentials
+from tuneforge.train import eval_runner as runner
 from tuneforge.train.errors import UserInputError
 from tuneforge.train.model import is_adapter, load_spec_base
 from tuneforge.train.reporter import message_event

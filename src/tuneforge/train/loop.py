@@ -11,7 +11,7 @@
     artifacts   → adapter or model, results.csv, the `result` report
 
 What a method trains on and how a forward pass is scored is its `Objective`
-(`train/objective.py`, one module per method in `train/methods/`); nothing
+(`train/objective.py`, one module per method in `train/objectives/`); nothing
 here depends on which method runs. A step starts with the objective's
 rollout phase when it has one (`train/rollout.py`: generate, then score), and
 the figures an objective reports of its own travel with the step's row.

@@ -31,19 +31,20 @@ import threading
 
 import torch
 
+from tuneforge import methods
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.ids import correlation_id
 from tuneforge.domain.spec import JobSpec
+from tuneforge.domain.vocab import TRAINING_TYPES
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import methods
+from tuneforge.train import objectives
 from tuneforge.train.errors import AttemptFenced, ReportRefused, TrainingDiverged, UnsupportedJob, UserInputError
 from tuneforge.train.hooks import Hooks, faults_from_extra
 from tuneforge.train.reporter import Reporter
 
 log = logging.getLogger(__name__)
 
-TRAINING_TYPES = ("lora", "qlora", "full")
 PLATFORM_MESSAGE = ("The trainer stopped on an internal error; this is not a problem with your data or "
                     "configuration, and the attempt is retried from the last checkpoint")
 REFUSED_MESSAGE = ("The trainer's {kind} report was refused {by}: {reason}. The attempt ends without a retry, "
@@ -67,8 +68,7 @@ def run_attempt(
             )
         from tuneforge.train.loop import run_training
 
-        method = methods.get(spec.method)
-        objective = method.objective({**method.option_defaults, **spec.hyperparameters.method_options})
+        objective = objectives.build(methods.get(spec.method), spec.hyperparameters.method_options)
         return run_training(spec, store, reporter, stop, objective,
                             hooks if hooks is not None else faults_from_extra(spec.extra))
     except AttemptFenced as exc:

@@ -11,6 +11,7 @@ from tests.helpers.platform import add_tenant, make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError
+from tuneforge.services import api_keys
 from tuneforge.services import tenants as tenant_service
 
 ADMIN = {"Authorization": "Bearer s3cret-admin"}
@@ -74,9 +75,9 @@ def test_an_expiring_key_works_until_it_expires(http):
     with http.platform.db.session() as session:
         key, secret = tenant_service.create_key(session, "alpha", expires_in_s=10, now=1000.0)
         assert key.expires_at == 1010
-        assert tenant_service.authenticate(session, f"Bearer {secret}", now=1009.0).name == "alpha"
+        assert api_keys.authenticate(session, f"Bearer {secret}", now=1009.0).name == "alpha"
         with pytest.raises(ApiError) as refused:
-            tenant_service.authenticate(session, f"Bearer {secret}", now=1010.0)
+            api_keys.authenticate(session, f"Bearer {secret}", now=1010.0)
         assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
 
 
@@ -102,10 +103,10 @@ def test_last_use_is_recorded_at_most_once_a_minute(http):
     assert used[created["id"]]["last_used_at"] >= created["created_at"]
     with http.platform.db.session() as session:
         key, secret = tenant_service.create_key(session, "alpha")
-        tenant_service.authenticate(session, f"Bearer {secret}", now=5000.0)
-        tenant_service.authenticate(session, f"Bearer {secret}", now=5059.0)
+        api_keys.authenticate(session, f"Bearer {secret}", now=5000.0)
+        api_keys.authenticate(session, f"Bearer {secret}", now=5059.0)
         assert key.last_used_at == 5000
-        tenant_service.authenticate(session, f"Bearer {secret}", now=5060.0)
+        api_keys.authenticate(session, f"Bearer {secret}", now=5060.0)
         assert key.last_used_at == 5060
 
 
@@ -144,7 +145,7 @@ def test_key_routes_need_the_admin_key(http):
 def test_verified_keys_are_trusted_for_at_most_a_second(http):
     """The key cache of an API process: a revocation made elsewhere (another worker, another
     replica, the CLI) applies once the entry is a second old; expiry applies at once."""
-    cache = tenant_service.KeyCache(ttl_s=1.0)
+    cache = api_keys.KeyCache(ttl_s=1.0)
     with http.platform.db.session() as session:
         key, secret = tenant_service.create_key(session, "alpha", expires_in_s=100, now=1000.0)
         key_id = key.key_id
@@ -164,7 +165,7 @@ def test_verified_keys_are_trusted_for_at_most_a_second(http):
 
     with http.platform.db.session() as session:
         _key, other = tenant_service.create_key(session, "alpha", expires_in_s=10, now=time.time())
-    live = tenant_service.KeyCache(ttl_s=60.0)
+    live = api_keys.KeyCache(ttl_s=60.0)
     with http.platform.db.session() as session:
         live.verify(session, f"Bearer {other}")
     with pytest.raises(ApiError):

@@ -158,7 +158,7 @@ def test_models_lists_base_models_in_openai_shape(world):
 
 def test_the_default_lora_rank_follows_the_model_size():
     from tuneforge.domain.job_config import TrainingType
-    from tuneforge.services.hyperparams import resolve_lora
+    from tuneforge.planning.hyperparams import resolve_lora
 
     assert [resolve_lora(TrainingType(), n).rank for n in (230_000, 1_200_000_000, 8_000_000_000,
                                                             34_000_000_000, 70_000_000_000)] == [8, 16, 16, 32, 64]
@@ -171,7 +171,7 @@ def test_gpu_requests_and_micro_batches_come_from_the_memory_model():
 
     from tuneforge.domain.errors import ApiError
     from tuneforge.domain.job_config import JobRequest
-    from tuneforge.services import memory
+    from tuneforge.planning import memory
     from tuneforge.services.planning import resolve_resources
     from tuneforge.settings import Settings
 

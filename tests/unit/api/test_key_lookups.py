@@ -13,8 +13,9 @@ from tests.helpers.platform import add_tenant, make_platform
 from tuneforge.api import keys as key_lookups
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError
+from tuneforge.services import api_keys
 from tuneforge.services import tenants as tenant_service
-from tuneforge.services.tenants import KeyCache
+from tuneforge.services.api_keys import KeyCache
 
 LOOKUP_S = 0.05
 
@@ -52,9 +53,9 @@ def test_fifty_requests_that_miss_together_share_one_lookup(platform, counted):
 
     answers = asyncio.run(burst())
     assert len(counted) == 1
-    assert {tenant_service.caller_of(values).tenant_id for values in answers} == \
-        {tenant_service.caller_of(answers[0]).tenant_id}
-    assert tenant_service.tenant_of(answers[0]).name == "alpha"
+    assert {api_keys.caller_of(values).tenant_id for values in answers} == \
+        {api_keys.caller_of(answers[0]).tenant_id}
+    assert api_keys.tenant_of(answers[0]).name == "alpha"
     asyncio.run(burst())  # the entry is fresh now: no look-up at all
     assert len(counted) == 1
 

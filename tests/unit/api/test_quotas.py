@@ -16,6 +16,7 @@ from tests.unit.api.test_usage import add_attempt, add_job
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.errors import ApiError
+from tuneforge.domain.vocab import TIERS
 from tuneforge.services import quotas, usage
 from tuneforge.services import tenants as tenant_service
 
@@ -64,7 +65,7 @@ def _used(world, name: str, gpu_hours: float, *, at: float | None = None, failur
 
 # ---- limits ----------------------------------------------------------------------------
 def test_every_tier_has_defaults_and_higher_tiers_get_more():
-    assert set(quotas.TIER_DEFAULTS) == set(tenant_service.TIERS)
+    assert set(quotas.TIER_DEFAULTS) == set(TIERS)
     order = [quotas.TIER_DEFAULTS[tier] for tier in ("free", "standard", "premium")]
     for name in quotas.QUOTA_FIELDS:
         values = [getattr(limits, name) for limits in order]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tuneforge import methods
 from tuneforge.data.codes import CODES
 from tuneforge.data.example import DataIssue
 from tuneforge.data.limits import ReadLimits
@@ -30,11 +31,11 @@ GOOD_EXPECTED: dict[str, dict[str, Any]] = json.loads((GOOD / "EXPECTED.json").r
 
 def check(path: Path, entry: dict[str, Any]) -> StructureReport:
     limits = ReadLimits(**entry.get("limits", {}))
-    return validate_structure(path, method=entry.get("method", "supervised"), limits=limits)
+    return validate_structure(path, method=methods.get(entry.get("method", "supervised")).fit, limits=limits)
 
 
 def first_error(path: Path, method: str = "supervised", **limits: Any) -> DataIssue | None:
-    return validate_structure(path, method=method, limits=ReadLimits(**limits)).first_error()
+    return validate_structure(path, method=methods.get(method).fit, limits=ReadLimits(**limits)).first_error()
 
 
 def test_the_corpus_is_large_and_fully_described() -> None:

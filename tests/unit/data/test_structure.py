@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tuneforge import methods
 from tuneforge.data.limits import ReadLimits
 from tuneforge.data.structure import StructureReport, iter_examples, validate_structure
 
@@ -33,7 +34,7 @@ def test_issues_are_capped_per_code_but_all_counted(tmp_path: Path) -> None:
 def test_examples_stream_while_the_report_fills(tmp_path: Path) -> None:
     path = jsonl(tmp_path, [CHAT, BAD_WEIGHT, CHAT])
     report = StructureReport()
-    examples = iter_examples(path, method="supervised", report=report)
+    examples = iter_examples(path, method=methods.get("supervised").fit, report=report)
     first = next(examples)
     assert (first.line, first.kind, report.num_rows, report.issues) == (1, "chat", 1, [])
     assert [example.line for example in examples] == [3]
@@ -42,13 +43,13 @@ def test_examples_stream_while_the_report_fills(tmp_path: Path) -> None:
 
 def test_warnings_do_not_fail_the_file(tmp_path: Path) -> None:
     empty_user = {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "Hello"}]}
-    report = validate_structure(jsonl(tmp_path, [empty_user]), method="supervised")
+    report = validate_structure(jsonl(tmp_path, [empty_user]), method=methods.get("supervised").fit)
     assert report.ok and report.num_examples == 1
     assert [(w.code, w.line) for w in report.warnings()] == [("empty_turn", 1)]
 
 
 def test_shape_mismatch_is_reported_once_at_the_first_example(tmp_path: Path) -> None:
-    report = validate_structure(jsonl(tmp_path, [CHAT] * 3), method="cpt")
+    report = validate_structure(jsonl(tmp_path, [CHAT] * 3), method=methods.get("cpt").fit)
     assert report.counts == {"shape_mismatch": 1}
     assert report.errors()[0].line == 1
 
@@ -69,7 +70,7 @@ def test_a_file_level_issue_after_good_rows_keeps_them_counted(tmp_path: Path) -
 
 
 def test_report_as_dict(tmp_path: Path) -> None:
-    report = validate_structure(jsonl(tmp_path, [CHAT, BAD_WEIGHT]), method="supervised")
+    report = validate_structure(jsonl(tmp_path, [CHAT, BAD_WEIGHT]), method=methods.get("supervised").fit)
     as_dict = report.to_dict()
     assert as_dict["format"] == "jsonl" and as_dict["kind"] == "chat"
     assert as_dict["issues"][0] == {"code": "invalid_weight", "message": "messages[1].weight must be 0 or 1",

@@ -7,9 +7,9 @@ import pydantic
 import pytest
 
 from tuneforge.domain.job_config import JobRequest, SupervisedHyperparameters, TrainingType
-from tuneforge.services.hyperparams import requested_hyperparameters
-from tuneforge.train.methods.dpo import DpoHyperparameters
-from tuneforge.train.methods.orpo import OrpoHyperparameters
+from tuneforge.methods.dpo import DpoHyperparameters
+from tuneforge.methods.orpo import OrpoHyperparameters
+from tuneforge.planning.hyperparams import requested_hyperparameters
 
 
 def _request(**fields) -> JobRequest:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tuneforge.data.errors import BadDataError
-from tuneforge.eval.runner import MAX_SAMPLE_CHARS, Observation, TaskExample, samples, shown, task_examples
+from tuneforge.train.eval_runner import MAX_SAMPLE_CHARS, Observation, TaskExample, samples, shown, task_examples
 
 
 def test_task_rows_with_lone_surrogates_become_text_a_tokenizer_takes() -> None:

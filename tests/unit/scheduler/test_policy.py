@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuneforge.scheduler.policy import (
+from tuneforge.planning.policy import (
     Hold,
     Node,
     PolicyConfig,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuneforge.scheduler.policy import Node, QueuedJob, place
-from tuneforge.scheduler.pools import (
+from tuneforge.planning.policy import Node, QueuedJob, place
+from tuneforge.planning.pools import (
     SAFETY,
     CapacityAsk,
     Pool,

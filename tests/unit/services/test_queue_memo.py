@@ -8,10 +8,11 @@ import time
 from types import SimpleNamespace
 
 from tuneforge.services import queue as queue_service
+from tuneforge.services.context import QueueMemo
 
 
 def _platform() -> SimpleNamespace:
-    return SimpleNamespace(memo={})
+    return SimpleNamespace(queue=QueueMemo())
 
 
 def test_many_callers_after_a_change_compute_the_queue_once(monkeypatch):
@@ -51,7 +52,7 @@ def test_an_old_unchanged_queue_answers_while_one_caller_refreshes_it(monkeypatc
 
     monkeypatch.setattr(queue_service, "whole_queue", slow_queue)
     platform = _platform()
-    platform.memo["queue"] = (7, time.time() - queue_service.QUEUE_MEMO_S - 0.5, ["old"])
+    platform.queue = QueueMemo(7, time.time() - queue_service.QUEUE_MEMO_S - 0.5, ["old"])
     refresher = threading.Thread(target=lambda: queue_service.queue_as_of(platform, 7, session=object()))
     refresher.start()
     assert refreshing.wait(5)
@@ -60,7 +61,7 @@ def test_an_old_unchanged_queue_answers_while_one_caller_refreshes_it(monkeypatc
     refresher.join(5)
     assert queue_service.queue_as_of(platform, 7, session=object()) == ["fresh"]
     # a changed queue is never answered from the old one: the caller waits for the new one
-    assert platform.memo["queue"][0] == 7
+    assert platform.queue.newest_event == 7
     release.clear()
     monkeypatch.setattr(queue_service, "whole_queue", lambda session, platform, now: ["after the change"])
     assert queue_service.queue_as_of(platform, 9, session=object()) == ["after the change"]

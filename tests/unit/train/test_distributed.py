@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,9 @@ import tuneforge
 from tests.helpers.fake_control_plane import FakeControlPlane
 from tests.helpers.tiny import next_attempt, stage_job
 from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout
+from tuneforge.storage.store import FsspecStore
 
 pytestmark = pytest.mark.distributed
 
@@ -56,12 +58,47 @@ def _adapter(store, spec) -> dict[str, torch.Tensor]:
     return safetensors.torch.load(store.get_bytes(f"{prefix}/adapter_model.safetensors"))
 
 
-def test_two_ranks_train_the_same_steps_as_one_process(tmp_path: Path, tiny_model_dir: Path) -> None:
+@dataclass(frozen=True)
+class Run:
+    """One finished attempt that several tests compare against: its spec, store and outcome."""
+
+    spec: JobSpec
+    store: FsspecStore
+    code: int
+    losses: dict[int, float]
+    err: str
+
+
+def _staged_run(root: Path, model_dir: Path, options: dict, **changes) -> Run:
+    spec, store = stage_job(root, model_dir, **options)
+    spec = replace(spec, **changes)
+    code, losses, err = _run(spec, root.with_suffix(".json"))
+    return Run(spec, store, code, losses, err)
+
+
+# Two runs with identical specs appear in two tests each: each is trained once per module (a two-rank
+# run costs two trainer processes), and every test asserts on it what it asserted before.
+@pytest.fixture(scope="module")
+def lora_two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Run:
+    """LoRA without dropout on two ranks, the strategy left to the trainer (DDP for LoRA)."""
+    return _staged_run(tmp_path_factory.mktemp("lora-two-ranks") / "run", tiny_model_dir,
+                       {"lora": {"dropout": 0.0}, **OPTIONS}, gpus=2)
+
+
+@pytest.fixture(scope="module")
+def full_fsdp_two_ranks(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Run:
+    """A full fine-tune sharded over two ranks with FSDP, uninterrupted."""
+    return _staged_run(tmp_path_factory.mktemp("full-fsdp-two-ranks") / "run", tiny_model_dir, FULL,
+                       training_type="full", gpus=2, distributed_strategy="fsdp")
+
+
+def test_two_ranks_train_the_same_steps_as_one_process(
+        tmp_path: Path, tiny_model_dir: Path, lora_two_ranks: Run) -> None:
     one, store1 = stage_job(tmp_path / "one", tiny_model_dir, lora={"dropout": 0.0}, **OPTIONS)
     code, single, err = _run(replace(one, gpus=1), tmp_path / "one.json")
     assert code == TrainerExit.SUCCESS, err[-3000:]
-    two, store2 = stage_job(tmp_path / "two", tiny_model_dir, lora={"dropout": 0.0}, **OPTIONS)
-    code, double, err = _run(replace(two, gpus=2), tmp_path / "two.json")
+    two, store2 = lora_two_ranks.spec, lora_two_ranks.store
+    code, double, err = lora_two_ranks.code, lora_two_ranks.losses, lora_two_ranks.err
     assert code == TrainerExit.SUCCESS, err[-3000:]
     assert "rank 0 of 2 joined (gloo, ddp)" in err and "rank 1 of 2 joined (gloo, ddp)" in err
     assert double.keys() == single.keys() and len(single) == 2 * 2  # 12 examples, 6 a step, 2 epochs
@@ -109,15 +146,15 @@ def _close(a: dict[str, float], b: dict[str, float], rel: float = 2e-4) -> bool:
 FULL = {**OPTIONS, "hyperparameters": {**OPTIONS["hyperparameters"], "learning_rate": 1e-3}}
 
 
-def test_fsdp_full_fine_tune_trains_the_same_steps_as_one_process(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_fsdp_full_fine_tune_trains_the_same_steps_as_one_process(
+        tmp_path: Path, tiny_model_dir: Path, full_fsdp_two_ranks: Run) -> None:
     one, store1 = stage_job(tmp_path / "one", tiny_model_dir, **FULL)
     one = replace(one, training_type="full", gpus=1, fused_loss="off")  # logits and loss the plain way
     code, single, err = _run(one, tmp_path / "one.json")
     assert code == TrainerExit.SUCCESS, err[-3000:]
     assert "token losses: off" in err
-    two, store2 = stage_job(tmp_path / "two", tiny_model_dir, **FULL)
-    two = replace(two, training_type="full", gpus=2, distributed_strategy="fsdp")
-    code, double, err = _run(two, tmp_path / "two.json")
+    two, store2 = full_fsdp_two_ranks.spec, full_fsdp_two_ranks.store
+    code, double, err = full_fsdp_two_ranks.code, full_fsdp_two_ranks.losses, full_fsdp_two_ranks.err
     assert code == TrainerExit.SUCCESS, err[-3000:]
     assert "rank 1 of 2 joined (gloo, fsdp)" in err and "sharded 2 layers" in err
     assert "token losses: chunked" in err  # the output layer's weight read while gathered
@@ -130,12 +167,16 @@ def test_fsdp_full_fine_tune_trains_the_same_steps_as_one_process(tmp_path: Path
     assert {"state-__0_0.distcp", "state-__1_0.distcp", "state-.metadata"} <= names and "model.safetensors" not in names
 
 
-def test_lora_sharded_with_fsdp_matches_ddp(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_lora_sharded_with_fsdp_matches_ddp(tmp_path: Path, tiny_model_dir: Path, lora_two_ranks: Run) -> None:
     runs = {}
     for strategy in ("ddp", "fsdp"):
-        spec, store = stage_job(tmp_path / strategy, tiny_model_dir, lora={"dropout": 0.0}, **OPTIONS)
-        spec = replace(spec, gpus=2, distributed_strategy=strategy)
-        code, losses, err = _run(spec, tmp_path / f"{strategy}.json")
+        if strategy == "ddp":  # LoRA's own strategy on two ranks: the module's run
+            spec, store = lora_two_ranks.spec, lora_two_ranks.store
+            code, losses, err = lora_two_ranks.code, lora_two_ranks.losses, lora_two_ranks.err
+        else:
+            spec, store = stage_job(tmp_path / strategy, tiny_model_dir, lora={"dropout": 0.0}, **OPTIONS)
+            spec = replace(spec, gpus=2, distributed_strategy=strategy)
+            code, losses, err = _run(spec, tmp_path / f"{strategy}.json")
         assert code == TrainerExit.SUCCESS, err[-3000:]
         runs[strategy] = (losses, _adapter(store, spec))
     (ddp_losses, ddp_adapter), (fsdp_losses, fsdp_adapter) = runs["ddp"], runs["fsdp"]
@@ -145,13 +186,12 @@ def test_lora_sharded_with_fsdp_matches_ddp(tmp_path: Path, tiny_model_dir: Path
 
 
 def test_a_sharded_attempt_resumes_exactly_and_on_another_number_of_processes(
-        tmp_path: Path, tiny_model_dir: Path) -> None:
+        tmp_path: Path, tiny_model_dir: Path, full_fsdp_two_ranks: Run) -> None:
     """Two ranks stop after step 2, one process takes over and stops after step 3 (its
     checkpoint written alone), two ranks finish: the steps match an uninterrupted two-rank
     run. And two ranks resuming two ranks' checkpoint match it bit for bit."""
-    whole, store = stage_job(tmp_path / "whole", tiny_model_dir, **FULL)
-    whole = replace(whole, training_type="full", gpus=2, distributed_strategy="fsdp")
-    code, reference, err = _run(whole, tmp_path / "whole.json")
+    whole, store = full_fsdp_two_ranks.spec, full_fsdp_two_ranks.store
+    code, reference, err = full_fsdp_two_ranks.code, full_fsdp_two_ranks.losses, full_fsdp_two_ranks.err
     assert code == TrainerExit.SUCCESS, err[-3000:]
 
     first, store2 = stage_job(tmp_path / "resharded", tiny_model_dir, extra={"stop_after_step": 2}, **FULL)

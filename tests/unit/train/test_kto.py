@@ -18,11 +18,11 @@ import torch
 
 from tests.helpers.tiny import stage_job
 from tests.unit.train.test_methods import WORDS, _trained, assert_resumes_exactly, mean_margin, preference_pairs
+from tuneforge import methods
 from tuneforge.data.example import DataIssue
 from tuneforge.data.shapes import check_method, normalize
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.storage import layout
-from tuneforge.train import methods
 from tuneforge.train.model import load_base_model
 from tuneforge.train.reporter import RecordingReporter
 from tuneforge.train.runner import run_attempt
@@ -83,9 +83,9 @@ def test_kto_lines_normalise_in_both_shapes() -> None:
     example, _ = normalize({"prompt": "river stone", "completion": "bad idea", "label": False}, 4)
     assert example.kind == "kto" and example.rejected == {"role": "assistant", "content": "bad idea"}
     assert example.messages == [{"role": "user", "content": "river stone"}] and example.chosen is None
-    check_method("kto", "kto")
+    check_method("kto", methods.get("kto").fit)
     with pytest.raises(DataIssue) as caught:
-        check_method("kto", "dpo", line=2)
+        check_method("kto", methods.get("dpo").fit, line=2)
     assert caught.value.code == "shape_mismatch"
 
 
@@ -115,5 +115,7 @@ def test_a_kto_line_without_its_label_names_the_line() -> None:
 def test_kto_is_registered_with_its_options() -> None:
     kto = methods.get("kto")
     requested = kto.parse_hyperparameters({"beta": 0.2, "undesirable_weight": 1.5})
-    assert kto.resolve_options(requested) == {"beta": 0.2, "desirable_weight": 1.0, "undesirable_weight": 1.5}
+    options = kto.resolve_options(requested)
+    assert options.model_dump() == {"beta": 0.2, "desirable_weight": 1.0, "undesirable_weight": 1.5}
+    assert kto.stored_options(options.model_dump()) == options  # what the trainer reads back from the spec
     assert kto.data_kinds == ("kto",) and kto.sequences_per_example == 2

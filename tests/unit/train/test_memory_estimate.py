@@ -1,4 +1,4 @@
-"""The memory estimator (`tuneforge.services.memory`) against peak memory measured on this CPU.
+"""The memory estimator (`tuneforge.planning.memory`) against peak memory measured on this CPU.
 
 How it is measured. Every configuration (model, training type, micro-batch,
 sequence length) trains in a process of its own: one worker subprocess (this
@@ -56,7 +56,7 @@ from typing import Any
 
 import pytest
 
-from tuneforge.services.memory import (
+from tuneforge.planning.memory import (
     GIB,
     MIB,
     DoesNotFit,

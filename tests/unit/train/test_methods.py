@@ -23,8 +23,8 @@ import torch
 from tests.helpers.tiny import next_attempt, stage_job
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.storage import layout
-from tuneforge.train.methods.cpt import tokenize_text
 from tuneforge.train.model import load_base_model
+from tuneforge.train.objectives.cpt import tokenize_text
 from tuneforge.train.pairs import tokenize_pair
 from tuneforge.train.reporter import RecordingReporter
 from tuneforge.train.runner import run_attempt
@@ -222,7 +222,8 @@ def test_every_method_also_trains_every_weight(tmp_path: Path, tiny_model_dir: P
         train, held_out = preference_pairs(32, seed=6), preference_pairs(12, seed=7)
     spec, store = stage_job(tmp_path, tiny_model_dir, training=train, validation=held_out,
                             hyperparameters={"n_epochs": 3, "batch_size": 8, "micro_batch_size": 4,
-                                             "learning_rate": 1e-3, "beta": 0.5, "max_seq_length": 96})
+                                             "learning_rate": 1e-3, "max_seq_length": 96,
+                                             **({} if method == "cpt" else {"beta": 0.5})})  # cpt has no beta
     spec = replace(spec, method=method, training_type="full")
     reporter = RecordingReporter()
     assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS, reporter.reports[-3:]

@@ -16,11 +16,11 @@ import torch
 
 from tests.helpers.rollout_objective import MAX_NEW_TOKENS, registered
 from tests.helpers.tiny import next_attempt, stage_job
+from tuneforge import methods
 from tuneforge.demo.dataset import demo_examples
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.metrics import metrics_data
 from tuneforge.storage import layout
-from tuneforge.train import methods
 from tuneforge.train.objective import TokenObjective, load_token_examples
 from tuneforge.train.reporter import RecordingReporter
 from tuneforge.train.rollout import step_generator
@@ -145,6 +145,10 @@ class PassThrough:
         return examples
 
 
+def build_passthrough(options: object) -> PassThrough:
+    return PassThrough(TokenObjective("supervised", load_token_examples))
+
+
 def test_the_seam_alone_changes_no_figure_of_an_existing_method(tmp_path: Path, tiny_model_dir: Path) -> None:
     def run(method: str) -> tuple[str, dict[str, torch.Tensor]]:
         spec, store = stage_job(tmp_path / method, tiny_model_dir, **OPTIONS)
@@ -154,7 +158,7 @@ def test_the_seam_alone_changes_no_figure_of_an_existing_method(tmp_path: Path, 
 
     plain = run("supervised")
     wrapped = replace(methods.get("supervised"), name="passthrough",
-                      objective=lambda options: PassThrough(TokenObjective("supervised", load_token_examples)))
+                      objective="tests.unit.train.test_rollout:build_passthrough")
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(methods._load(), "passthrough", wrapped)
         seamed = run("passthrough")

@@ -12,15 +12,13 @@ exp(validation loss).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from tuneforge.data.errors import BadDataError
 from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import TokenizedExample
-from tuneforge.domain.job_config import SupervisedHyperparameters
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
-from tuneforge.train.methods import TrainingMethod
+from tuneforge.methods import NoOptions
 from tuneforge.train.objective import TokenObjective
 
 
@@ -53,15 +51,6 @@ def load_texts(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters
     return examples
 
 
-def _objective(options: Mapping[str, Any]) -> TokenObjective:
+def build(options: NoOptions) -> TokenObjective:
     return TokenObjective("cpt", load_texts)
 
-
-METHOD = TrainingMethod(
-    name="cpt",
-    summary="continued pre-training on raw {text} documents",
-    hyperparameters=SupervisedHyperparameters,
-    data_kinds=("text",),
-    learning_rate={"lora": 1e-4, "qlora": 1e-4, "full": 1e-5},
-    objective=_objective,
-)

@@ -15,24 +15,15 @@ the larger reward.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
-
-from tuneforge.domain.job_config import Auto, SupervisedHyperparameters
-from tuneforge.train.methods import EvalDefaults, TrainingMethod
+from tuneforge.methods.dpo import DpoOptions
 
 
-class DpoHyperparameters(SupervisedHyperparameters):
-    beta: float | Auto = Field("auto", description="Strength of the pull towards the reference (base) "
-                                                         "model: larger keeps the fine-tune closer to it.")
-
-
-def _objective(options: Mapping[str, Any]) -> Any:
+def build(options: DpoOptions) -> Any:
     from tuneforge.train.pairs import PairObjective
 
-    beta = float(options["beta"])
+    beta = options.beta
 
     def loss(logps: Any, reference: Any) -> tuple[Any, Any]:
         import torch.nn.functional as F
@@ -43,17 +34,3 @@ def _objective(options: Mapping[str, Any]) -> Any:
 
     return PairObjective("dpo", loss, reference=True)
 
-
-METHOD = TrainingMethod(
-    name="dpo",
-    summary="direct preference optimisation on chosen/rejected pairs",
-    hyperparameters=DpoHyperparameters,
-    data_kinds=("preference",),
-    learning_rate={"lora": 5e-5, "qlora": 5e-5, "full": 5e-7},
-    objective=_objective,
-    option_defaults={"beta": 0.1},
-    option_ranges={"beta": (1e-4, 100.0)},
-    sequences_per_example=2,
-    beta_pulls_to_reference=True,
-    default_eval=EvalDefaults(perplexity=False),
-)

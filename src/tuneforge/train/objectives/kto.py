@@ -28,94 +28,13 @@ The paper advises weights such that desirable_weight * n_desirable /
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field
-
-from tuneforge.data import shapes
 from tuneforge.data.errors import BadDataError
-from tuneforge.data.example import DataIssue, Example
-from tuneforge.domain.job_config import Auto, SupervisedHyperparameters
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
-from tuneforge.train.methods import EvalDefaults, TrainingMethod
+from tuneforge.methods.kto import KtoOptions
 from tuneforge.train.objective import Scores
-
-# --- hyperparameters ------------------------------------------------------------------
-
-
-class KtoHyperparameters(SupervisedHyperparameters):
-    beta: float | Auto = Field("auto", description="Sharpness of the value function around the "
-                                                         "reference point; larger keeps the fine-tune closer "
-                                                         "to the base model.")
-    desirable_weight: float | Auto = Field("auto", description="Weight of the desirable completions' "
-                                                                     "loss (lambda_D).")
-    undesirable_weight: float | Auto = Field("auto", description="Weight of the undesirable completions' "
-                                                                       "loss (lambda_U).")
-
-
-# --- data shape -------------------------------------------------------------------------
-
-_KEYS = frozenset({"input", "output", "label", "prompt", "completion"})
-_HELP = "{input, output, label} or {prompt, completion, label} (KTO: label true = desirable)"
-
-
-def _claims(record: dict[str, Any]) -> bool:
-    return "label" in record or "output" in record
-
-
-def _normalize(record: dict[str, Any], line: int, warnings: list[DataIssue]) -> Example:
-    openai_style = "input" in record or "output" in record
-    allowed = frozenset({"input", "output", "label"}) if openai_style else frozenset({"prompt", "completion", "label"})
-    shapes.known_keys(record, allowed, "a KTO example", line)
-    for key in sorted(allowed):
-        if key not in record:
-            raise shapes.issue("missing_key", f"a KTO example needs '{key}'", line, key)
-    label = record["label"]
-    if type(label) is not bool:
-        raise shapes.issue("invalid_label", "'label' must be true (desirable) or false (undesirable)", line,
-                           "label", label)
-    tools = None
-    if openai_style:
-        messages, tools, tool_names = shapes.prompt_input(record["input"], line, warnings)
-        answer = shapes.one_answer(record["output"], "output", line, tool_names)
-    else:
-        messages = _prompt_messages(record["prompt"], line, warnings)
-        answer = _completion(record["completion"], line)
-    return Example(line=line, kind="kto", messages=messages, tools=tools,
-                   chosen=answer if label else None, rejected=None if label else answer)
-
-
-def _prompt_messages(prompt: Any, line: int, warnings: list[DataIssue]) -> list[dict[str, Any]]:
-    if type(prompt) is str:
-        if not prompt.strip():
-            raise shapes.issue("empty_turn", "'prompt' is empty", line, "prompt", prompt)
-        return [{"role": "user", "content": prompt}]
-    if type(prompt) is list:
-        return shapes.prompt_input({"messages": prompt}, line, warnings)[0]
-    raise shapes.issue("invalid_type", "'prompt' must be a string or a list of messages", line, "prompt", prompt)
-
-
-def _completion(value: Any, line: int) -> dict[str, Any]:
-    if type(value) is not str:
-        raise shapes.issue("invalid_type", "'completion' must be a string", line, "completion", value)
-    if not value.strip():
-        raise shapes.issue("empty_turn", "'completion' is an empty answer", line, "completion", value)
-    return {"role": "assistant", "content": value}
-
-
-def _to_record(example: Example) -> dict[str, Any]:
-    prompt: dict[str, Any] = {"messages": example.messages}
-    if example.tools:
-        prompt["tools"] = example.tools
-    desirable = example.chosen is not None
-    return {"input": prompt, "output": [example.chosen if desirable else example.rejected], "label": desirable}
-
-
-SHAPE = shapes.Shape(kind="kto", help=_HELP, keys=_KEYS, json_keys=frozenset({"input", "output"}),
-                     claims=_claims, normalize=_normalize, to_record=_to_record)
-
 
 # --- objective --------------------------------------------------------------------------
 
@@ -209,22 +128,6 @@ class KtoObjective:
         return Scores(losses.sum(), correct, len(chunk), logps.num_tokens, logps.num_slots)
 
 
-def _objective(options: Mapping[str, Any]) -> KtoObjective:
-    return KtoObjective(float(options["beta"]), float(options["desirable_weight"]),
-                        float(options["undesirable_weight"]))
+def build(options: KtoOptions) -> KtoObjective:
+    return KtoObjective(options.beta, options.desirable_weight, options.undesirable_weight)
 
-
-METHOD = TrainingMethod(
-    name="kto",
-    summary="Kahneman-Tversky optimisation on completions labelled desirable or undesirable",
-    hyperparameters=KtoHyperparameters,
-    data_kinds=("kto",),
-    learning_rate={"lora": 5e-5, "qlora": 5e-5, "full": 5e-7},
-    objective=_objective,
-    option_defaults={"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 1.0},
-    option_ranges={"beta": (1e-4, 100.0), "desirable_weight": (0.0, 100.0), "undesirable_weight": (0.0, 100.0)},
-    sequences_per_example=2,
-    beta_pulls_to_reference=True,
-    default_eval=EvalDefaults(perplexity=False),
-    shapes=(SHAPE,),
-)

@@ -10,24 +10,15 @@ has the larger mean log-probability.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
-
-from tuneforge.domain.job_config import Auto, SupervisedHyperparameters
-from tuneforge.train.methods import EvalDefaults, TrainingMethod
+from tuneforge.methods.orpo import OrpoOptions
 
 
-class OrpoHyperparameters(SupervisedHyperparameters):
-    beta: float | Auto = Field("auto", description="Weight of the odds-ratio term against the "
-                                                         "supervised loss of the chosen answer.")
-
-
-def _objective(options: Mapping[str, Any]) -> Any:
+def build(options: OrpoOptions) -> Any:
     from tuneforge.train.pairs import PairObjective, log_odds
 
-    beta = float(options["beta"])
+    beta = options.beta
 
     def loss(logps: Any, reference: Any) -> tuple[Any, Any]:
         import torch.nn.functional as F
@@ -39,16 +30,3 @@ def _objective(options: Mapping[str, Any]) -> Any:
 
     return PairObjective("orpo", loss, reference=False)
 
-
-METHOD = TrainingMethod(
-    name="orpo",
-    summary="odds-ratio preference optimisation on chosen/rejected pairs (no reference model)",
-    hyperparameters=OrpoHyperparameters,
-    data_kinds=("preference",),
-    learning_rate={"lora": 8e-5, "qlora": 8e-5, "full": 8e-6},
-    objective=_objective,
-    option_defaults={"beta": 0.1},
-    option_ranges={"beta": (1e-4, 100.0)},
-    sequences_per_example=2,
-    default_eval=EvalDefaults(perplexity=False),
-)

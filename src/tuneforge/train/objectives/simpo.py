@@ -11,24 +11,15 @@ reward.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
-
-from tuneforge.domain.job_config import Auto, SupervisedHyperparameters
-from tuneforge.train.methods import EvalDefaults, TrainingMethod
+from tuneforge.methods.simpo import SimpoOptions
 
 
-class SimpoHyperparameters(SupervisedHyperparameters):
-    beta: float | Auto = Field("auto", description="Scale of the length-normalised reward.")
-    gamma: float | Auto = Field("auto", description="Target reward margin between chosen and rejected.")
-
-
-def _objective(options: Mapping[str, Any]) -> Any:
+def build(options: SimpoOptions) -> Any:
     from tuneforge.train.pairs import PairObjective
 
-    beta, gamma = float(options["beta"]), float(options["gamma"])
+    beta, gamma = options.beta, options.gamma
 
     def loss(logps: Any, reference: Any) -> tuple[Any, Any]:
         import torch.nn.functional as F
@@ -39,16 +30,3 @@ def _objective(options: Mapping[str, Any]) -> Any:
 
     return PairObjective("simpo", loss, reference=False)
 
-
-METHOD = TrainingMethod(
-    name="simpo",
-    summary="simple preference optimisation on chosen/rejected pairs (length-normalised, no reference model)",
-    hyperparameters=SimpoHyperparameters,
-    data_kinds=("preference",),
-    learning_rate={"lora": 5e-5, "qlora": 5e-5, "full": 5e-7},
-    objective=_objective,
-    option_defaults={"beta": 2.0, "gamma": 0.5},
-    option_ranges={"beta": (1e-4, 100.0), "gamma": (0.0, 100.0)},
-    sequences_per_example=2,
-    default_eval=EvalDefaults(perplexity=False),
-)

@@ -10,23 +10,10 @@ predicted exactly (argmax). Examples are packed into rows of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from tuneforge.domain.job_config import SupervisedHyperparameters
-from tuneforge.train.methods import TrainingMethod
+from tuneforge.methods import NoOptions
 from tuneforge.train.objective import TokenObjective, load_token_examples
 
 
-def _objective(options: Mapping[str, Any]) -> TokenObjective:
+def build(options: NoOptions) -> TokenObjective:
     return TokenObjective("supervised", load_token_examples)
 
-
-METHOD = TrainingMethod(
-    name="supervised",
-    summary="supervised fine-tuning on chat or prompt/completion examples",
-    hyperparameters=SupervisedHyperparameters,
-    data_kinds=("chat", "instruction"),
-    learning_rate={"lora": 2e-4, "qlora": 2e-4, "full": 2e-5},
-    objective=_objective,
-)
