@@ -151,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
     from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, write_demo_files
     from tuneforge.demo.tiny_model import build_tiny_model
     from tuneforge.server import ControlPlane
-    from tuneforge.services import base_models as base_model_service
-    from tuneforge.services import tenants as tenant_service
+    from tuneforge.services.serving import base_models as base_model_service
+    from tuneforge.services.tenancy import tenants as tenant_service
     from tuneforge.settings import Settings
     from tuneforge.storage import layout
 

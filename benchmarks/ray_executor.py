@@ -50,8 +50,8 @@ from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, write_demo_f
 from tuneforge.demo.tiny_model import build_tiny_model  # noqa: E402
 from tuneforge.executors.protocol import PollResult  # noqa: E402
 from tuneforge.server import ControlPlane  # noqa: E402
-from tuneforge.services import base_models as base_model_service  # noqa: E402
-from tuneforge.services import tenants as tenant_service  # noqa: E402
+from tuneforge.services.serving import base_models as base_model_service  # noqa: E402
+from tuneforge.services.tenancy import tenants as tenant_service  # noqa: E402
 from tuneforge.settings import Settings  # noqa: E402
 
 POLL_S = 0.02

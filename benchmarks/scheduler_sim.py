@@ -45,7 +45,7 @@ Policies, each on the same trace:
   a checkpoint (no training is lost) and exits `--stop-s` (30 s) later, its
   GPUs held meanwhile; it is then queued again, and a restart spends
   `--restore-s` (90 s) loading the model and the checkpoint: 2 minutes of
-  GPU time lost per preemption. The inputs are built as `services/cluster_state.py`
+  GPU time lost per preemption. The inputs are built as `services/training/cluster_state.py`
   builds them: a queued job's time is its creation time (requeues included)
   and its runtime the whole estimate; a running job's expected end is its
   attempt's start plus the whole estimate (`policy.expected_end` moves it
@@ -96,7 +96,7 @@ job `capacity=on_demand`), "spot only" (every node spot, every job
 `capacity=spot`: requeued onto spot however often it is reclaimed) and
 "auto" (`--spot-share` of the nodes spot, the rest on demand, every job
 `capacity=auto` with its deadline). Each job's `QueuedJob.pools` comes from
-`pools.allowed_pools` as `services/cluster_state.py` builds it: its ask carries the
+`pools.allowed_pools` as `services/training/cluster_state.py` builds it: its ask carries the
 nodes it spans (gpus // gpus_per_node for a multi-node job, else 1) and its
 spot preemptions so far, only the reclaims of its attempts on spot (as
 `state.spot_preemptions` counts them: not the scheduler's own preemptions
@@ -375,7 +375,7 @@ class Attempt:
         return self.start + self.restore_s + (self.job.trace.work_s - self.job.done_s)
 
     def last_checkpoint(self, now: float, every: float) -> float:
-        """As `services/cluster_state.py` reads it: the job's newest checkpoint, else the attempt's start."""
+        """As `services/training/cluster_state.py` reads it: the job's newest checkpoint, else the attempt's start."""
         trained = self.trained(now)
         if trained >= every:
             return self.start + self.restore_s + (trained // every) * every
@@ -410,7 +410,8 @@ END, EXIT, ARRIVAL, DEADLINE, TICK = range(5)
 
 
 def queue_job(queue: dict, index: QueueIndex, state: JobState, now: float) -> None:
-    """Queue the job as services/cluster_state.py builds it: queued since it was created, its whole estimate."""
+    """Queue the job as services/training/cluster_state.py builds it: queued since it was created, its whole
+    estimate."""
     t = state.trace
     queue[t.job_id] = QueuedJob(t.job_id, t.tenant, t.tier, t.gpus, t.arrival, t.estimate_s, t.gpus_per_node)
     index.add(queue[t.job_id])
@@ -492,7 +493,8 @@ def simulate(name: str, trace: Sequence[TraceJob], args: argparse.Namespace, con
         usage.add(attempt.job.trace.tenant, attempt.gpus, attempt.start, now)
 
     def views_now(now: float) -> list[RunningJob]:
-        """As services/cluster_state.py builds them: placement, start + estimate, newest checkpoint, progress."""
+        """As services/training/cluster_state.py builds them: placement, start + estimate, newest checkpoint,
+        progress."""
         return [replace(a.view, last_checkpoint_at=a.last_checkpoint(now, args.checkpoint_every_s),
                         progress=min(1.0, (now - a.start) / a.job.trace.estimate_s))
                 for a in running.values()]

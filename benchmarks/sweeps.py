@@ -39,8 +39,8 @@ def main() -> int:
     from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
     from tuneforge.demo.tiny_model import build_tiny_model
     from tuneforge.server import ControlPlane
-    from tuneforge.services import base_models as base_model_service
-    from tuneforge.services import tenants as tenant_service
+    from tuneforge.services.serving import base_models as base_model_service
+    from tuneforge.services.tenancy import tenants as tenant_service
     from tuneforge.settings import Settings
 
     root = Path(tempfile.mkdtemp(prefix="tuneforge-sweeps-"))

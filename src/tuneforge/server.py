@@ -32,7 +32,7 @@ from tuneforge.scheduler.loop import Scheduler
 from tuneforge.security.env import private_dirs
 from tuneforge.security.redact import redact_url
 from tuneforge.services.context import Platform
-from tuneforge.services.webhook_delivery import Dispatcher
+from tuneforge.services.webhooks.delivery import Dispatcher
 from tuneforge.settings import Settings
 
 PR_SET_PDEATHSIG = 1

@@ -49,7 +49,8 @@ def test_every_table_kept_per_tier_has_exactly_the_tiers() -> None:
     """The tiers are defined once (`domain/vocab.py`); every per-tier table names each of them."""
     from tuneforge.domain.vocab import TIERS
     from tuneforge.planning.policy_inputs import TIER_RANK
-    from tuneforge.services import datasets, quotas
+    from tuneforge.services.datasets import checks as datasets
+    from tuneforge.services.tenancy import quotas
     from tuneforge.settings import DEFAULT_RATE_LIMITS, Settings
     from tuneforge.settings.money import DEFAULT_STORAGE_QUOTAS
     from tuneforge.settings.serving import DEFAULT_TOKENS_IN_FLIGHT_BY_TIER

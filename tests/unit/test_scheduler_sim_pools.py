@@ -8,7 +8,7 @@ only and more than spot only, it misses no more deadlines than spot without a fa
 does miss some, and on-demand capacity is never reclaimed.
 
 Then a few jobs written out by hand, each checking one input the simulation gives the pool
-functions as `services/cluster_state.py` does: the nodes a multi-node job spans (its expected spot
+functions as `services/training/cluster_state.py` does: the nodes a multi-node job spans (its expected spot
 slowdown counts every one of them), the work a requeued job has left (not its whole estimate),
 the work a running job has left by its progress (not by the clock), only reclaims as spot
 preemptions (not the scheduler's own preemptions for premium jobs), and the time a job was last

@@ -28,7 +28,7 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 
 from tuneforge.api.errors import is_busy
 from tuneforge.domain.errors import ApiError, unauthorized
-from tuneforge.services.api_keys import Caller, caller_of
+from tuneforge.services.tenancy.api_keys import Caller, caller_of
 from tuneforge.settings import Settings
 
 log = logging.getLogger(__name__)

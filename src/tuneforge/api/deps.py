@@ -23,8 +23,8 @@ from tuneforge.api.keys import verify_columns
 from tuneforge.api.ratelimits import Admission, RequestLimiter
 from tuneforge.db.tables import Tenant
 from tuneforge.security.egress import EgressPolicy
-from tuneforge.services.api_keys import Caller, caller_of, tenant_of
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy.api_keys import Caller, caller_of, tenant_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

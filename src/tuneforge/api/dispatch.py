@@ -27,8 +27,8 @@ from tuneforge.domain.tenant_text import safe_data
 from tuneforge.serve import vllm
 from tuneforge.serve.params import ModelTarget, Usage
 from tuneforge.serve.targets import resolve_target
-from tuneforge.services import routes as route_service
 from tuneforge.services.context import Platform
+from tuneforge.services.serving import routes as route_service
 
 _log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from tuneforge.api.limits import (
 )
 from tuneforge.api.ratelimits import Admission
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.services.api_keys import Caller
+from tuneforge.services.tenancy.api_keys import Caller
 
 UPLOAD_PATH = "/v1/files"
 PART_PATH = re.compile(r"^/v1/uploads/[^/]+/parts/?$")
@@ -102,7 +102,7 @@ class RequestGuard:
             await _MeteredUpload(self.app, limit)(scope, receive, send)
             return
         if scope["method"] == "POST" and PART_PATH.match(scope["path"]):
-            from tuneforge.services.uploads import MAX_PART_BYTES
+            from tuneforge.services.datasets.uploads import MAX_PART_BYTES
 
             await _MeteredUpload(self.app, MAX_PART_BYTES + MULTIPART_OVERHEAD_BYTES)(scope, receive, send)
             return

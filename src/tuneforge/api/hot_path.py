@@ -23,7 +23,7 @@ from typing import Any
 from tuneforge.api.deps import admitted_caller
 from tuneforge.api.errors import respond
 from tuneforge.domain.errors import ApiError
-from tuneforge.services import jobs as job_service
+from tuneforge.services.training import jobs as job_service
 
 JOB_PATH = re.compile(r"/v1/fine_tuning/jobs/([^/\x00]+)")
 _JSON_HEADERS = [(b"content-type", b"application/json")]

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.domain.errors import ApiError, unauthorized
 from tuneforge.services.context import Platform
-from tuneforge.services.reports import token_hash
+from tuneforge.services.training.reports import token_hash
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from tuneforge.db.fastread import Reads
 from tuneforge.db.pagination import MAX_LIMIT
 from tuneforge.db.repos.lean_reads import JOB_ROWS, EventReads, JobReads
 from tuneforge.domain.status import JobStatus
-from tuneforge.services import queue as queue_service
 from tuneforge.services.context import Platform
+from tuneforge.services.training import queue as queue_service
 
 
 def list_body(items: list[bytes], ids: list[str], has_more: bool) -> bytes:

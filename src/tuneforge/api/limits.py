@@ -39,7 +39,7 @@ MAX_TEXT_CHARS = 4 * 1024 * 1024  # one chat message or prompt
 MAX_GENERATED_TOKENS = 1 << 20
 MAX_MESSAGES = 4096
 MAX_LIST_ITEMS = 256
-MONTH_PATTERN = r"^\d{4}-\d{2}$"  # a calendar month, YYYY-MM (services/usage.py checks the range)
+MONTH_PATTERN = r"^\d{4}-\d{2}$"  # a calendar month, YYYY-MM (services/tenancy/usage.py checks the range)
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]

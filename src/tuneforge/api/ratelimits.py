@@ -48,7 +48,7 @@ from tuneforge.api.errors import respond
 from tuneforge.api.headers import ANSWER_HEADERS
 from tuneforge.db.ratelimit_storage import PLATFORM_DATABASE, storage_uri_for_database
 from tuneforge.domain.errors import ApiError
-from tuneforge.services.api_keys import caller_of
+from tuneforge.services.tenancy.api_keys import caller_of
 from tuneforge.settings import Settings
 
 log = logging.getLogger("tuneforge.ratelimit")

@@ -18,10 +18,10 @@ from tuneforge.settings import get_settings
 # the platform's own modules load when an operator command runs: tenant commands stay light
 base_model_repo = Lazy("tuneforge.db.repos.base_models")
 tenant_repo = Lazy("tuneforge.db.repos.tenants")
-base_model_service = Lazy("tuneforge.services.base_models")
-quotas = Lazy("tuneforge.services.quotas")
-tenant_service = Lazy("tuneforge.services.tenants")
-usage_service = Lazy("tuneforge.services.usage")
+base_model_service = Lazy("tuneforge.services.serving.base_models")
+quotas = Lazy("tuneforge.services.tenancy.quotas")
+tenant_service = Lazy("tuneforge.services.tenancy.tenants")
+usage_service = Lazy("tuneforge.services.tenancy.usage")
 layout = Lazy("tuneforge.storage.layout")
 
 # soft_wrap: a message is one line however narrow the terminal, so scripts can grep it
@@ -257,7 +257,7 @@ def base_models_list() -> None:
 @eval_sets_app.command("add")
 def eval_sets_add(name: str, path: Path) -> None:
     """Register an eval file; every tenant's training data is checked for overlap with it."""
-    from tuneforge.services import eval_sets
+    from tuneforge.services.training import eval_sets
 
     ctx = platform()
     try:

@@ -195,7 +195,7 @@ def _local_tokenizer(model: str):  # noqa: ANN202
     from tuneforge.db.migrate import upgrade
     from tuneforge.db.repos import base_models
     from tuneforge.services.context import Platform
-    from tuneforge.services.tokenizers import tokenizer_for
+    from tuneforge.services.datasets.tokenizers import tokenizer_for
     from tuneforge.settings import get_settings
     from tuneforge.storage import layout
 

@@ -9,8 +9,8 @@ import typer
 from tuneforge.cli.admin import platform as open_platform
 from tuneforge.cli.lazy import Lazy
 
-queue_service = Lazy("tuneforge.services.queue")
-tenant_service = Lazy("tuneforge.services.tenants")
+queue_service = Lazy("tuneforge.services.training.queue")
+tenant_service = Lazy("tuneforge.services.tenancy.tenants")
 
 
 def show_queue() -> None:

@@ -8,7 +8,7 @@ from tuneforge.cli.admin import console, platform
 from tuneforge.cli.lazy import Lazy
 
 crypto = Lazy("tuneforge.security.crypto")
-secret_service = Lazy("tuneforge.services.secrets")
+secret_service = Lazy("tuneforge.services.tenancy.secrets")
 
 secrets_app = typer.Typer(help="Your secrets (set, list, delete; over the API) and the operator's keys that seal them "
                                "at rest (new-key, rotate).",

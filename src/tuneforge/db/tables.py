@@ -67,7 +67,7 @@ class Tenant(Base):
     tier: Mapped[str] = mapped_column(String(16), default="standard")
     pii_policy: Mapped[str] = mapped_column(String(16), default="warn", server_default="warn")
     created_at: Mapped[int] = mapped_column(BigInteger)
-    # Quota overrides (services/quotas.py): NULL takes the tier's default, -1 means no limit.
+    # Quota overrides (services/tenancy/quotas.py): NULL takes the tier's default, -1 means no limit.
     max_concurrent_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     gpu_hours_hard: Mapped[float | None] = mapped_column(Float, nullable=True)  # per calendar month, UTC
@@ -186,7 +186,7 @@ class Job(Base):
     started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     estimated_finish: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    # hash of everything that determines the trained weights (services/lineage.py): duplicates are pointed out
+    # hash of everything that determines the trained weights (registry/lineage.py): duplicates are pointed out
     config_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     eval_results: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # with the gate report
     # a job that continues a fine-tuned model or checkpoint (registry/parents.py): model, job_id, step and
@@ -298,7 +298,7 @@ class ModelStageChange(Base):
 
 
 class WebhookEndpoint(Base):
-    """Where a tenant wants job outcomes POSTed (services/webhooks.py). A deleted endpoint keeps
+    """Where a tenant wants job outcomes POSTed (services/webhooks/subscriptions.py). A deleted endpoint keeps
     its row (disabled_at set) so its deliveries stay readable and their foreign key valid."""
 
     __tablename__ = "webhook_endpoints"
@@ -317,7 +317,7 @@ class WebhookEndpoint(Base):
 
 class WebhookDelivery(Base):
     """The outbox: one row per (event, endpoint), written in the transaction that changed the
-    job and sent later by services/webhook_delivery.py."""
+    job and sent later by services/webhooks/delivery.py."""
 
     __tablename__ = "webhook_deliveries"
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -344,7 +344,7 @@ class WebhookDelivery(Base):
 class TenantSecret(Base):
     """A credential a tenant stores for the platform to use on its behalf (e.g. the API key of
     its LLM judge), referenced by name from job configs. The value is sealed
-    (security/crypto.py) and never shown again (services/secrets.py)."""
+    (security/crypto.py) and never shown again (services/tenancy/secrets.py)."""
 
     __tablename__ = "tenant_secrets"
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -358,7 +358,7 @@ class TenantSecret(Base):
 
 
 class Route(Base):
-    """A tenant's A/B route (services/routes.py): a name that requests use as `model: "route:NAME"`,
+    """A tenant's A/B route (services/serving/routes.py): a name that requests use as `model: "route:NAME"`,
     and the versions (fine-tuned or base models) it splits traffic between, by integer weight."""
 
     __tablename__ = "routes"
@@ -395,7 +395,7 @@ class RouteRequest(Base):
 
 
 class Sweep(Base):
-    """A hyperparameter sweep (services/sweeps.py): a base job body, a search space, a sampler,
+    """A hyperparameter sweep (services/training/sweeps.py): a base job body, a search space, a sampler,
     an objective and early stopping; its trials are ordinary jobs."""
 
     __tablename__ = "sweeps"

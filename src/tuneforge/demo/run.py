@@ -24,9 +24,9 @@ from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, DEMO_QUESTIO
 from tuneforge.demo.evaluate import ask_code, load_finetuned, mapping_accuracy
 from tuneforge.demo.tiny_model import build_tiny_model
 from tuneforge.server import ControlPlane
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import tenants as tenant_service
-from tuneforge.services.artifacts import extract
+from tuneforge.services.serving import base_models as base_model_service
+from tuneforge.services.tenancy import tenants as tenant_service
+from tuneforge.services.training.artifacts import extract
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 

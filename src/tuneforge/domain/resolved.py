@@ -2,7 +2,7 @@
 replaced by a value, the prepared dataset, the resources, the cost estimate and the
 checkpoint, divergence and eval policies.
 
-It is written once, when the job is validated (services/validation.py), kept on the
+It is written once, when the job is validated (services/training/validation.py), kept on the
 job row through one codec (`ResolvedJob.to_json` / `ResolvedJob.from_json`, which
 db/tables.py applies to the `jobs.resolved` column) and read by attribute everywhere
 else. Every type here is frozen: a change, such as a smaller micro-batch after the
@@ -83,7 +83,7 @@ class ResolvedData:
 
 @dataclass(frozen=True)
 class Estimate:
-    """The job's cost before it runs (services/estimates.py); the field order is the API's."""
+    """The job's cost before it runs (services/training/estimates.py); the field order is the API's."""
 
     training_tokens: int = 0
     """Tokens trained on over every epoch."""
@@ -135,7 +135,7 @@ class ResolvedGate:
 
 @dataclass(frozen=True)
 class ResolvedEval:
-    """Post-training evaluation with the platform's defaults filled in (services/evaluation.py).
+    """Post-training evaluation with the platform's defaults filled in (services/training/evaluation.py).
     The trainer gets it in its spec (`JobSpec.eval`); the gates are checked
     by the control plane."""
 

@@ -1,6 +1,6 @@
 """Job statuses and the allowed transitions between them.
 
-The table is pure data; `tuneforge.services.transitions` is the one module
+The table is pure data; `tuneforge.services.training.transitions` is the one module
 that writes a job's status and checks every change against it.
 """
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuneforge import methods
 from tuneforge.domain.errors import invalid
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -322,8 +323,6 @@ def _harder(hyperparameters: Mapping[str, Any]) -> list[str]:
 
 def _pulls_to_reference(hyperparameters: Mapping[str, Any]) -> bool:
     """Whether the job's method has a beta that keeps the policy near the reference model (DPO, KTO)."""
-    from tuneforge import methods
-
     name = hyperparameters.get("method")
     return name in methods.names() and methods.get(str(name)).beta_pulls_to_reference
 

@@ -101,7 +101,7 @@ class ChatEndpoint:
 def parse_endpoint(raw: Mapping[str, Any], param: str, kind: str) -> ChatEndpoint:
     """The endpoint options of a judge or guard config (`param` names the object, e.g.
     eval.metrics[0]); a bad one raises the API error naming its field. The URL's egress check
-    is the caller's (services/evaluation.py), since it needs the platform's policy."""
+    is the caller's (services/training/evaluation.py), since it needs the platform's policy."""
     endpoint, name = raw.get("endpoint"), raw.get("endpoint_name")
     if "api_key_env" in raw:
         raise invalid(f"{param}.api_key_env is not supported: store the key as a secret (POST /v1/secrets) "

@@ -2,7 +2,7 @@
 
 Pure Python (no torch), for the control plane: to size a job's GPU request
 (`gpus_needed`) and to pick the "auto" micro-batch (`choose_micro_batch`) long
-before any trainer runs (`services/planning.py`; docs/memory.md). The model of
+before any trainer runs (`services/training/planning.py`; docs/memory.md). The model of
 memory is written out in `estimate` and in docs/memory.md, which also compares
 it with peak memory measured on a CPU (tests/unit/train/test_memory_estimate.py). The model's
 sizes come from `planning/model_shape.py`.

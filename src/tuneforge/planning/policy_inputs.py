@@ -1,6 +1,6 @@
 """What the scheduling policy decides on: its configuration, the queued and
 running jobs, the nodes and their free GPUs. Plain data; the scheduler loop
-builds it from rows and the executor's inventory (`services/cluster_state.py`)."""
+builds it from rows and the executor's inventory (`services/training/cluster_state.py`)."""
 
 from __future__ import annotations
 

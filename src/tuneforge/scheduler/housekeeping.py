@@ -15,12 +15,12 @@ from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.executors.protocol import Executor
 from tuneforge.registry import models as registry
 from tuneforge.serve import vllm
-from tuneforge.services import artifacts
-from tuneforge.services import files as file_service
-from tuneforge.services import routes as route_service
-from tuneforge.services import uploads as upload_service
 from tuneforge.services.context import Platform
-from tuneforge.services.leftovers import LeftoverSweeper
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.datasets import uploads as upload_service
+from tuneforge.services.datasets.leftovers import LeftoverSweeper
+from tuneforge.services.serving import routes as route_service
+from tuneforge.services.training import artifacts
 
 log = logging.getLogger("tuneforge.scheduler")
 
@@ -119,7 +119,7 @@ def expire_uploads_and_files(platform: Platform) -> None:
 
 
 def discard_failed_jobs_weights(platform: Platform) -> None:
-    """Checkpoints and artifacts of failed jobs: not offered, so not kept (services/artifacts.py).
+    """Checkpoints and artifacts of failed jobs: not offered, so not kept (services/training/artifacts.py).
     A job counts once it has been failed for the release window, so its trainer is gone."""
     with platform.db.session() as session:
         cleared = artifacts.discard_failed(session, platform.store, time.time(),
@@ -130,7 +130,7 @@ def discard_failed_jobs_weights(platform: Platform) -> None:
 
 def sweep_leftover_files(platform: Platform, sweeper: LeftoverSweeper) -> None:
     """File objects no row owns (an upload's worker died between writing and committing),
-    deleted once orphaned for the sweeper's grace period (services/leftovers.py)."""
+    deleted once orphaned for the sweeper's grace period (services/datasets/leftovers.py)."""
     with platform.db.session() as session:
         removed = sweeper.sweep(session, platform.store, time.time())
     if removed:

@@ -30,13 +30,14 @@ from tuneforge.planning.pools import PoolSetup
 from tuneforge.scheduler.housekeeping import Housekeeping, platform_duties
 from tuneforge.scheduler.leader import LeaderLock
 from tuneforge.scheduler.spec_builder import build_spec
-from tuneforge.services import artifacts, quotas, usage
-from tuneforge.services import sweeps as sweep_service
-from tuneforge.services.cluster_state import ClusterState, placement_spans, read_state
 from tuneforge.services.context import Platform
-from tuneforge.services.reports import token_hash
-from tuneforge.services.transitions import transition
-from tuneforge.services.validation import validate_job
+from tuneforge.services.tenancy import quotas, usage
+from tuneforge.services.training import artifacts
+from tuneforge.services.training import sweeps as sweep_service
+from tuneforge.services.training.cluster_state import ClusterState, placement_spans, read_state
+from tuneforge.services.training.reports import token_hash
+from tuneforge.services.training.transitions import transition
+from tuneforge.services.training.validation import validate_job
 
 log = logging.getLogger("tuneforge.scheduler")
 

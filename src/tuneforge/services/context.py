@@ -11,15 +11,15 @@ from tuneforge.executors.local import local_inventory
 from tuneforge.executors.protocol import Capacity
 from tuneforge.security.crypto import Sealer, sealer_for
 from tuneforge.security.env import private_dirs
-from tuneforge.services.api_keys import KeyCache
 from tuneforge.services.stream_slots import StreamSlots
+from tuneforge.services.tenancy.api_keys import KeyCache
 from tuneforge.settings import Settings
 from tuneforge.storage.store import FsspecStore, open_store
 
 if TYPE_CHECKING:
     from tuneforge.serve.engine import InferenceEngine
     from tuneforge.serve.vllm import VllmHandoff
-    from tuneforge.services.queue_view import QueueEntry
+    from tuneforge.services.training.queue_view import QueueEntry
 
 _engine_lock = threading.Lock()
 

@@ -271,7 +271,7 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
     @field_validator("egress_allow")
     @classmethod
     def _readable_allow_list(cls, value: str) -> str:
-        from tuneforge.security.egress import EgressPolicy
+        from tuneforge.security.egress import EgressPolicy  # loaded only when the setting is given
 
         EgressPolicy.parse(value)  # a bad entry stops the process at start, naming the entry
         return value
@@ -300,7 +300,7 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
     @field_validator("rate_limit_storage")
     @classmethod
     def _known_rate_limit_storage(cls, value: str | None) -> str | None:
-        from tuneforge.db.ratelimit_storage import check_storage_uri
+        from tuneforge.db.ratelimit_storage import check_storage_uri  # `limits` loads only when it is given
 
         if value is not None:
             check_storage_uri(value)  # a scheme nothing stores counters under stops the process at start

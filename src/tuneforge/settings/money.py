@@ -1,6 +1,6 @@
 """Settings of what a tenant may store and how often it may ask for estimates: the storage
 quotas by tier and the estimate bounds. Part of `tuneforge.settings.Settings` (read from
-`TUNEFORGE_*` like the rest); `services/quotas.py` applies them."""
+`TUNEFORGE_*` like the rest); `services/tenancy/quotas.py` applies them."""
 
 from __future__ import annotations
 

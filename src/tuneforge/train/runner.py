@@ -19,7 +19,7 @@ the tenant and a correlation id; the traceback goes to this process's log
 
 A refused report is deterministic: sent again it would be refused again. So it
 ends the attempt once, and the job fails without a retry (billed like a user
-error: `services/usage.py`); the message names the report and the reason, and
+error: `services/tenancy/usage.py`); the message names the report and the reason, and
 the control plane logged the same refusal under its own error id.
 """
 

@@ -11,8 +11,8 @@ from tests.helpers.platform import add_tenant, make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError
-from tuneforge.services import api_keys
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.tenancy import api_keys
+from tuneforge.services.tenancy import tenants as tenant_service
 
 ADMIN = {"Authorization": "Bearer s3cret-admin"}
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from tests.helpers.platform import fake_model_dir
-from tuneforge.services.base_models import model_sha256
+from tuneforge.services.serving.base_models import model_sha256
 
 
 def test_model_sha_is_stable_and_tracks_weights_config_and_tokenizer(tmp_path):

@@ -155,7 +155,7 @@ def test_pii_reject_policy_fails_with_the_line(env):
 
 def test_uploads_overlapping_a_platform_eval_set_are_flagged(env, tmp_path):
     platform, http, sdk, auth, _other, _ = env
-    from tuneforge.services import eval_sets
+    from tuneforge.services.training import eval_sets
 
     eval_item = ("Describe the procedure for calibrating the optical sensor array before the first measurement "
                  "run of the season, including the reference target and the tolerance that must be reached.")

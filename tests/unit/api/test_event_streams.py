@@ -25,7 +25,7 @@ from tuneforge.db.repos import jobs as job_repo
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.status import JobStatus
 from tuneforge.server import ControlPlane
-from tuneforge.services.transitions import transition
+from tuneforge.services.training.transitions import transition
 from tuneforge.settings import Settings
 
 WAIT_S = 30.0  # generous: every wait ends as soon as what it waits for arrives

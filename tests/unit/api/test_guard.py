@@ -18,7 +18,7 @@ from tests.unit.api.test_usage import add_job
 from tuneforge.api.app import create_app
 from tuneforge.api.limits import MAX_INLINE_JSON_BYTES, MAX_JSON_VALUES
 from tuneforge.db.tables import Attempt, Job
-from tuneforge.services.reports import token_hash
+from tuneforge.services.training.reports import token_hash
 
 ADMIN_KEY = "admin-secret-for-tests"
 DEEP = b"[" * 100_000 + b"]" * 100_000

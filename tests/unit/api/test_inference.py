@@ -23,9 +23,9 @@ from tuneforge.db.tables import FineTunedModel, Job
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.serve.constrained import INVALID, json_prefix
 from tuneforge.server import ControlPlane
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
+from tuneforge.services.serving import base_models as base_model_service
+from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 

@@ -10,7 +10,7 @@ import logging
 from tests.unit.scheduler.test_loop import attempt_of, setup  # noqa: F401 - the fixture
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.executors.protocol import PollResult
-from tuneforge.services.usage import is_refunded
+from tuneforge.services.tenancy.usage import is_refunded
 
 MODEL_TEXT = "ok\x00\x07\x1b[2J\x85\ud800 end"
 SAFE_MODEL_TEXT = "ok\\u0000\\u0007\\u001b[2J\\u0085\ufffd end"
@@ -54,7 +54,7 @@ def test_eval_samples_and_events_with_model_bytes_are_stored_and_shown_safely(se
 def test_a_refused_report_is_logged_with_an_id_and_fails_the_job_once_without_a_retry(setup, caplog):  # noqa: F811
     platform, http, scheduler, executor, _create, job, _auth = setup
     job_id, spec = _started(setup)
-    with caplog.at_level(logging.WARNING, logger="tuneforge.services.reports"):
+    with caplog.at_level(logging.WARNING, logger="tuneforge.services.training.reports"):
         refused = _post(http, spec, "result", {"seq": 1, "adapter_prefix": "bad\x00prefix"})
     assert refused.status_code == 400
     error = refused.json()["error"]
@@ -97,7 +97,7 @@ def test_exit_15_without_a_failure_report_still_fails_the_job_at_once(setup):  #
 def test_a_report_without_a_valid_token_is_refused_before_its_body_is_parsed(setup, caplog):  # noqa: F811
     _platform, http, _scheduler, _executor, _create, _job, _auth = setup
     job_id, spec = _started(setup)
-    with caplog.at_level(logging.WARNING, logger="tuneforge.services.reports"):
+    with caplog.at_level(logging.WARNING, logger="tuneforge.services.training.reports"):
         forged = http.post(f"/internal/v1/jobs/{job_id}/result", json={"attempt": 1, "adapter_prefix": "x\x01"},
                            headers={"Authorization": "Bearer not-the-token"})
         no_attempt = http.post(f"/internal/v1/jobs/{job_id}/result", json={"adapter_prefix": "x"},

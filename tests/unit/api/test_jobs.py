@@ -172,7 +172,7 @@ def test_gpu_requests_and_micro_batches_come_from_the_memory_model():
     from tuneforge.domain.errors import ApiError
     from tuneforge.domain.job_config import JobRequest
     from tuneforge.planning import memory
-    from tuneforge.services.planning import resolve_resources
+    from tuneforge.services.training.planning import resolve_resources
     from tuneforge.settings import Settings
 
     llama_8b = memory.ModelShape.from_config({

@@ -13,9 +13,9 @@ from tests.helpers.platform import add_tenant, make_platform
 from tuneforge.api import keys as key_lookups
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import ApiError
-from tuneforge.services import api_keys
-from tuneforge.services import tenants as tenant_service
-from tuneforge.services.api_keys import KeyCache
+from tuneforge.services.tenancy import api_keys
+from tuneforge.services.tenancy import tenants as tenant_service
+from tuneforge.services.tenancy.api_keys import KeyCache
 
 LOOKUP_S = 0.05
 

@@ -20,9 +20,9 @@ from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
-from tuneforge.services import jobs as job_service
-from tuneforge.services import queue as queue_service
 from tuneforge.services.context import Platform
+from tuneforge.services.training import jobs as job_service
+from tuneforge.services.training import queue as queue_service
 
 
 @dataclass

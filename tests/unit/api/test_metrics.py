@@ -16,7 +16,7 @@ from tuneforge.api.app import create_app
 from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.executors.protocol import Capacity, NodeCapacity
-from tuneforge.services import usage
+from tuneforge.services.tenancy import usage
 
 
 def scrape(http) -> tuple[dict, dict]:  # noqa: ANN001

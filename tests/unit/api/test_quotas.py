@@ -17,8 +17,8 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.vocab import TIERS
-from tuneforge.services import quotas, usage
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.tenancy import quotas, usage
+from tuneforge.services.tenancy import tenants as tenant_service
 
 HOUR = 3600.0
 

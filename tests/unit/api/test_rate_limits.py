@@ -31,9 +31,9 @@ from tuneforge.api.ratelimits import (
 from tuneforge.api.routes import admin, files, inference, internal, jobs, metrics, models, secrets, usage, webhooks
 from tuneforge.db.ratelimit_storage import SqlStorage
 from tuneforge.server import ControlPlane
-from tuneforge.services import files as file_service
-from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.settings import Settings
 
 ADMIN_KEY = "admin-key-for-rate-limit-tests"

@@ -21,9 +21,9 @@ from tests.unit.api.test_inference import BASE, MESSAGES, _expected_chat_text
 from tuneforge.api.app import create_app
 from tuneforge.db.tables import FineTunedModel
 from tuneforge.serve import routing
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import routes as route_service
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.serving import base_models as base_model_service
+from tuneforge.services.serving import routes as route_service
+from tuneforge.services.tenancy import tenants as tenant_service
 
 
 @dataclass

@@ -11,9 +11,9 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.services import tenants as tenant_service
-from tuneforge.services import usage
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy import tenants as tenant_service
+from tuneforge.services.tenancy import usage
 
 MARCH = "2025-03"
 M0, M1 = usage.month_bounds(MARCH)  # 2025-03-01T00:00Z, 2025-04-01T00:00Z

@@ -19,8 +19,8 @@ from tests.helpers.registry import add_adapter_model
 from tests.unit.api.test_routes import Fleet, users_of_each_version, version_dirs  # noqa: F401 - fixture
 from tuneforge.api.app import create_app
 from tuneforge.serve import vllm
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.serving import base_models as base_model_service
+from tuneforge.services.tenancy import tenants as tenant_service
 
 BASE = "tiny-chat"
 API_KEY = "vllm-secret"

@@ -15,7 +15,7 @@ from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.security.egress import EgressPolicy
-from tuneforge.services.transitions import transition
+from tuneforge.services.training.transitions import transition
 
 ALL_EVENTS = ["fine_tuning.job.succeeded", "fine_tuning.job.failed", "fine_tuning.job.cancelled"]
 

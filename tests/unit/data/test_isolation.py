@@ -10,7 +10,7 @@ import pytest
 
 from tuneforge.data import isolation
 from tuneforge.data.pipeline import CheckOptions
-from tuneforge.services import datasets
+from tuneforge.services.datasets import checks as datasets
 
 
 def test_the_answer_comes_from_another_process_and_the_worker_is_reused() -> None:

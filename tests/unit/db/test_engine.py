@@ -5,7 +5,7 @@ import pytest
 from tests.helpers.platform import make_platform
 from tuneforge.db.engine import savepoint
 from tuneforge.db.tables import Tenant
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.tenancy import tenants as tenant_service
 
 
 def _names(platform) -> list[str]:

@@ -20,7 +20,7 @@ from tuneforge.domain.resolved import (
 from tuneforge.domain.spec import CheckpointPolicy, Hyperparameters, LoraConfig
 
 # `jobs.resolved` of a supervised job with most extensions set, as the code before the typed
-# configuration wrote it (services/validation.py, run through the API and the scheduler)
+# configuration wrote it (services/training/validation.py, run through the API and the scheduler)
 ROW_BEFORE_TYPES = {
     "checkpoint": {"every_minutes": 5.0, "every_steps": 7, "keep_last": 3, "keep_on_cancel": True},
     "data": {"contamination_threshold": 0.5, "dataset_id": "ds-0123abcd", "format": None,

@@ -159,7 +159,7 @@ def test_resources_nodes_must_divide_the_gpus(world):
 
 def test_the_scheduler_starts_at_most_max_concurrent_jobs_of_a_tenant_and_does_not_hold_at_the_hard_cap(world):
     platform, scheduler, _executor, create, get = world
-    from tuneforge.services import tenants as tenant_service
+    from tuneforge.services.tenancy import tenants as tenant_service
 
     free = [create("free", 1), create("free", 1)]  # free tier: one job at a time
     standard = create("standard", 1)

@@ -1,4 +1,4 @@
-"""Partial artifacts follow the job's status (services/artifacts.py, registry/parents.py): a failed
+"""Partial artifacts follow the job's status (services/training/artifacts.py, registry/parents.py): a failed
 job's checkpoints are not listed, downloaded, continued from or chatted with, and its weights are
 removed from the store once its trainer is surely done; a running or succeeded job's are offered."""
 
@@ -16,7 +16,7 @@ from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Checkpoint, Job
 from tuneforge.registry import parents
-from tuneforge.services import artifacts
+from tuneforge.services.training import artifacts
 from tuneforge.storage import layout
 
 STEP = 10

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from tuneforge.services import datasets
+from tuneforge.services.datasets import checks as datasets
 from tuneforge.storage.store import open_store
 
 

@@ -1,5 +1,5 @@
 """`evals` files are checked at upload (400 naming the line; a bounded count and size), and one
-stored before these checks never makes the tenant's later uploads fail (services/eval_sets.py)."""
+stored before these checks never makes the tenant's later uploads fail (services/training/eval_sets.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.helpers.platform import add_tenant, chat_lines, make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import FileRow
-from tuneforge.services import eval_sets
+from tuneforge.services.training import eval_sets
 from tuneforge.storage import layout
 
 GOOD = (json.dumps({"prompt": "2+2=", "completion": "4"}) + "\n"

@@ -1,4 +1,4 @@
-"""Every transition that adds a waiting job is admitted like a create (services/jobs.py): resume
+"""Every transition that adds a waiting job is admitted like a create (services/training/jobs.py): resume
 of a paused job under the queue cap and the month's GPU-hours; estimates cached by content and
 bounded per tenant, leaving nothing in the store."""
 
@@ -14,8 +14,8 @@ from tests.helpers.platform import add_base_model, add_tenant, chat_lines, make_
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
-from tuneforge.services import estimates
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.tenancy import tenants as tenant_service
+from tuneforge.services.training import estimates
 from tuneforge.storage import layout
 
 
@@ -117,7 +117,7 @@ def test_estimate_passes_are_limited_per_tenant_with_retry_after(world):
 def test_a_bad_body_s_answer_is_cached_too(world, monkeypatch):
     """A body the data pass refuses is as costly to refuse again: its 400 is cached like figures."""
     from tuneforge.domain.errors import invalid
-    from tuneforge.services import jobs as job_service
+    from tuneforge.services.training import jobs as job_service
 
     _platform, http, headers = world
     calls = []

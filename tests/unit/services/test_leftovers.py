@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tests.helpers.platform import add_tenant, make_platform
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.services import files as file_service
-from tuneforge.services.leftovers import LeftoverSweeper, stored_file_ids
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.datasets.leftovers import LeftoverSweeper, stored_file_ids
 from tuneforge.storage import layout
 
 GRACE_S = 3600.0

@@ -7,8 +7,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-from tuneforge.services import queue as queue_service
 from tuneforge.services.context import QueueMemo
+from tuneforge.services.training import queue as queue_service
 
 
 def _platform() -> SimpleNamespace:

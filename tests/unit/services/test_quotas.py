@@ -7,9 +7,9 @@ import pytest
 
 from tests.helpers.platform import add_tenant, make_platform
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.services import quotas
-from tuneforge.services import tenants as tenant_service
-from tuneforge.services.quotas import Limits, Refusal, Standing, refusal
+from tuneforge.services.tenancy import quotas
+from tuneforge.services.tenancy import tenants as tenant_service
+from tuneforge.services.tenancy.quotas import Limits, Refusal, Standing, refusal
 
 FREE = quotas.TIER_DEFAULTS["free"]  # 1 running, 3 waiting, 10 GPU-h hard, 5 soft
 NO_LIMITS = Limits(None, None, None, None)

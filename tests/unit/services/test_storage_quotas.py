@@ -1,4 +1,4 @@
-"""Storage quotas by tier (services/quotas.py, settings `storage_quotas`): files' bytes (403), one
+"""Storage quotas by tier (services/tenancy/quotas.py, settings `storage_quotas`): files' bytes (403), one
 object larger than the whole quota (413), pending uploads and their declared bytes (429 with
 Retry-After), artifacts' bytes at job create and resume (403)."""
 
@@ -15,7 +15,7 @@ from tests.helpers.platform import add_base_model, add_tenant, chat_lines, fake_
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import FileRow, UploadRow
-from tuneforge.services import quotas
+from tuneforge.services.tenancy import quotas
 from tuneforge.settings import Settings
 from tuneforge.settings.money import DEFAULT_STORAGE_QUOTAS
 from tuneforge.storage import layout

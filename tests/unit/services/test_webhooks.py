@@ -24,10 +24,10 @@ from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.security.egress import EgressPolicy
-from tuneforge.services import webhooks
 from tuneforge.services.context import Platform
-from tuneforge.services.transitions import transition
-from tuneforge.services.webhook_delivery import Dispatcher, backoff_s
+from tuneforge.services.training.transitions import transition
+from tuneforge.services.webhooks import subscriptions as webhooks
+from tuneforge.services.webhooks.delivery import Dispatcher, backoff_s
 from tuneforge.settings import Settings
 
 # ---- a receiver ------------------------------------------------------------------

@@ -26,10 +26,10 @@ from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.domain.errors import not_found
 from tuneforge.registry import models as registry
 from tuneforge.serve.vllm import serving_changed
-from tuneforge.services import queue as queue_service
-from tuneforge.services import quotas, usage
-from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy import quotas, usage
+from tuneforge.services.tenancy import tenants as tenant_service
+from tuneforge.services.training import queue as queue_service
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=ObjectRoute)
 

@@ -15,9 +15,11 @@ from tuneforge.api.schemas.files import FileDeleted, FileList, FileObject, FileP
 from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid
-from tuneforge.services import datasets, eval_sets, previews
-from tuneforge.services import files as file_service
 from tuneforge.services.context import Platform
+from tuneforge.services.datasets import checks as datasets
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.datasets import previews
+from tuneforge.services.training import eval_sets
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=ObjectRoute)
 

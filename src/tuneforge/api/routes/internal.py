@@ -12,8 +12,8 @@ from tuneforge.api.schemas.internal import AttemptCredentials, ReportAnswer
 from tuneforge.db import Session
 from tuneforge.domain import reports as domain_reports
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.services import reports
 from tuneforge.services.context import Platform
+from tuneforge.services.training import reports
 
 # answers that tell the trainer its attempt is over (stale or unknown token), not that a report was refused
 FENCING_STATUSES = (401, 409)

@@ -35,9 +35,11 @@ from tuneforge.api.schemas.jobs import (
 from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.services import artifacts, datasets, event_streams, job_export, usage
-from tuneforge.services import jobs as job_service
 from tuneforge.services.context import Platform
+from tuneforge.services.datasets import checks as datasets
+from tuneforge.services.tenancy import usage
+from tuneforge.services.training import artifacts, event_streams, job_export
+from tuneforge.services.training import jobs as job_service
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"], route_class=ObjectRoute)
 together_router = APIRouter(prefix="/v1/fine-tunes", tags=["fine-tuning"], route_class=ObjectRoute)

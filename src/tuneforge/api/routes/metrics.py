@@ -16,8 +16,8 @@ from tuneforge import prometheus
 from tuneforge.api import deps
 from tuneforge.db import Session
 from tuneforge.domain.vocab import TIERS
-from tuneforge.services import usage
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy import usage
 
 router = APIRouter(tags=["metrics"])
 

@@ -26,8 +26,8 @@ from tuneforge.domain.errors import ApiError
 from tuneforge.registry import models as registry
 from tuneforge.registry import parents
 from tuneforge.serve.vllm import serving_changed
-from tuneforge.services import base_models as base_model_service
 from tuneforge.services.context import Platform
+from tuneforge.services.serving import base_models as base_model_service
 
 router = APIRouter(prefix="/v1/models", tags=["models"], route_class=ObjectRoute)
 

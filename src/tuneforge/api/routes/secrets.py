@@ -17,8 +17,8 @@ from tuneforge.api.schemas.base import ObjectRoute
 from tuneforge.api.schemas.secrets import Secret, SecretDeleted, SecretList
 from tuneforge.db import Session
 from tuneforge.db.tables import Tenant, TenantSecret
-from tuneforge.services import secrets as secret_service
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy import secrets as secret_service
 
 router = APIRouter(prefix="/v1/secrets", tags=["secrets"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)

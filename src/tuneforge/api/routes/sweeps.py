@@ -1,4 +1,4 @@
-"""/v1/fine_tuning/sweeps — hyperparameter sweeps (an extension; services/sweeps.py).
+"""/v1/fine_tuning/sweeps — hyperparameter sweeps (an extension; services/training/sweeps.py).
 
 A sweep runs trials of one job body over a search space, as ordinary jobs of the tenant,
 stops weak trials early (ASHA) and reports the best; `POST .../promote` moves the best
@@ -21,9 +21,9 @@ from tuneforge.api.schemas.sweeps import Sweep, SweepList
 from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.serve.vllm import serving_changed
-from tuneforge.services import sweeps as sweep_service
 from tuneforge.services.context import Platform
-from tuneforge.services.sweeps import SweepView, TrialView
+from tuneforge.services.training import sweeps as sweep_service
+from tuneforge.services.training.sweeps import SweepView, TrialView
 
 router = APIRouter(prefix="/v1/fine_tuning/sweeps", tags=["sweeps"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)

@@ -1,4 +1,4 @@
-"""/v1/routes — A/B routes between model versions (an extension; services/routes.py).
+"""/v1/routes — A/B routes between model versions (an extension; services/serving/routes.py).
 
 A route is used as `model: "route:NAME"` in chat and completion requests. Its
 versions split the traffic by weight; a request's `user` keeps one user on one
@@ -25,8 +25,8 @@ from tuneforge.api.schemas.traffic import RouteFeedback as RouteFeedbackObject
 from tuneforge.db import Session
 from tuneforge.db.tables import Route, Tenant
 from tuneforge.serve.vllm import serving_changed
-from tuneforge.services import routes as route_service
 from tuneforge.services.context import Platform
+from tuneforge.services.serving import routes as route_service
 
 router = APIRouter(prefix="/v1/routes", tags=["routes"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)

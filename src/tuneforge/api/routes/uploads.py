@@ -20,10 +20,10 @@ from tuneforge.api.schemas.uploads import Upload, UploadPart, UploadPartList
 from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid
-from tuneforge.services import eval_sets
-from tuneforge.services import files as file_service
-from tuneforge.services import uploads as upload_service
 from tuneforge.services.context import Platform
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.datasets import uploads as upload_service
+from tuneforge.services.training import eval_sets
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"], route_class=ObjectRoute)
 

@@ -12,8 +12,8 @@ from tuneforge.api.schemas.base import ObjectRoute
 from tuneforge.api.schemas.usage import UsageReport
 from tuneforge.db import Session
 from tuneforge.db.tables import Tenant
-from tuneforge.services import quotas, usage
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy import quotas, usage
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"], route_class=ObjectRoute)
 

@@ -25,9 +25,9 @@ from tuneforge.db import Session
 from tuneforge.db.tables import Tenant, WebhookDelivery, WebhookEndpoint
 from tuneforge.security import egress
 from tuneforge.security.egress import EgressPolicy
-from tuneforge.services import webhook_delivery
-from tuneforge.services import webhooks as webhook_service
 from tuneforge.services.context import Platform
+from tuneforge.services.webhooks import delivery as webhook_delivery
+from tuneforge.services.webhooks import subscriptions as webhook_service
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], route_class=ObjectRoute)
 TENANT = Depends(deps.tenant)

@@ -64,7 +64,7 @@ def _in_pk_order(session: Session, job: Job) -> None:
 
 
 # The newest event's key, of every tenant's jobs (platform-wide on purpose): every state change of
-# every job writes an event, so it tells whether the queue may have changed (services/queue.py).
+# every job writes an event, so it tells whether the queue may have changed (services/training/queue.py).
 NEWEST_EVENT = select(func.max(JobEvent.pk))
 
 

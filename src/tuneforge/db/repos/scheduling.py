@@ -1,4 +1,4 @@
-"""What the scheduler reads of the cluster's jobs, attempts and checkpoints (services/cluster_state.py).
+"""What the scheduler reads of the cluster's jobs, attempts and checkpoints (services/training/cluster_state.py).
 
 Every read here is platform-wide on purpose: the scheduler places every tenant's jobs on one
 inventory, so it reads every tenant's rows, and each row it acts on names its job's tenant."""

@@ -1,4 +1,4 @@
-"""Tenants' named secrets (sealed values; services/secrets.py seals and opens them)."""
+"""Tenants' named secrets (sealed values; services/tenancy/secrets.py seals and opens them)."""
 
 from __future__ import annotations
 

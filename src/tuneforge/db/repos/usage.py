@@ -1,4 +1,4 @@
-"""The reads metering and the platform's gauges are computed from (services/usage.py does the sums).
+"""The reads metering and the platform's gauges are computed from (services/tenancy/usage.py does the sums).
 
 A tenant's GPU time is read with its `tenant_id`; the platform-wide reads (every tenant's attempts
 for fair share and the admin's usage, the queue and GPU gauges of /metrics) say so where they are."""

@@ -18,11 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from tuneforge.methods.dpo import DpoOptions
+from tuneforge.train.pairs import PairObjective
 
 
 def build(options: DpoOptions) -> Any:
-    from tuneforge.train.pairs import PairObjective
-
     beta = options.beta
 
     def loss(logps: Any, reference: Any) -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.methods.kto import KtoOptions
+from tuneforge.train import pairs
 from tuneforge.train.objective import Scores
 
 # --- objective --------------------------------------------------------------------------
@@ -50,8 +51,6 @@ class KtoExample:
 
 def load_completions(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *,
                      label: str) -> list[KtoExample]:
-    from tuneforge.train import pairs
-
     records = list(pairs.read_records(store, ref, label=label))
     if not records:
         raise BadDataError("empty_file", f"the {label} file has no examples")
@@ -88,8 +87,6 @@ class KtoObjective:
         return load_completions(store, ref, tokenizer, hp, label=label)
 
     def prepare(self, run: Any) -> None:
-        from tuneforge.train import pairs
-
         for examples in (run.train_set, run.valid_set):
             if examples:
                 split = examples[0].split
@@ -102,14 +99,10 @@ class KtoObjective:
         return len(examples)
 
     def chunks(self, examples: list[Any], hp: Hyperparameters) -> list[list[Any]]:
-        from tuneforge.train import pairs
-
         return pairs.example_chunks(examples, hp)
 
     def forward(self, run: Any, chunk: list[Any]) -> Scores:
         import torch
-
-        from tuneforge.train import pairs
 
         logps = pairs.sequence_logps(run.model, [example.completion for example in chunk], run)
         reference = self.reference[chunk[0].split][[example.index for example in chunk]]

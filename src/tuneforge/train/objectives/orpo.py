@@ -13,11 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from tuneforge.methods.orpo import OrpoOptions
+from tuneforge.train.pairs import PairObjective, log_odds
 
 
 def build(options: OrpoOptions) -> Any:
-    from tuneforge.train.pairs import PairObjective, log_odds
-
     beta = options.beta
 
     def loss(logps: Any, reference: Any) -> tuple[Any, Any]:

@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from tuneforge.methods.simpo import SimpoOptions
+from tuneforge.train.pairs import PairObjective
 
 
 def build(options: SimpoOptions) -> Any:
-    from tuneforge.train.pairs import PairObjective
-
     beta, gamma = options.beta, options.gamma
 
     def loss(logps: Any, reference: Any) -> tuple[Any, Any]:

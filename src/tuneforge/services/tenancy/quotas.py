@@ -34,7 +34,7 @@ it (they grow by trainers' writes, not by the requests that check them):
   oldest pending upload expires (completing or cancelling one cures it sooner).
 
 GPU-hours are billable hours (refunded attempts excluded, see
-`services/usage.py`) in the current calendar month, UTC. The hard cap is
+`services/tenancy/usage.py`) in the current calendar month, UTC. The hard cap is
 checked when a job is created: a job admitted under the cap runs to its end
 even if it crosses the cap; `hard_cap_reached` lets the scheduler hold queued
 jobs too if that is wanted.
@@ -58,7 +58,7 @@ from tuneforge.db.repos import uploads as upload_repo
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError, invalid, quota_exceeded, rate_limited
 from tuneforge.domain.status import JobStatus
-from tuneforge.services import usage
+from tuneforge.services.tenancy import usage
 from tuneforge.settings import Settings
 from tuneforge.settings.money import StorageQuota
 from tuneforge.storage import layout

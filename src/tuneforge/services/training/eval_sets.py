@@ -27,7 +27,7 @@ from tuneforge.data.contamination import MAX_SOURCES, ContaminationIndex
 from tuneforge.data.example import DataIssue
 from tuneforge.db.repos import files as file_repo
 from tuneforge.domain.errors import ApiError, invalid
-from tuneforge.services.datasets import local_copy
+from tuneforge.services.datasets.checks import local_copy
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 

@@ -32,8 +32,8 @@ import httpx
 from tuneforge import __version__
 from tuneforge.db.repos import webhooks as repo
 from tuneforge.security.egress import EgressDenied, EgressPolicy
-from tuneforge.services import webhooks
 from tuneforge.services.context import Platform
+from tuneforge.services.webhooks import subscriptions as webhooks
 from tuneforge.settings import Settings
 
 log = logging.getLogger("tuneforge.webhooks")

@@ -277,7 +277,7 @@ def _prepare_in_worker(store: ObjectStore, request: PrepareRequest, tokenizer: A
         deadline_s = PREPARE_DEADLINE_FACTOR * check_deadline_s(sum(_size_bytes(path) for path in sources))
         try:
             return isolation.call_isolated(
-                "tuneforge.services.datasets:prepare_files", (request, train_source, valid_source, train_path,
+                "tuneforge.services.datasets.checks:prepare_files", (request, train_source, valid_source, train_path,
                                                               valid_path), deadline_s,
                 tokenizer=tokenizer, contamination=contamination, min_examples=min_examples)
         except isolation.DeadlineExceeded:

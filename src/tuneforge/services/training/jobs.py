@@ -1,5 +1,5 @@
 """Fine-tuning jobs: create (with idempotency), read, list, cancel, pause, resume; a job's
-events (paged; followed live in services/event_streams.py), checkpoints and attempts."""
+events (paged; followed live in services/training/event_streams.py), checkpoints and attempts."""
 
 from __future__ import annotations
 
@@ -34,12 +34,14 @@ from tuneforge.domain.status import JobStatus
 from tuneforge.domain.vocab import TRAINING_TYPES
 from tuneforge.planning import hyperparams
 from tuneforge.registry import parents
-from tuneforge.services import artifacts, base_models, estimates, evaluation, integrations
 from tuneforge.services.context import Platform
-from tuneforge.services.datasets import DataCheckFailed
-from tuneforge.services.planning import check_strategy, plan_job
-from tuneforge.services.transitions import is_terminal, transition
-from tuneforge.services.validation import validate_job
+from tuneforge.services.datasets.checks import DataCheckFailed
+from tuneforge.services.serving import base_models
+from tuneforge.services.tenancy import quotas
+from tuneforge.services.training import artifacts, estimates, evaluation, integrations
+from tuneforge.services.training.planning import check_strategy, plan_job
+from tuneforge.services.training.transitions import is_terminal, transition
+from tuneforge.services.training.validation import validate_job
 from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
 
@@ -223,7 +225,7 @@ def _continued(session: Session, request: JobRequest, parent: parents.Parent) ->
 def estimate_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest) -> dict:
     """The figures a job with this body would get, without creating it (or any prepared data). The
     answer is cached by content and the data passes a tenant causes are bounded
-    (`services/estimates.py`: one at a time, `estimates_per_minute`; 429 beyond)."""
+    (`services/training/estimates.py`: one at a time, `estimates_per_minute`; 429 beyond)."""
     base, training, validation, request, _parent = _check_inputs(session, platform.settings, tenant, request,
                                                                  platform.store)
     settings = platform.settings
@@ -268,8 +270,6 @@ def _estimate_answer(session: Session, platform: Platform, tenant: Tenant, reque
 def together_price_fields(session: Session, tenant: Tenant, estimate: dict) -> dict:
     """Together's estimate-price answer, from an estimate: the price, whether the tenant's quota
     lets the job in now, and the GPU-hours left this month (null without a hard cap)."""
-    from tuneforge.services import quotas
-
     quota = quotas.limits(tenant)
     used = quotas.billable_gpu_hours(session, tenant, time.time()) if quota.gpu_hours_hard is not None else 0.0
     left = None if quota.gpu_hours_hard is None else max(0.0, quota.gpu_hours_hard - used)
@@ -330,8 +330,6 @@ def create_job(
         if existing is not None:
             return _replay(existing, body_hash), False
     base, _training, _validation, request, parent = _check_inputs(session, settings, tenant, request, store)
-    from tuneforge.services import quotas
-
     # the tenant's row stays locked until this request commits: creates racing each other are
     # counted one after the other, and none passes a limit another has just reached
     # artifacts grow by trainers' writes, not by creates: read before the lock, so that no other
@@ -449,8 +447,6 @@ def resume_job(session: Session, tenant_id: str, job_id: str, settings: Settings
     the month's GPU-hours, 403; with `settings` and `store`, the artifacts' storage quota, 403),
     counted under the tenant's row lock: pause, create and resume cannot hold more queued jobs
     than the cap."""
-    from tuneforge.services import quotas
-
     job = get_job(session, tenant_id, job_id)
     _require_paused(job)
     owner = tenant_repo.by_id(session, tenant_id)

@@ -27,8 +27,8 @@ from tuneforge.db.tables import JobEvent
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.status import TERMINAL, JobStatus
 from tuneforge.services.context import Platform
-from tuneforge.services.jobs import get_job
 from tuneforge.services.stream_slots import StreamSlot
+from tuneforge.services.training.jobs import get_job
 
 BATCH = 500  # events per look; a longer backlog is read in several
 

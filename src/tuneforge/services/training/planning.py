@@ -24,10 +24,10 @@ from tuneforge.domain.resolved import (
 )
 from tuneforge.domain.spec import CheckpointPolicy, Hyperparameters, LoraConfig
 from tuneforge.planning import hyperparams, memory
-from tuneforge.services import estimates, eval_sets
 from tuneforge.services.context import Platform
-from tuneforge.services.datasets import PreparedDataset, PrepareRequest, prepare_for_job
-from tuneforge.services.tokenizers import tokenizer_for
+from tuneforge.services.datasets.checks import PreparedDataset, PrepareRequest, prepare_for_job
+from tuneforge.services.datasets.tokenizers import tokenizer_for
+from tuneforge.services.training import estimates, eval_sets
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore

@@ -22,10 +22,10 @@ from tuneforge.data.structure import StructureReport, iter_examples
 from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_chat, tokenize_example
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.domain.errors import invalid
-from tuneforge.services import datasets
-from tuneforge.services import files as file_service
 from tuneforge.services.context import Platform
-from tuneforge.services.tokenizers import tokenizer_for
+from tuneforge.services.datasets import checks as datasets
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.datasets.tokenizers import tokenizer_for
 from tuneforge.storage import layout
 
 MAX_EXAMPLES = 10

@@ -2,7 +2,7 @@
 
 An outcome is written to the outbox (`webhook_deliveries`) in the same
 transaction as the status change, so an event exists exactly when the change
-does; `services/webhook_delivery.py` sends it later, outside that transaction,
+does; `services/webhooks/delivery.py` sends it later, outside that transaction,
 so a slow or dead receiver never holds up a job.
 
 Signatures follow Standard Webhooks, the scheme OpenAI's webhooks use:
@@ -138,7 +138,7 @@ def list_deliveries(session: Session, tenant_id: str, endpoint_id: str, *, after
 def enqueue_job_event(session: Session, job: Job, status: JobStatus) -> list[WebhookDelivery]:
     """One pending delivery per live endpoint of the job's tenant that wants this outcome.
 
-    Called by `services.transitions.transition` inside the status change's transaction:
+    Called by `services.training.transitions.transition` inside the status change's transaction:
     if that rolls back, so do the deliveries."""
     event_type = EVENT_TYPES.get(JobStatus(status))
     if event_type is None:

@@ -13,7 +13,7 @@ from tuneforge.db.tables import Job
 from tuneforge.planning.policy import PolicyConfig
 from tuneforge.planning.pools import PoolSetup
 from tuneforge.services.context import Platform
-from tuneforge.services.queue_view import QueueEntry, queue_view
+from tuneforge.services.training.queue_view import QueueEntry, queue_view
 
 
 def whole_queue(session: Session, platform: Platform, now: float | None = None) -> list[QueueEntry]:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from tuneforge.executors.protocol import Capacity
 from tuneforge.planning.policy import Node, PolicyConfig, expected_end, order_queue, place
 from tuneforge.planning.pools import PoolSetup
-from tuneforge.services.cluster_state import read_state
+from tuneforge.services.training.cluster_state import read_state
 
 
 @dataclass(frozen=True)

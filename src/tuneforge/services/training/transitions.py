@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import events
 from tuneforge.db.tables import Job
 from tuneforge.domain.status import TERMINAL, JobStatus, can_transition
-from tuneforge.services import webhooks
+from tuneforge.services.webhooks import subscriptions as webhooks
 
 
 class IllegalTransition(RuntimeError):

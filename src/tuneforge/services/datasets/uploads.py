@@ -34,8 +34,9 @@ from tuneforge.db.repos import uploads as upload_repo
 from tuneforge.db.tables import FileRow, UploadPartRow, UploadRow
 from tuneforge.domain.errors import ApiError, invalid, not_found, rate_limited
 from tuneforge.domain.ids import new_id
-from tuneforge.services import eval_sets, quotas
-from tuneforge.services import files as file_service
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.tenancy import quotas
+from tuneforge.services.training import eval_sets
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore

@@ -22,11 +22,11 @@ from tuneforge.domain.status import JobStatus
 from tuneforge.planning.policy import Node, QueuedJob, place
 from tuneforge.planning.pools import PoolSetup, allowed_pools
 from tuneforge.registry import lineage
-from tuneforge.services import evaluation
 from tuneforge.services.context import Platform
-from tuneforge.services.datasets import DataCheckFailed
-from tuneforge.services.planning import plan_job
-from tuneforge.services.transitions import transition
+from tuneforge.services.datasets.checks import DataCheckFailed
+from tuneforge.services.training import evaluation
+from tuneforge.services.training.planning import plan_job
+from tuneforge.services.training.transitions import transition
 from tuneforge.storage import layout
 
 

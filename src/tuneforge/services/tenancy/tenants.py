@@ -14,7 +14,7 @@ from tuneforge.db.tables import ApiKey, Tenant
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.vocab import TIERS
-from tuneforge.services import quotas, usage
+from tuneforge.services.tenancy import quotas, usage
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 KEY_PREFIX = "tf-"
@@ -151,7 +151,7 @@ def set_pii_policy(session: Session, name: str, policy: str) -> Tenant:
 
 
 def set_quota(session: Session, name: str, changes: dict[str, float | None]) -> Tenant:
-    """Override some of the tenant's quotas (services/quotas.py): a limit >= 0, `quotas.UNLIMITED`,
+    """Override some of the tenant's quotas (services/tenancy/quotas.py): a limit >= 0, `quotas.UNLIMITED`,
     or None to go back to the tier's default. Quotas not named keep their value."""
     tenant = _named(session, name)
     checked = {field: quotas.checked_override(field, value) for field, value in changes.items()}

@@ -14,7 +14,9 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import FileRow
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.ids import new_id
-from tuneforge.services import datasets, eval_sets, quotas
+from tuneforge.services.datasets import checks as datasets
+from tuneforge.services.tenancy import quotas
+from tuneforge.services.training import eval_sets
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore

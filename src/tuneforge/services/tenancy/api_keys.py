@@ -3,7 +3,7 @@
 `authenticate` reads the key's row and its tenant (unknown, revoked and expired
 keys all get one answer); `KeyCache` keeps what it verified for `ttl_s`, so a
 busy key costs a hash and a dict lookup. Issuing and revoking keys is
-`services/tenants.py`.
+`services/tenancy/tenants.py`.
 """
 
 from __future__ import annotations

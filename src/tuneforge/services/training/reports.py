@@ -39,9 +39,9 @@ from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.domain.tenant_text import scrub, scrub_data
 from tuneforge.registry import models as registry
 from tuneforge.registry import parents
-from tuneforge.services import evaluation, integrations
-from tuneforge.services import files as file_service
-from tuneforge.services.transitions import transition
+from tuneforge.services.datasets import files as file_service
+from tuneforge.services.training import evaluation, integrations
+from tuneforge.services.training.transitions import transition
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 
@@ -74,7 +74,7 @@ def _require_current(job: Job, attempt: Attempt) -> None:
 
 def credentials(session: Session, platform: Any, job: Job, attempt: Attempt) -> dict:
     """The credentials the current attempt needs: its eval's (its tenant's secrets and the operator's
-    endpoints its config names) and its trackers' (`tracking`, services/integrations.py); a stale
+    endpoints its config names) and its trackers' (`tracking`, services/training/integrations.py); a stale
     attempt gets 409 like its reports."""
     _require_current(job, attempt)
     found = evaluation.credentials_for(session, platform.settings, platform.sealer, job)

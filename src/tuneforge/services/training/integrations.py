@@ -28,7 +28,7 @@ from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.security.crypto import Sealer
 from tuneforge.security.egress import EgressPolicy
-from tuneforge.services import secrets as secret_service
+from tuneforge.services.tenancy import secrets as secret_service
 from tuneforge.settings import Settings
 
 KINDS = ("tensorboard", "wandb", "mlflow")

@@ -35,9 +35,9 @@ from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import models as registry
-from tuneforge.services import jobs as job_service
-from tuneforge.services import usage
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy import usage
+from tuneforge.services.training import jobs as job_service
 from tuneforge.sweeps import space as sweep_space
 from tuneforge.sweeps.asha import Asha, judge
 

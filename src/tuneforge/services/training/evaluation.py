@@ -25,7 +25,7 @@ from tuneforge.eval import refusal
 from tuneforge.eval.openai_chat import ChatEndpoint, Credentials
 from tuneforge.security.crypto import Sealer
 from tuneforge.security.egress import EgressPolicy
-from tuneforge.services import secrets as secret_service
+from tuneforge.services.tenancy import secrets as secret_service
 from tuneforge.settings import Settings
 
 TASK_FILE_PURPOSES = ("fine-tune", "evals")

@@ -1,0 +1,1 @@
+"""Tenants: their API keys, quotas, metered usage and sealed secrets."""

@@ -1,0 +1,1 @@
+"""Webhooks: a tenant's endpoints and their signing secrets (`subscriptions`), delivery with retries (`delivery`)."""
