@@ -4,22 +4,88 @@
 # SQLite. It proves the lower bounds the package declares. torch stays at the build installed
 # for the other stages (its lowest, 2.5, is a CUDA download of several GB; see docs/operations.md).
 #
+# The dependencies' environment is built once and kept under ~/.cache/tuneforge/lowest-KEY, KEY a hash
+# of pyproject.toml, this script, the interpreter and the torch build: a run whose KEY
+# matches reuses it (resolving and installing ~100 packages takes half a minute with a warm uv cache,
+# minutes with a cold one). The project itself is never in it: every run makes a small environment of
+# its own that holds this checkout (editable) and reads the cached one's packages through a .pth file,
+# so that two checkouts testing side by side each import their own code.
+#
 #   scripts/lowest.sh [PYTEST ARGS...]     (default: tests/unit)
+#
+# Environment:
+#   TUNEFORGE_LOWEST_CACHE   where the built environments are kept (default ~/.cache/tuneforge)
+#   TUNEFORGE_LOWEST_VENV    build into this folder instead, every run (no cache)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON="${PYTHON:-python}"
-venv="${TUNEFORGE_LOWEST_VENV:-$(mktemp -d -t tuneforge-lowest.XXXXXX)/venv}"
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore uv
-"$PYTHON" -m venv "$venv"
-overrides="$(dirname "$venv")/overrides.txt"
-echo "torch==$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])')" > "$overrides"
+"$PYTHON" -m uv --version >/dev/null 2>&1 \
+    || "$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore uv
+uv_pip=("$PYTHON" -m uv pip install --quiet)
+requirements=(".[server,postgres,s3,tracking]" "pytest>=8" "moto[server]>=5" "hypothesis>=6.130")
+torch_version="$("$PYTHON" -c 'from importlib import metadata; print(metadata.version("torch").split("+")[0])')"
 links=()
 if [[ -d /opt/wheels ]]; then
     links=(--find-links /opt/wheels)  # this machine's local wheels (torch), as pip's configuration names them
 fi
-"$PYTHON" -m uv pip install --quiet --python "$venv/bin/python" "${links[@]}" --resolution lowest-direct \
-    --override "$overrides" -e ".[server,postgres,s3,tracking]" "pytest>=8" "moto[server]>=5" "hypothesis>=6.130"
+
+# Every direct dependency at its lowest allowed version, with the project, into the environment $1.
+install_lowest() {
+    local venv="$1"
+    "$PYTHON" -m venv "$venv"
+    echo "torch==$torch_version" > "$venv/overrides.txt"
+    "${uv_pip[@]}" --python "$venv/bin/python" "${links[@]}" --resolution lowest-direct \
+        --override "$venv/overrides.txt" -e "${requirements[@]}"
+}
+
+site_packages() {
+    "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
+}
+
+# The cached dependencies' environment for this key, built under a lock (a run beside this one
+# waits for it rather than building it twice); prints its path.
+cached_dependencies() {
+    local key root deps
+    key="$({ cat pyproject.toml scripts/lowest.sh; echo "torch==$torch_version"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)"
+    root="${TUNEFORGE_LOWEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tuneforge}"
+    deps="$root/lowest-$key"
+    mkdir -p "$root"
+    (
+        flock 9
+        if [[ ! -f "$deps/complete" ]]; then
+            rm -rf "$deps"
+            local started=$SECONDS
+            install_lowest "$deps/venv" >&2
+            # the project comes from each run's own environment, never from the shared one
+            "$PYTHON" -m uv pip uninstall --quiet --python "$deps/venv/bin/python" tuneforge >&2
+            touch "$deps/complete"
+            echo "lowest.sh: built the lowest-direct environment $deps in $((SECONDS - started)) s" >&2
+            # environments of other keys unused for a week go (a run that uses one touches it)
+            find "$root" -maxdepth 1 -name 'lowest-*' -not -name "lowest-$key" -mtime +7 \
+                -exec rm -rf {} + 2>/dev/null || true
+        else
+            echo "lowest.sh: reusing the lowest-direct environment $deps" >&2
+        fi
+        touch "$deps"
+    ) 9> "$root/lowest.lock"
+    echo "$deps/venv"
+}
+
+started=$SECONDS
+if [[ -n "${TUNEFORGE_LOWEST_VENV:-}" ]]; then
+    venv="$TUNEFORGE_LOWEST_VENV"
+    install_lowest "$venv"
+else
+    deps_venv="$(cached_dependencies)"
+    venv="$(mktemp -d -t tuneforge-lowest.XXXXXX)/venv"
+    trap 'rm -rf "$(dirname "$venv")"' EXIT
+    "$PYTHON" -m venv --without-pip "$venv"
+    # an `import` line of a .pth file runs at start-up: the cached packages, their own .pth files included
+    echo "import site; site.addsitedir('$(site_packages "$deps_venv")')" > "$(site_packages "$venv")/lowest-deps.pth"
+    "${uv_pip[@]}" --python "$venv/bin/python" --no-deps -e .
+fi
+echo "lowest.sh: environment ready in $((SECONDS - started)) s"
 "$venv/bin/python" - <<'PY'
 from importlib import metadata
 shown = ["torch", "transformers", "peft", "tokenizers", "fastapi", "starlette", "pydantic", "sqlalchemy", "anyio",

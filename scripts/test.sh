@@ -17,7 +17,8 @@
 #             Unless PYTEST ARGS name tests, it runs tests/e2e, tests/integration
 #             and tests/unit/train/test_distributed.py.
 #   lowest    every direct dependency at the lowest version pyproject.toml allows, in a
-#             virtual environment of its own (scripts/lowest.sh, with uv), then the unit
+#             virtual environment of its own (scripts/lowest.sh, with uv; the dependencies are
+#             kept under ~/.cache/tuneforge until pyproject.toml changes), then the unit
 #             tests on SQLite but the distributed ones (torch is not lowered): it checks the
 #             declared lower bounds (docs/operations.md).
 # On a machine with two cores or more the stages run in two lanes side by side: sqlite then

@@ -10,10 +10,11 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.helpers import schema
 from tests.helpers.net import free_port
 from tuneforge.server import ControlPlane
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.serving import base_models as base_model_service
+from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.settings import Settings
 
 
@@ -34,6 +35,7 @@ class Live:
 
 def start_live(tmp_path: Path, database_url: str, model_dir: Path, **overrides) -> Live:
     settings = Settings(home=tmp_path / "home", database_url=database_url, port=free_port(), **overrides)
+    schema.at_head(settings.resolved_database_url)  # a fresh SQLite file: a copy of the schema the plane finds
     plane = ControlPlane(settings, run_scheduler=False).start_in_background()
     with plane.platform.db.session() as session:
         _a, key_a = tenant_service.create_tenant(session, "acme")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.platform import chat_lines
 from tuneforge.db.tables import UploadRow
-from tuneforge.services import uploads as upload_service
+from tuneforge.services.datasets import uploads as upload_service
 from tuneforge.storage import layout
 
 

@@ -17,11 +17,11 @@ from typing import Any
 import openai
 import pytest
 
-from tests.helpers import ray_cluster
+from tests.helpers import ray_cluster, schema
 from tests.helpers.net import free_port
 from tuneforge.server import ControlPlane
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.serving import base_models as base_model_service
+from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.settings import Settings
 
 
@@ -69,6 +69,7 @@ def start_plane(tmp_path: Path, database_url: str, model_dir: Path, **overrides)
     overrides = {**EXECUTOR_OVERRIDES, **overrides}
     settings = Settings(home=tmp_path / "home", database_url=database_url, port=free_port(),
                         heartbeat_interval_s=1.0, scheduler_tick_s=0.2, **overrides)
+    schema.at_head(settings.resolved_database_url)  # a fresh SQLite file: a copy of the schema the plane finds
     plane = ControlPlane(settings).start_in_background()
     if EXECUTOR_OVERRIDES:  # the ray stage must not pass by running trainers locally
         assert type(plane.executor).__name__ == "RayExecutor", plane.executor

@@ -9,7 +9,7 @@ import pytest
 from tests.e2e.test_lifecycle import wait_for
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, chat_example, demo_facts, write_jsonl
 from tuneforge.demo.evaluate import load_finetuned, mapping_accuracy
-from tuneforge.services.artifacts import extract
+from tuneforge.services.training.artifacts import extract
 
 pytestmark = pytest.mark.e2e
 

@@ -29,7 +29,7 @@ from tests.helpers.net import send_json
 from tests.unit.registry.test_export import assert_vllm_adapter_layout
 from tuneforge.demo.dataset import chat_example, demo_facts
 from tuneforge.eval import shipped
-from tuneforge.services.artifacts import extract
+from tuneforge.services.training.artifacts import extract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]
 

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.net import wait_until
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, write_demo_files
 from tuneforge.demo.evaluate import load_finetuned, mapping_accuracy
-from tuneforge.services.artifacts import extract
+from tuneforge.services.training.artifacts import extract
 
 pytestmark = pytest.mark.e2e
 JOB_TIMEOUT_S = 400

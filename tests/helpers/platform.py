@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.helpers import schema
 from tuneforge.db.migrate import upgrade
-from tuneforge.services import base_models as base_model_service
-from tuneforge.services import tenants as tenant_service
 from tuneforge.services.context import Platform
+from tuneforge.services.serving import base_models as base_model_service
+from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.settings import Settings
 
 
 def make_platform(tmp_path: Path, database_url: str, **overrides) -> Platform:
     settings = Settings(home=tmp_path / "home", database_url=database_url, **overrides)
+    schema.at_head(settings.resolved_database_url)  # a fresh database: a copy of the schema, not its creation
     upgrade(settings.resolved_database_url)
     return Platform.from_settings(settings)
 

@@ -15,7 +15,7 @@ from tuneforge.db.migrate import upgrade
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.domain.status import JobStatus
 from tuneforge.server import ControlPlane
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.settings import Settings
 
 BURST = 100

@@ -24,7 +24,7 @@ import pytest
 from tests.helpers.attack import MODEL_NAME, LiveServer
 from tests.helpers.platform import chat_lines, make_platform
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.services import tenants as tenant_service
+from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.storage import layout
 
 FILE_QUOTA_BYTES = 8 * 1024 * 1024

@@ -34,8 +34,8 @@ from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.security.egress import EgressDenied, EgressPolicy
 from tuneforge.services.context import Platform
-from tuneforge.services.transitions import transition
-from tuneforge.services.webhook_delivery import Dispatcher
+from tuneforge.services.training.transitions import transition
+from tuneforge.services.webhooks.delivery import Dispatcher
 
 PUBLIC_V4 = "93.184.216.34"
 PUBLIC_V6 = "2606:2800:220:1:248:1893:25c8:1946"

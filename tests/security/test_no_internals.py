@@ -93,7 +93,7 @@ def test_a_users_mistake_is_not_retried_nor_refunded(setup):  # noqa: F811
     attempts = http.get(f"/v1/fine_tuning/jobs/{job_id}/attempts", headers=auth).json()["data"]
     assert [a["failure_class"] for a in attempts] == ["user"]
     from tests.unit.scheduler.test_loop import attempt_of
-    from tuneforge.services.usage import is_refunded
+    from tuneforge.services.tenancy.usage import is_refunded
 
     with platform.db.session() as session:
         assert not is_refunded(attempt_of(session, job_id, 1))
