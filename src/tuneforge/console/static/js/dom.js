@@ -67,7 +67,7 @@ export function field(label, control, help) {
 }
 
 /** A <select> of [value, text] pairs (or plain values). */
-export function select(options, props = {}) {
+export function dropdown(options, props = {}) {
   const node = h("select", props);
   for (const option of options) {
     const [value, text] = Array.isArray(option) ? option : [option, option];

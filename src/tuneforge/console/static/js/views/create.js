@@ -4,7 +4,7 @@
 // is the estimate of the body that would be sent.
 
 import {allPages, get, post} from "../api.js";
-import {h, fill, field, select, facts, formatNumber, formatValue, section, uid} from "../dom.js";
+import {h, fill, field, dropdown, facts, formatNumber, formatValue, section, uid} from "../dom.js";
 import {go, href} from "../router.js";
 import {announce, busy, clearError} from "../ui.js";
 import {ADAPTER_FIELDS, EVAL_METRICS, GATE_OPS, HYPERPARAMETERS, METHOD_OPTIONS, METHODS, TRAINING_TYPES,
@@ -13,8 +13,8 @@ import {uploadControl} from "./upload.js";
 
 function settingInput(spec, prefix) {
   const name = `${prefix}.${spec.name}`;
-  if (spec.kind === "choice") return select([["", "auto"], ...spec.choices], {name});
-  if (spec.kind === "bool") return select([["", "auto"], ["true", "yes"], ["false", "no"]], {name});
+  if (spec.kind === "choice") return dropdown([["", "auto"], ...spec.choices], {name});
+  if (spec.kind === "bool") return dropdown([["", "auto"], ["true", "yes"], ["false", "no"]], {name});
   return h("input", {type: "text", inputmode: "decimal", name, placeholder: "auto", autocomplete: "off"});
 }
 
@@ -24,7 +24,7 @@ function fileOptions(files) {
 
 function gateRow(onRemove) {
   const metric = h("input", {type: "text", name: "gate-metric", value: "task.exact_match", required: true});
-  const op = select(GATE_OPS, {name: "gate-op", value: ">="});
+  const op = dropdown(GATE_OPS, {name: "gate-op", value: ">="});
   const threshold = h("input", {type: "text", inputmode: "decimal", name: "gate-threshold", value: "0.8"});
   const relative = h("input", {type: "checkbox", name: "gate-relative", id: uid("rel")});
   const remove = h("button", {type: "button", class: "secondary small"}, "Remove gate");
@@ -51,8 +51,8 @@ export async function createJobView(main, _params, query) {
   const tuned = models.data.filter((model) => model.type === "fine-tuned");
 
   // data
-  const trainingFile = select([["", "Choose a file…"], ...fileOptions(trainable)], {name: "training_file", required: true});
-  const validationFile = select([["", "None (optional split below)"], ...fileOptions(trainable)], {name: "validation_file"});
+  const trainingFile = dropdown([["", "Choose a file…"], ...fileOptions(trainable)], {name: "training_file", required: true});
+  const validationFile = dropdown([["", "None (optional split below)"], ...fileOptions(trainable)], {name: "validation_file"});
   if (query.get("file")) trainingFile.value = query.get("file");
   const upload = uploadControl((file) => {
     if (file.status === "error") return;
@@ -67,8 +67,8 @@ export async function createJobView(main, _params, query) {
     h("optgroup", {label: "Base models"}, bases.map((m) => h("option", {value: m.id}, m.id))),
     tuned.length ? h("optgroup", {label: "Continue a fine-tuned model"}, tuned.map((m) => h("option", {value: m.id}, m.id))) : null);
   if (bases.length === 1) model.value = bases[0].id;
-  const method = select(METHODS, {name: "method"});
-  const trainingType = select(TRAINING_TYPES, {name: "training_type"});
+  const method = dropdown(METHODS, {name: "method"});
+  const trainingType = dropdown(TRAINING_TYPES, {name: "training_type"});
   const adapterInputs = ADAPTER_FIELDS.map((spec) => [spec, settingInput(spec, "training_type")]);
   const hpInputs = HYPERPARAMETERS.map((spec) => [spec, settingInput(spec, "hp")]);
   const optionBox = h("div", {class: "field-grid"});
@@ -81,9 +81,9 @@ export async function createJobView(main, _params, query) {
   drawOptions();
 
   // eval
-  const evalMode = select([["default", "The platform's default (as the operator set it: usually the golden and safety sets with the default gates)"],
+  const evalMode = dropdown([["default", "The platform's default (as the operator set it: usually the golden and safety sets with the default gates)"],
     ["off", "Off: no eval after training"], ["custom", "Custom: my task file, metrics and gates"]], {name: "eval-mode"});
-  const taskFile = select([["", "None"], ...fileOptions(taskFiles)], {name: "eval-task-file"});
+  const taskFile = dropdown([["", "None"], ...fileOptions(taskFiles)], {name: "eval-task-file"});
   const metricBoxes = EVAL_METRICS.map(([value, text]) => {
     const box = h("input", {type: "checkbox", name: "eval-metric", value, checked: value === "exact_match"});
     box.id = uid("metric");

@@ -3,7 +3,7 @@
 // model's chat template with the trained tokens (the loss mask) highlighted.
 
 import {allPages, get} from "../api.js";
-import {h, fill, facts, field, formatNumber, formatTime, formatValue, section, select, table} from "../dom.js";
+import {h, fill, facts, field, formatNumber, formatTime, formatValue, section, dropdown, table} from "../dom.js";
 import {href} from "../router.js";
 import {announce, busy, showError} from "../ui.js";
 import {uploadControl} from "./upload.js";
@@ -106,8 +106,8 @@ function tokenRuns(tokens) {
 
 async function previewPanel(fileId, panel) {
   const models = await get("/v1/models", {type: "base"});
-  const model = select(models.data.map((m) => m.id), {name: "preview-model"});
-  const limit = select(["1", "3", "5", "10"], {name: "preview-limit", value: "3"});
+  const model = dropdown(models.data.map((m) => m.id), {name: "preview-model"});
+  const limit = dropdown(["1", "3", "5", "10"], {name: "preview-limit", value: "3"});
   const inputs = h("input", {type: "checkbox", name: "preview-train-on-inputs", id: "preview-train-on-inputs"});
   const show = h("button", {type: "button"}, "Show examples");
   const output = h("div", {class: "preview", "aria-live": "polite", "data-testid": "preview"});

@@ -2,7 +2,7 @@
 // metadata on the server (`metadata[k]=v`) and by status in the page.
 
 import {get} from "../api.js";
-import {h, fill, field, select, formatTime, statusBadge} from "../dom.js";
+import {h, fill, field, dropdown, formatTime, statusBadge} from "../dom.js";
 import {href} from "../router.js";
 import {announce, busy} from "../ui.js";
 import {parseMetadata} from "./jobfields.js";
@@ -29,7 +29,7 @@ function jobRow(job) {
 }
 
 export async function jobsView(main, _params, query) {
-  const statusFilter = select([["", "Any status"], ...STATUSES.map((value) => [value, value])],
+  const statusFilter = dropdown([["", "Any status"], ...STATUSES.map((value) => [value, value])],
     {name: "status", value: query.get("status") || ""});
   const metadataFilter = h("input", {type: "text", name: "metadata", value: query.get("metadata") || "",
     placeholder: "team=nlp, run=3"});

@@ -2,7 +2,7 @@
 // gates and lineage; a model's page promotes it and lists every stage move.
 
 import {get, post} from "../api.js";
-import {h, fill, facts, field, formatTime, formatValue, section, select, table} from "../dom.js";
+import {h, fill, facts, field, formatTime, formatValue, section, dropdown, table} from "../dom.js";
 import {href} from "../router.js";
 import {announce, busy} from "../ui.js";
 import {evalResults} from "./evalresults.js";
@@ -72,7 +72,7 @@ export async function modelView(main, params) {
   const stageSlot = h("span", {"data-testid": "model-stage"});
   const promotableSlot = h("span", {"data-testid": "model-promotable"});
   const history = h("div", {"data-testid": "stage-history"});
-  const stageSelect = select(STAGES.map((stage) => [stage, stage]), {name: "stage"});
+  const stageSelect = dropdown(STAGES.map((stage) => [stage, stage]), {name: "stage"});
   const promote = h("button", {type: "button"}, "Move to stage");
   const promoteError = h("p", {class: "form-error", role: "alert", hidden: true});
 

@@ -1,7 +1,7 @@
 // One prompt, two answers side by side: the base model's and a fine-tuned model's.
 
 import {get, post} from "../api.js";
-import {h, fill, field, select} from "../dom.js";
+import {h, fill, field, dropdown} from "../dom.js";
 import {announce, busy, messageOf} from "../ui.js";
 
 async function answer(model, prompt, maxTokens, temperature) {
@@ -26,9 +26,9 @@ export async function playgroundView(main, _params, query) {
     fill(main, h("h1", null, "Playground"), h("p", null, "No fine-tuned model yet: once a job succeeds, compare its model with its base here."));
     return;
   }
-  const model = select(tuned.map((m) => [m.id, `${m.id} (${m.stage})`]), {name: "model"});
+  const model = dropdown(tuned.map((m) => [m.id, `${m.id} (${m.stage})`]), {name: "model"});
   if (query.get("model") && tuned.some((m) => m.id === query.get("model"))) model.value = query.get("model");
-  const base = select(bases.map((m) => m.id), {name: "base"});
+  const base = dropdown(bases.map((m) => m.id), {name: "base"});
   const syncBase = () => {
     const chosen = tuned.find((m) => m.id === model.value);
     if (chosen && bases.some((m) => m.id === chosen.base_model)) base.value = chosen.base_model;

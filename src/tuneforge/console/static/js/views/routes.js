@@ -2,7 +2,7 @@
 // versions (requests, errors, latency, feedback) and shifts traffic between them.
 
 import {get, post} from "../api.js";
-import {h, fill, facts, field, formatNumber, formatTime, section, select, table} from "../dom.js";
+import {h, fill, facts, field, formatNumber, formatTime, section, dropdown, table} from "../dom.js";
 import {href} from "../router.js";
 import {announce, busy} from "../ui.js";
 
@@ -43,7 +43,7 @@ export async function routeView(main, params) {
   let route = await get(path);
   const weights = h("div", {"data-testid": "route-versions"});
   const stats = h("div", {"data-testid": "route-stats"});
-  const versionSelect = select(route.versions.map((v) => [v.model, v.model]), {name: "model"});
+  const versionSelect = dropdown(route.versions.map((v) => [v.model, v.model]), {name: "model"});
   const share = h("input", {type: "number", name: "weight", min: 1, max: 100, step: 1, value: 100, required: true});
   const shift = h("button", {type: "submit"}, "Shift traffic");
   const shiftError = h("p", {class: "form-error", role: "alert", hidden: true});
