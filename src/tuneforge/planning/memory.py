@@ -206,33 +206,9 @@ def estimate(
     # experts are one tensor per kind and layer (all experts' gate+up, all experts' down)
     expert_stack = shape.num_experts * (len(shape.mlp_roles) - 1) * shape.expert_intermediate_size * h
 
-    # -- resident state -----------------------------------------------------------------
-    if training_type == "qlora":
-        quantized = shape.linear_parameters()
-        weights = quantized * NF4_BYTES_PER_PARAM + (P - quantized) * 4 + N * 4
-    elif training_type == "lora":
-        weights = P * a + N * 4
-    else:
-        weights = P * a
-    gradients: float = N * (a if full else 4)
-    param_bytes = a if full else 4  # the trainable parameters' dtype
-    master = P * 4 if (full and mixed and optimizer in ("adamw", "adamw_8bit")) else 0
-    optimizer_bytes: float = {
-        "adamw": N * 8 + master,
-        "adamw_pure": N * 2 * param_bytes,
-        "adamw_8bit": N * 2 + master,
-        "sgd": 0,
-    }[optimizer]
-    step_scratch: float = 0
-    if optimizer == "sgd":
-        pass
-    elif device == "cuda":
-        step_scratch = N * (4 if optimizer != "adamw_pure" else param_bytes)
-    else:
-        largest = max(shape.largest_linear(), h * shape.vocab_size, expert_stack)
-        if not full:  # the largest LoRA matrix, r x in or out x r
-            largest = max(max(adapter) for adapter in shape.adapters(targets)) * lora_rank
-        step_scratch = 2 * largest * param_bytes  # sqrt of the second moment, then its scaled copy
+    weights, gradients, optimizer_bytes, step_scratch = _resident_state(
+        shape, training_type=training_type, weight_bytes=a, trainable=N, optimizer=optimizer, device=device,
+        targets=targets, lora_rank=lora_rank, expert_stack=expert_stack)
 
     # -- activations, per token -------------------------------------------------------------
     kv_saved = kv if attention == "flash" else q  # a mask makes sdpa repeat keys/values to every head
@@ -310,6 +286,41 @@ def estimate(
         optimizer_step=math.ceil(step_scratch), overhead=math.ceil(overhead),
         parameters=P, trainable_parameters=N,
     )
+
+
+def _resident_state(shape: ModelShape, *, training_type: str, weight_bytes: int, trainable: int, optimizer: str,
+                    device: str, targets: list[str], lora_rank: int,
+                    expert_stack: int) -> tuple[float, float, float, float]:
+    """Weights, gradients, optimizer states and the optimizer step's scratch of one unsharded process
+    (the rules in `estimate`'s docstring)."""
+    a, N, P = weight_bytes, trainable, shape.parameters()
+    full = training_type == "full"
+    if training_type == "qlora":
+        quantized = shape.linear_parameters()
+        weights = quantized * NF4_BYTES_PER_PARAM + (P - quantized) * 4 + N * 4
+    elif training_type == "lora":
+        weights = P * a + N * 4
+    else:
+        weights = P * a
+    gradients = N * (a if full else 4)
+    param_bytes = a if full else 4  # the trainable parameters' dtype
+    master = P * 4 if (full and a < 4 and optimizer in ("adamw", "adamw_8bit")) else 0
+    optimizer_bytes = {
+        "adamw": N * 8 + master,
+        "adamw_pure": N * 2 * param_bytes,
+        "adamw_8bit": N * 2 + master,
+        "sgd": 0,
+    }[optimizer]
+    if optimizer == "sgd":
+        step_scratch = 0
+    elif device == "cuda":
+        step_scratch = N * (4 if optimizer != "adamw_pure" else param_bytes)
+    else:
+        largest = max(shape.largest_linear(), shape.hidden_size * shape.vocab_size, expert_stack)
+        if not full:  # the largest LoRA matrix, r x in or out x r
+            largest = max(max(adapter) for adapter in shape.adapters(targets)) * lora_rank
+        step_scratch = 2 * largest * param_bytes  # sqrt of the second moment, then its scaled copy
+    return weights, gradients, optimizer_bytes, step_scratch
 
 
 class MicroBatchChoice(tuple):
