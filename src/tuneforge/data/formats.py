@@ -37,10 +37,9 @@ from tuneforge.data.example import DataIssue, excerpt_of
 from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
 from tuneforge.domain.vocab import DATA_FORMATS
 
-__all__ = ["FORMATS", "ReadLimits", "Row", "check_text", "detect_format", "iter_csv_stream", "iter_jsonl_stream",
+__all__ = ["ReadLimits", "Row", "check_text", "detect_format", "iter_csv_stream", "iter_jsonl_stream",
            "iter_rows", "parse_jsonl_line", "resolve_format", "split_lines"]
 
-FORMATS = DATA_FORMATS
 HEAD_BYTES = 64 * 1024
 _CHUNK_BYTES = 1024 * 1024
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -113,8 +112,8 @@ def resolve_format(path: Path, fmt: str | None = None, *, name: str | None = Non
     Raises `empty_file` for a file of 0 bytes.
     """
     path = Path(path)
-    if fmt is not None and fmt not in FORMATS:
-        raise DataIssue("unsupported_format", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt is not None and fmt not in DATA_FORMATS:
+        raise DataIssue("unsupported_format", f"unknown format {fmt!r}; use one of {', '.join(DATA_FORMATS)}")
     if path.is_dir():
         if fmt not in (None, "hf_dataset"):
             raise DataIssue("unsupported_format", f"a directory can only be read as hf_dataset, not {fmt}")
