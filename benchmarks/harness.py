@@ -271,7 +271,18 @@ def trainer_pids(home_root: Path, job_id: str = "") -> list[int]:
             continue
         if "tuneforge.train" in cmdline and str(home_root) in cmdline and job_id in cmdline:
             pids.append(int(entry.name))
+        elif "tuneforge.train.warm" in cmdline and _forked_for(entry, home_root, job_id):
+            pids.append(int(entry.name))
     return pids
+
+
+def _forked_for(proc: Path, home_root: Path, job_id: str) -> bool:
+    """A trainer forked warm keeps the warm process's command line: its log (stdout) names its job."""
+    try:
+        log = os.readlink(proc / "fd" / "1")
+    except OSError:
+        return False
+    return log.startswith(str(home_root)) and job_id in log
 
 
 def kill_trainers(home_root: Path) -> None:

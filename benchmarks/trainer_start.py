@@ -252,28 +252,45 @@ def print_cold_start(runs: list[dict]) -> None:
 
 
 def trainer_start_phase(home: BenchHome, api_key: str, args, stack: ExitStack) -> list[StartTiming]:
+    """The jobs twice: every trainer started cold (TUNEFORGE_TRAINER_WARM_START=false, the
+    baseline), then forked from the warm trainer (the default; the first job of that server
+    starts cold while the warm process imports)."""
     has_trainer = trainer_available(home)
     print(f"\n== submit-to-trainer-start: {args.trainer_jobs} jobs in a row, scheduler on, one local slot ==")
     if not has_trainer:
         print("  ! `python -m tuneforge.train` is not available in this checkout: no trainer can start, so only "
               "the scheduler's part (submit -> running) is meaningful below", flush=True)
     model_dir = build_and_register_tiny_model(home)
-    server = stack.enter_context(ServerProcess(home, scheduler=True, extra_env={"TUNEFORGE_LOCAL_GPUS": "1"}))
-    print(f"server:    {server.command_line}  (pid {server.proc.pid})", flush=True)
-    timings = []
-    with local_client(server.url, headers={"Authorization": f"Bearer {api_key}"}) as client:
-        file_id = upload_training_file(client, lines=64)
-        for number in range(args.trainer_jobs):
-            profile_path = Path(args.py_spy_dir) / "trainer-start.folded" if args.py_spy_dir and number == 0 else None
-            timing = measure_one(client, home, file_id, args.trainer_timeout_s, profile_path)
-            print(f"  {timing.job_id}: running after {_fmt(timing.running_s)} ms, first trainer event after "
-                  f"{_fmt(timing.first_trainer_event_s)} ms ({timing.outcome})", flush=True)
-            timings.append(timing)
-    server.stop()
-    print()
-    print_timings(timings)
+    by_mode: dict[str, list[StartTiming]] = {}
+    for mode, warm in (("cold", "false"), ("warm", "true")):
+        print(f"\n-- trainers started {mode} (TUNEFORGE_TRAINER_WARM_START={warm}) --")
+        server = stack.enter_context(ServerProcess(home, scheduler=True, extra_env={
+            "TUNEFORGE_LOCAL_GPUS": "1", "TUNEFORGE_TRAINER_WARM_START": warm}))
+        print(f"server:    {server.command_line}  (pid {server.proc.pid})", flush=True)
+        timings = []
+        with local_client(server.url, headers={"Authorization": f"Bearer {api_key}"}) as client:
+            file_id = upload_training_file(client, lines=64)
+            for number in range(args.trainer_jobs):
+                profile_path = Path(args.py_spy_dir) / f"trainer-start-{mode}.folded" \
+                    if args.py_spy_dir and number == 0 else None
+                timing = measure_one(client, home, file_id, args.trainer_timeout_s, profile_path)
+                print(f"  {timing.job_id}: running after {_fmt(timing.running_s)} ms, first trainer event after "
+                      f"{_fmt(timing.first_trainer_event_s)} ms ({timing.outcome})", flush=True)
+                timings.append(timing)
+        server.stop()
+        print()
+        print_timings(timings)
+        by_mode[mode] = timings
     print(f"\n(polling period {POLL_S * 1000:.0f} ms; scheduler tick {SCHEDULER_TICK_S} s; each job was submitted "
           f"after a random 0-{SCHEDULER_TICK_S} s pause)")
+    print("\nrunning -> first trainer event, all jobs but each server's first (median ms):")
+    print("| trainers | median ms | min ms | max ms |")
+    print("|---|---:|---:|---:|")
+    for mode, timings in by_mode.items():
+        values = [t.first_trainer_event_s - t.running_s for t in timings[1:]]
+        values = [v for v in values if not math.isnan(v)]
+        if values:
+            print(f"| {mode} | {_fmt(statistics.median(values))} | {_fmt(min(values))} | {_fmt(max(values))} |")
     print("\ncold start of a trainer-like process on the tiny model:")
     print_cold_start(cold_start_breakdown(home, model_dir))
-    return timings
+    return [t for timings in by_mode.values() for t in timings]

@@ -35,7 +35,10 @@ install_lowest() {
     local venv="$1"
     "$PYTHON" -m venv "$venv"
     echo "torch==$torch_version" > "$venv/overrides.txt"
-    "${uv_pip[@]}" --python "$venv/bin/python" "${links[@]}" --resolution lowest-direct \
+    # --compile-bytecode: uv leaves modules uncompiled, and where PYTHONDONTWRITEBYTECODE is set
+    # (as in many CI images) every process of the stage (the tests', each trainer's, each data
+    # worker's) would compile transformers and the rest from source again, seconds each time
+    "${uv_pip[@]}" --python "$venv/bin/python" "${links[@]}" --resolution lowest-direct --compile-bytecode \
         --override "$venv/overrides.txt" -e "${requirements[@]}"
 }
 

@@ -9,10 +9,11 @@
 #   postgres  the whole suite on a throwaway PostgreSQL started by scripts/pg.sh
 #             (TUNEFORGE_TEST_POSTGRES_URL set), stopped again on exit; the
 #             end-to-end tests the ray stage runs are left to it when it runs
-#   ray       the slower cluster stage: the end-to-end suite with the Ray executor
-#             (a Ray cluster of this host) and the S3 store (moto), on that
-#             PostgreSQL, plus the Ray tests (placement, multi-node, node loss,
-#             restart), and the multi-process training tests (marked distributed,
+#   ray       the slower cluster stage: the end-to-end tests whose flow differs by executor
+#             (marked both_executors: launch, poll, cancel, preemption, objects a later job
+#             reads) with the Ray executor (a Ray cluster of this host) and the S3 store
+#             (moto), on that PostgreSQL, plus the Ray tests (placement, multi-node, node
+#             loss, restart), and the multi-process training tests (marked distributed,
 #             which the sqlite stage then leaves to it); TUNEFORGE_TEST_EXECUTOR=ray.
 #             Unless PYTEST ARGS name tests, it runs tests/e2e, tests/integration
 #             and tests/unit/train/test_distributed.py.
@@ -67,6 +68,10 @@ if [[ "${TUNEFORGE_TEST_SKIP_INSTALL:-0}" != 1 ]]; then
     "${pip_install[@]}" "torch==2.13.0"
     "${pip_install[@]}" -e '.[dev]'
 fi
+# The project's own modules compiled once, here: an editable install leaves them as source, and
+# where PYTHONDONTWRITEBYTECODE is set (as in many CI images) each of the hundreds of processes
+# the suite starts (trainers, CLI runs, API workers, data workers) would compile them again.
+"$PYTHON" -m compileall -q -j 0 src >/dev/null
 # the browser tests' Chromium (Debian's) and Playwright: a no-op when both are there
 PYTHON="$PYTHON" bash scripts/browser-deps.sh
 

@@ -43,14 +43,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = getattr(item, "fixturenames", ())
         if "s3_endpoint" in fixtures:
             item.add_marker(pytest.mark.s3)
-        # The ray stage runs the end-to-end suite on a Ray cluster, and the Ray tests; those
-        # need a cluster, so the other passes leave them to it.
+        # The ray stage runs the Ray tests, which need a cluster (the other passes leave them to
+        # it), and again on a Ray cluster the end-to-end tests whose flow goes through what differs
+        # between executors (marked both_executors: launch, poll, cancel and preemption signals,
+        # the objects a later job reads); the other end-to-end tests (a method's objective, the
+        # gates, the CLI, the integrations) run the same trainer the same way on either executor,
+        # and run once, on the local one.
         if on_ray:
-            if not (item.get_closest_marker("e2e") or item.get_closest_marker("ray")
+            if not (item.get_closest_marker("both_executors") or item.get_closest_marker("ray")
                     or item.get_closest_marker("distributed")):
-                item.add_marker(pytest.mark.skip(reason="the ray stage runs the end-to-end and Ray tests"))
-            elif item.get_closest_marker("local_executor"):
-                item.add_marker(pytest.mark.skip(reason="about the local executor's processes"))
+                item.add_marker(pytest.mark.skip(
+                    reason="the ray stage runs the Ray tests and the end-to-end tests marked both_executors"))
             continue
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.skip(reason="needs a Ray cluster: runs in the ray stage of scripts/test.sh"))
@@ -68,10 +71,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # others) gives the same result there and ran in the SQLite pass already.
         if postgres_pass and "database_url" not in fixtures:
             item.add_marker(pytest.mark.skip(reason="uses no database: covered by the SQLite pass"))
-        # The ray stage runs the end-to-end suite on PostgreSQL too (with the Ray executor and
-        # S3); scripts/test.sh says so when it will, and this pass leaves those runs to it.
+        # The ray stage runs the end-to-end tests marked both_executors on PostgreSQL too (with
+        # the Ray executor and S3); scripts/test.sh says so when it will, and this pass leaves
+        # those runs to it.
         if postgres_pass and os.environ.get("TUNEFORGE_TEST_E2E_ON_RAY") == "1" and \
-                item.get_closest_marker("e2e") and not item.get_closest_marker("local_executor"):
+                item.get_closest_marker("both_executors"):
             item.add_marker(pytest.mark.skip(reason="runs on PostgreSQL in the ray stage"))
         # Long runs whose database work other tests cover on both backends run once.
         if postgres_pass and item.get_closest_marker("sqlite_pass_only"):
@@ -107,7 +111,7 @@ def database_url(tmp_path: Path) -> Iterator[str]:
     if not admin_url:
         yield f"sqlite:///{tmp_path}/tuneforge.db"
         return
-    name, url = postgres.create_database(admin_url)
+    name, url = postgres.lend(admin_url)
     try:
         yield url
     finally:
@@ -117,7 +121,7 @@ def database_url(tmp_path: Path) -> Iterator[str]:
         # of an import can crash pytest itself ("AST constructor recursion
         # depth mismatch").
         gc.collect()
-        postgres.drop_database(admin_url, name)
+        postgres.give_back(admin_url, name)
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,7 @@ def _job(sdk, model: str, training: str, integrations: list | None = None, **hyp
     )
 
 
+@pytest.mark.both_executors
 def test_a_job_on_an_ft_model_learns_a_second_mapping_and_keeps_the_first(running, tmp_path):
     sdk = running.sdk(running.key_a)
     first_examples = _facts(seed=0)
@@ -139,6 +140,7 @@ def test_what_cannot_be_continued_is_refused_naming_the_field(running, tmp_path)
     assert err.value.code == "model_not_available" and err.value.param == "model"
 
 
+@pytest.mark.both_executors
 def test_a_full_fine_tune_continues_from_its_own_weights(running, tmp_path):
     import openai
 

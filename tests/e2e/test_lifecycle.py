@@ -19,7 +19,7 @@ from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, DEMO_LORA, write_demo_f
 from tuneforge.demo.evaluate import load_finetuned, mapping_accuracy
 from tuneforge.services.training.artifacts import extract
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_executors]
 JOB_TIMEOUT_S = 400
 
 

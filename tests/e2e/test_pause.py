@@ -8,7 +8,7 @@ import pytest
 
 from tests.e2e.test_lifecycle import create_demo_job, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_executors]
 
 
 def test_pause_then_resume_with_the_sdk_continues_where_it_stopped(running, tmp_path):

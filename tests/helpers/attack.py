@@ -6,8 +6,8 @@ attack suite, and a watch that measures what an attack costs everyone else.
 under its rate limit) — and the tiny model registered as
 `tiny-chat`, then starts `python -m tuneforge.cli.main up --workers N` on a free port.
 
-`with server.watch() as watch:` samples, every `interval_s`, the resident memory of the server's
-whole process tree (from /proc) and the latency of one cheap authenticated request by the
+`with server.watch() as watch:` samples, every `interval_s`, the memory of the server's
+whole process tree (proportional set sizes, from /proc) and the latency of one cheap authenticated request by the
 bystander (`GET /v1/models`). After the block, `watch.rss_growth_bytes` (peak minus the figure at
 the start), `watch.bystander_max_s`, `watch.bystander_p50_s` and `watch.bystander_failures` say
 what the attack did to the server and to the other tenant.
@@ -33,8 +33,23 @@ from tests.helpers.platform import add_base_model, add_tenant, make_platform
 MODEL_NAME = "tiny-chat"
 
 
+def _proportional_bytes(pid: int, rss_bytes: int) -> int:
+    """The process's proportional set size (each page shared with N processes counts 1/N): a
+    trainer forked from the warm trainer shares most of its pages with it, and the resident set
+    of each would count them twice. Its resident set where the kernel gives no PSS."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return rss_bytes
+
+
 def process_tree_rss_bytes(root_pid: int) -> int:
-    """Resident memory of `root_pid` and all its descendants, read from /proc."""
+    """Memory of `root_pid` and all its descendants, read from /proc: the sum of their
+    proportional set sizes (`_proportional_bytes`)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     page = os.sysconf("SC_PAGE_SIZE")
@@ -53,7 +68,8 @@ def process_tree_rss_bytes(root_pid: int) -> int:
     total, stack = 0, [root_pid]
     while stack:
         pid = stack.pop()
-        total += rss.get(pid, 0)
+        if pid in rss:
+            total += _proportional_bytes(pid, rss[pid])
         stack.extend(children.get(pid, ()))
     return total
 

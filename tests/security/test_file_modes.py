@@ -62,7 +62,8 @@ def test_attempt_specs_logs_and_folders_of_the_local_executor_are_private(tmp_pa
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     old = os.umask(0o022)
     try:
-        handle = LocalExecutor(Settings(home=tmp_path / "home")).launch(_spec(), Placement(node="node-0", gpu_ids=[0]))
+        executor = LocalExecutor(Settings(home=tmp_path / "home", trainer_warm_start=False))
+        handle = executor.launch(_spec(), Placement(node="node-0", gpu_ids=[0]))
     finally:
         os.umask(old)
     assert _mode(handle["spec_path"]) == 0o600 and _mode(handle["log_path"]) == 0o600

@@ -60,16 +60,39 @@ def test_the_allow_list_passes_what_libraries_need_and_nothing_else(planted, mon
     assert not passes("TUNEFORGE_ADMIN_API_KEY") and not passes("AWS_ACCESS_KEY_ID") and passes("CUDA_VISIBLE_DEVICES")
 
 
-def test_a_local_trainer_gets_the_store_settings_and_no_planted_secret(planted, captured, tmp_path):
-    settings = Settings(home=tmp_path, storage_url="s3://bucket/prefix", s3_access_key_id="store-id",
-                        s3_secret_access_key="store-secret", admin_api_key=f"{PLANTED}-admin",
-                        database_url=f"postgresql+psycopg://u:{PLANTED}@db/tf")
-    spec = _spec()
-    LocalExecutor(settings).launch(spec, Placement(node="node-0", gpu_ids=[0]))
-    (env,) = captured.envs
-    _no_plant(env)
+def _plane_settings(tmp_path, **overrides) -> Settings:
+    return Settings(home=tmp_path, storage_url="s3://bucket/prefix", s3_access_key_id="store-id",
+                    s3_secret_access_key="store-secret", admin_api_key=f"{PLANTED}-admin",
+                    database_url=f"postgresql+psycopg://u:{PLANTED}@db/tf", **overrides)
+
+
+def _store_settings_pass(env: dict[str, str]) -> None:
     # the trainer needs its store, so the store's own settings pass, explicitly
     assert env["TUNEFORGE_S3_ACCESS_KEY_ID"] == "store-id" and env["TUNEFORGE_S3_SECRET_ACCESS_KEY"] == "store-secret"
+
+
+def test_a_local_trainer_gets_the_store_settings_and_no_planted_secret(planted, captured, tmp_path):
+    settings = _plane_settings(tmp_path, trainer_warm_start=False)
+    LocalExecutor(settings).launch(_spec(), Placement(node="node-0", gpu_ids=[0]))
+    (env,) = captured.envs
+    _no_plant(env)
+    _store_settings_pass(env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["TUNEFORGE_NODE"] == "node-0"
+
+
+def test_a_trainer_forked_warm_and_the_warm_trainer_get_no_planted_secret(planted, tmp_path, monkeypatch):
+    # the real warm process's own environment is read from /proc in tests/unit/scheduler/test_warm_start.py
+    executor = LocalExecutor(_plane_settings(tmp_path))
+    assert executor._warm is not None
+    _no_plant(executor._warm.env)  # what the warm process is started with
+    _store_settings_pass(executor._warm.env)
+    asked = []
+    monkeypatch.setattr(executor._warm, "launch", lambda spec, env, cwd, log: asked.append(env) or (4242, "17"))
+    handle = executor.launch(_spec(), Placement(node="node-0", gpu_ids=[0]))
+    assert handle["warm"] and (handle["pid"], handle["started"]) == (4242, "17")
+    (env,) = asked  # what the forked trainer takes as its environment
+    _no_plant(env)
+    _store_settings_pass(env)
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["TUNEFORGE_NODE"] == "node-0"
 
 

@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 from tuneforge.domain.spec import JobSpec
 from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
+from tuneforge.executors.warm import warm_trainer
 from tuneforge.security.env import child_env, open_private, private_dirs
 from tuneforge.settings import Settings
+from tuneforge.train.warm import process_start_time
 
 NODE_NAME = "local"
 
@@ -41,6 +43,9 @@ class LocalExecutor:
         self.workdir = (settings.home / "attempts").resolve()
         private_dirs(self.workdir)
         self._children: dict[int, subprocess.Popen] = {}
+        # the trainers' environment but each attempt's GPUs and node, which the fork sets
+        self._warm = warm_trainer(child_env({**settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false"}),
+                                  self.workdir) if settings.trainer_warm_start else None
 
     def capacity(self) -> Capacity:
         """`local_nodes` logical nodes of `local_gpus` slots each (free counts: the scheduler
@@ -60,6 +65,12 @@ class LocalExecutor:
         env = child_env({**self.settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false",
                          "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_ids),
                          "TUNEFORGE_NODE": placement.node})
+        handle = {"spec_path": str(spec_path), "log_path": str(log_path), "node": placement.node}
+        if self._warm is not None:
+            forked = self._warm.launch(str(spec_path), env, str(self.workdir), str(log_path))
+            if forked is not None:
+                # not this process's child: told apart from a later process of the same pid by its start
+                return {"pid": forked[0], "started": forked[1], "warm": True, **handle}
         with open_private(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tuneforge.train", str(spec_path)],
@@ -67,7 +78,7 @@ class LocalExecutor:
                 env=env, cwd=str(self.workdir), start_new_session=True,
             )
         self._children[proc.pid] = proc
-        return {"pid": proc.pid, "spec_path": str(spec_path), "log_path": str(log_path), "node": placement.node}
+        return {"pid": proc.pid, **handle}
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
         if "pid" not in handle:  # launched by another executor (the platform moved): its lease decides
@@ -81,8 +92,9 @@ class LocalExecutor:
             self._children.pop(pid, None)
             return PollResult("exited", code)
         spec_path = handle.get("spec_path", "")
-        if _is_our_process(pid, spec_path):
-            return PollResult("running", detail="adopted from an earlier control plane")
+        if _is_our_process(pid, spec_path, handle.get("started")):
+            detail = "forked warm" if handle.get("warm") else "adopted from an earlier control plane"
+            return PollResult("running", detail=detail)
         code = _exit_code_left_by(spec_path)
         if code is not None:  # launched by an earlier control plane; the trainer left its exit code
             return PollResult("exited", code)
@@ -92,7 +104,7 @@ class LocalExecutor:
         if "pid" not in handle:
             return
         pid = int(handle["pid"])
-        if pid not in self._children and not _is_our_process(pid, handle.get("spec_path", "")):
+        if pid not in self._children and not _is_our_process(pid, handle.get("spec_path", ""), handle.get("started")):
             return
         sig = signals.SIGTERM if action == "preempt" else signals.SIGKILL
         try:
@@ -101,13 +113,13 @@ class LocalExecutor:
             return
         if action == "preempt":  # the trainer has the grace period to checkpoint and exit; then it is killed
             timer = threading.Timer(self.settings.preempt_grace_s, self._kill_if_still_there,
-                                    (pid, handle.get("spec_path", "")))
+                                    (pid, handle.get("spec_path", ""), handle.get("started")))
             timer.daemon = True
             timer.start()
 
-    def _kill_if_still_there(self, pid: int, spec_path: str) -> None:
+    def _kill_if_still_there(self, pid: int, spec_path: str, started: str | None = None) -> None:
         proc = self._children.get(pid)
-        alive = proc.poll() is None if proc is not None else _is_our_process(pid, spec_path)
+        alive = proc.poll() is None if proc is not None else _is_our_process(pid, spec_path, started)
         if alive:
             try:
                 os.killpg(pid, signals.SIGKILL)
@@ -142,7 +154,11 @@ def _exit_code_left_by(spec_path: str) -> int | None:
         return None
 
 
-def _is_our_process(pid: int, spec_path: str) -> bool:
+def _is_our_process(pid: int, spec_path: str, started: str | None = None) -> bool:
+    """Whether `pid` is still the trainer of this handle: the same start time for a trainer forked
+    warm (its command line is the warm trainer's), else its command line names its spec."""
+    if started is not None:
+        return process_start_time(pid) == started
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
     except OSError:

@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, preempted)
+    # a trainer forked warm (train/warm.py) starts with SIGTERM blocked, so that a notice sent
+    # before this handler was in place waits for it: it arrives now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     code = _main(args.spec, stop)
     if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process attempt
         _write_exit_file(args.spec, code)
