@@ -98,6 +98,10 @@ SERVER_ENV = {
     "TUNEFORGE_LEASE_TIMEOUT_S": "30",
     # training is what is disturbed and compared; the post-training eval would only add time
     "TUNEFORGE_EVAL_BY_DEFAULT": "false",
+    # every trainer a child of the control plane with its spec on its command line, which is how
+    # `running_trainers` finds them and tells adopted ones apart (forked warm, they would be the
+    # warm process's children, under its command line)
+    "TUNEFORGE_TRAINER_WARM_START": "false",
 }
 ACTION_WEIGHTS = {"sigterm": 0.5, "sigkill": 0.3, "restart": 0.2}
 GAP_S = (2.0, 6.0)  # pause between two chaos actions

@@ -105,13 +105,16 @@ def db_backend() -> str:
 
 
 @pytest.fixture
-def database_url(tmp_path: Path) -> Iterator[str]:
-    """SQLAlchemy URL of an empty database that belongs to this test alone."""
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLAlchemy URL of a database that belongs to this test alone. SQLite: a file not made yet
+    (`upgrade`, or tests/helpers/schema.py's copy, makes it). PostgreSQL: a database at the head
+    revision, or an empty one for a test marked `empty_database` (tests/helpers/postgres.py)."""
     admin_url = os.environ.get(postgres.POSTGRES_URL_ENV)
     if not admin_url:
         yield f"sqlite:///{tmp_path}/tuneforge.db"
         return
-    name, url = postgres.lend(admin_url)
+    at_head = request.node.get_closest_marker("empty_database") is None
+    name, url = postgres.lend(admin_url, at_head=at_head)
     try:
         yield url
     finally:
@@ -121,7 +124,7 @@ def database_url(tmp_path: Path) -> Iterator[str]:
         # of an import can crash pytest itself ("AST constructor recursion
         # depth mismatch").
         gc.collect()
-        postgres.give_back(admin_url, name)
+        postgres.give_back(admin_url, name, at_head=at_head)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,8 @@ draw, as every attempt does.
 Protocol (stdin/stdout, one JSON object a line): it first writes
 {"ready": true} (or {"ready": false, "error": ...}) once the imports are done;
 then for each request {"spec": path, "env": {...}, "cwd": path, "log": path}
-it answers {"pid": N, "started": T} (T: `process_start_time`) or {"error": ...}. A child that a signal ended leaves
+it answers {"pid": N, "started": T} (T: `process_start_time`) once the child has its own
+session (so its process group can be signalled at once), or {"error": ...}. A child that a signal ended leaves
 its exit code beside its spec, as a trainer that ends by itself does
 (`__main__.exit_file`), so the executor tells a cancelled attempt from a lost
 one. When stdin closes (the control plane went) it exits; the children run on
@@ -94,11 +95,13 @@ def _exit_path(spec_path: str) -> str:
     return exit_file(spec_path)
 
 
-def _child(request: dict[str, Any]) -> NoReturn:
+def _child(request: dict[str, Any], started_fd: int) -> NoReturn:
     """In the forked child: become the attempt's trainer, then exit with its code."""
     code = int(TrainerExit.PLATFORM_ERROR)
     try:
         os.setsid()
+        os.write(started_fd, b"s")  # its session exists: the executor may signal its group now
+        os.close(started_fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -137,12 +140,19 @@ def _launch(request: dict[str, Any], children: dict[int, str]) -> dict[str, Any]
     # SIGTERM stays blocked from before the fork until the trainer's own handler is in place
     # (`__main__.main` unblocks it): a notice sent while the child starts is not lost
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    started_read, started_write = os.pipe()
     try:
         pid = os.fork()
         if pid == 0:
-            _child(request)
+            os.close(started_read)
+            _child(request, started_write)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    os.close(started_write)
+    try:
+        os.read(started_read, 1)  # the child has its own session (or is gone: end of file)
+    finally:
+        os.close(started_read)
     children[pid] = request["spec"]
     # read before this process reaps it: until then the child is there, if only as a zombie
     return {"pid": pid, "started": process_start_time(pid)}

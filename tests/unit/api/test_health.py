@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 from sqlalchemy.exc import OperationalError
@@ -69,6 +70,7 @@ def test_leader_known_sees_another_holder_without_taking_the_lock(tmp_path, data
         second.release()
 
 
+@pytest.mark.empty_database
 def test_control_planes_starting_together_migrate_one_at_a_time(tmp_path, database_url):
     errors: list[BaseException] = []
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -14,6 +15,9 @@ TABLES = {"tenants", "api_keys", "base_models", "files", "jobs", "attempts", "jo
           "fine_tuned_models", "model_stage_changes", "webhook_endpoints", "webhook_deliveries", "tenant_secrets",
           "uploads", "upload_parts", "routes", "route_requests", "sweeps", "sweep_trials",
           "alembic_version"}
+
+
+pytestmark = pytest.mark.empty_database  # the migrations run from nothing
 
 
 def test_upgrade_creates_every_table_and_downgrade_removes_them(database_url):
