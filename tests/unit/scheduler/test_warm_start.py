@@ -93,10 +93,14 @@ def test_the_executor_follows_and_cancels_a_warm_trainer(warm, tmp_path, monkeyp
     spec = _fifo(tmp_path / "ftjob-k-attempt-1.json")
     pid, started = _launch(warm, tmp_path, spec)
     handle = {"pid": pid, "started": started, "warm": True, "spec_path": str(spec)}
-    assert os.getpgid(pid) == pid, "a trainer runs in a session of its own"
-    assert executor.poll(handle).state == "running"
-    # the same pid with another start time is another process
-    assert executor.poll({**handle, "started": str(int(started) + 1)}).state == "unknown"
+    try:
+        assert os.getpgid(pid) == pid, "a trainer runs in a session of its own"
+        assert executor.poll(handle).state == "running"
+        # the same pid with another start time is another process
+        assert executor.poll({**handle, "started": str(int(started) + 1)}).state == "unknown"
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)  # it waits on its FIFO for ever otherwise
+        raise
     executor.signal(handle, "cancel")  # SIGKILL to its process group
     _wait(lambda: executor.poll(handle).state == "exited")
     assert executor.poll(handle).exit_code == -signal.SIGKILL  # the warm process wrote it
