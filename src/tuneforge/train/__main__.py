@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     code = _main(args.spec, stop)
     if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process attempt
-        _write_exit_file(args.spec, code)
+        write_exit_file(args.spec, code)
     return code
 
 
@@ -74,7 +74,7 @@ def exit_file(spec_path: str) -> str:
     return base + ".exit"
 
 
-def _write_exit_file(spec_path: str, code: int) -> None:
+def write_exit_file(spec_path: str, code: int) -> None:
     path = exit_file(spec_path)
     try:
         with open(path + ".tmp", "w") as handle:

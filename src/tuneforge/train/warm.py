@@ -39,6 +39,7 @@ import traceback
 from typing import Any, NoReturn
 
 from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.train.__main__ import exit_file, main, write_exit_file
 
 # What every trainer imports before its first step; an architecture's own modeling module is
 # imported by the child (transformers loads it lazily by name).
@@ -89,12 +90,6 @@ def process_start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def _exit_path(spec_path: str) -> str:
-    from tuneforge.train.__main__ import exit_file
-
-    return exit_file(spec_path)
-
-
 def _child(request: dict[str, Any], started_fd: int) -> NoReturn:
     """In the forked child: become the attempt's trainer, then exit with its code."""
     code = int(TrainerExit.PLATFORM_ERROR)
@@ -115,8 +110,6 @@ def _child(request: dict[str, Any], started_fd: int) -> NoReturn:
         os.environ.clear()
         os.environ.update({str(name): str(value) for name, value in request["env"].items()})
         sys.argv = [sys.argv[0], request["spec"]]
-        from tuneforge.train.__main__ import main
-
         code = int(main([request["spec"]]))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(TrainerExit.PLATFORM_ERROR)
@@ -169,15 +162,8 @@ def _reap(children: dict[int, str]) -> None:
         if info is None or info.si_pid == 0:
             return
         spec = children.pop(info.si_pid, None)
-        if spec is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
-            path = _exit_path(spec)
-            if not os.path.exists(path):
-                try:
-                    with open(path + ".tmp", "w") as handle:
-                        handle.write(f"{-info.si_status}\n")
-                    os.replace(path + ".tmp", path)
-                except OSError:
-                    pass  # the executor then knows what it knows of a lost process
+        if spec is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) and not os.path.exists(exit_file(spec)):
+            write_exit_file(spec, -info.si_status)  # as the trainer does for itself (a failure is logged)
         os.waitpid(info.si_pid, 0)
 
 
