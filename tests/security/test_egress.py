@@ -23,7 +23,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.platform import add_tenant, make_platform
-from tuneforge.api import deps
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
@@ -82,8 +81,7 @@ class Api:
 def api(tmp_path, database_url):
     platform = make_platform(tmp_path, database_url, webhook_timeout_s=5.0, webhook_max_attempts=3)
     http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
-    http.app.dependency_overrides[deps.egress] = lambda: EgressPolicy.from_settings(platform.settings,
-                                                                                    resolver=resolve)
+    http.app.state.egress_resolver = resolve
     yield Api(platform, http, add_tenant(platform, "alpha"), add_tenant(platform, "beta"))
     http.close()
     platform.db.dispose()
@@ -489,8 +487,7 @@ def _deliveries(api: Api, endpoint_id: str) -> httpx.Response:
 def test_a_rebound_webhook_is_never_delivered_and_records_only_our_reason(api, listeners):
     listener = listeners()
     rebinding = Rebinding()
-    api.http.app.dependency_overrides[deps.egress] = lambda: EgressPolicy.from_settings(api.platform.settings,
-                                                                                        resolver=rebinding)
+    api.http.app.state.egress_resolver = rebinding
     created = api.create(f"http://rebind.test:{listener.port}/hook")
     assert created.status_code == 200, created.text
     _finish_a_job(api.platform, "alpha")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import threading
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from tuneforge import __version__, console
@@ -51,6 +53,32 @@ def _telemetry(enabled: bool) -> dict:
     return {"telemetry": {"tracing": enabled, "metrics": enabled, "logs": enabled}}
 
 
+# The API's routers in the order a request is matched against them: the probes (health.install,
+# per app) and the routes polled hardest come first (measured: matching /healthz against the fifty
+# routes before it was a third of its CPU).
+_ROUTERS = (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
+            jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
+            secrets.router, traffic.router, sweeps.router)
+_shared: list[BaseRoute] = []
+_shared_lock = threading.Lock()
+
+
+def _api_routes() -> list[BaseRoute]:
+    """The routes of `_ROUTERS`, built once per process and shared by every app `create_app` makes:
+    each reads its platform from `request.app.state`, so nothing in a route belongs to one app.
+    Building them resolves every dependency and response model (FastAPI releases before ~0.16x do
+    it again for each app they are included in: 0.3 s of CPU an app, measured at the lowest
+    supported versions). Hence an app's `dependency_overrides` do not reach them: what varies
+    between apps lives on `app.state` (e.g. `egress_resolver`)."""
+    with _shared_lock:
+        if not _shared:
+            router = APIRouter()
+            for included in _ROUTERS:
+                router.include_router(included)
+            _shared.extend(router.routes)
+        return _shared
+
+
 def create_app(settings: Settings | None = None, *, platform: Platform | None = None,
                rate_limiter: RequestLimiter | None = None) -> FastAPI:
     """The API of `platform` (else one built from `settings`). `rate_limiter`: the tenants' request
@@ -66,18 +94,14 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app.state.job_bodies = JobBodies(platform)
     app.state.event_pages = EventPages(platform)
     app.state.rate_limiter = RequestLimiter.from_settings(platform.settings) if rate_limiter is None else rate_limiter
+    app.state.egress_resolver = None  # how tenant-supplied hosts are resolved: None, the system's resolver
     errors.install(app)
     docs.install(app, platform.settings.docs_access, bool(platform.settings.admin_api_key))
     app.add_middleware(RequestGuard)
     app.add_middleware(RequestMetrics)  # outermost: every request's latency, refusals included
-    # Routes are matched in order, each path tried against every route before it: the probes and
-    # the routes polled hardest come first (measured: matching /healthz against the fifty routes
-    # before it was a third of its CPU).
+    # Routes are matched in order, each path tried against every route before it (see _ROUTERS)
     health.install(app, platform)
-    for router in (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
-                   jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
-                   secrets.router, traffic.router, sweeps.router):
-        app.include_router(router)
+    app.router.routes.extend(_api_routes())
     console.install(app)  # the web console at /console (its routes are not in the API's schema)
     openapi.install(app)
     return app

@@ -36,8 +36,10 @@ def platform(request: Request) -> Platform:
 
 
 def egress(request: Request) -> EgressPolicy:
-    """The policy every tenant-supplied URL passes (TUNEFORGE_EGRESS_ALLOW widens it)."""
-    return EgressPolicy.from_settings(request.app.state.platform.settings)
+    """The policy every tenant-supplied URL passes (TUNEFORGE_EGRESS_ALLOW widens it), resolving
+    hosts with the app's `egress_resolver` (None: the system's)."""
+    return EgressPolicy.from_settings(request.app.state.platform.settings,
+                                      resolver=getattr(request.app.state, "egress_resolver", None))
 
 
 EGRESS = Depends(egress)

@@ -7,8 +7,10 @@ Processes and their environment are torchrun's: `RANK`, `WORLD_SIZE`, `LOCAL_RAN
 
 - the local executor starts rank 0 only (`python -m tuneforge.train SPEC`); with
   `spec.gpus > 1` and no `WORLD_SIZE` in its environment it starts ranks 1..N-1 itself
-  (`launch_workers`: the same command, in the same process group, so a preemption
-  notice or a kill reaches them all);
+  (`launch_workers`, in its own process group, so a preemption notice or a kill reaches
+  them all): forked from rank 0, which has imported torch, transformers and peft already
+  (seconds of CPU a fresh process would spend again), when that is safe — no Python thread
+  but the main one, CUDA not initialised, no tensor op run yet — else as the same command;
 - the Ray executor's actor on every node starts that node's ranks, each told its rank,
   its local rank (its GPU on the node) and rank 0's address and port;
 - an operator may run `torchrun --nproc-per-node N -m tuneforge.train SPEC` by hand.
@@ -43,16 +45,21 @@ import contextlib
 import datetime
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as torch_dist
 
+from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.rendezvous import (  # noqa: F401 - RENDEZVOUS_ENV, rendezvous_env: re-exported
     ADDR_ENV,
     LOCAL_RANK_ENV,
@@ -87,22 +94,106 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_workers(spec_path: str, world: int) -> list[subprocess.Popen]:
-    """From rank 0: start ranks 1..world-1 on this host and set rank 0's own environment."""
+def launch_workers(spec_path: str, world: int) -> list[subprocess.Popen | ForkedRank]:
+    """From rank 0, before any tensor op: start ranks 1..world-1 on this host and set rank 0's
+    own environment."""
     port = _free_port()
     os.environ.update(rendezvous_env(0, world, 0, world, "127.0.0.1", port))
-    workers = []
+    fork = fork_safe()
+    workers: list[subprocess.Popen | ForkedRank] = []
     for rank in range(1, world):
         # the allow-list again, plus the platform's own TUNEFORGE_* variables rank 0's executor set
         # (store, egress, node): nothing else rank 0 inherited reaches the other ranks
         platform_vars = {name: value for name, value in os.environ.items() if name.startswith("TUNEFORGE_")}
         env = child_env({**platform_vars, **rendezvous_env(rank, world, rank, world, "127.0.0.1", port)})
-        workers.append(subprocess.Popen([sys.executable, "-m", "tuneforge.train", spec_path], env=env,
-                                        stdin=subprocess.DEVNULL))
+        if fork:
+            workers.append(ForkedRank.start(spec_path, env))
+        else:
+            workers.append(subprocess.Popen([sys.executable, "-m", "tuneforge.train", spec_path], env=env,
+                                            stdin=subprocess.DEVNULL))
     return workers
 
 
-def stop_workers(workers: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
+def fork_safe() -> bool:
+    """Whether this process may fork a trainer: it runs no Python thread but this one and has not
+    initialised CUDA (a forked child could not use it). The caller also knows that no tensor op
+    has run (the CPU thread pool a child would inherit half of does not exist yet)."""
+    return threading.active_count() == 1 and not torch.cuda.is_initialized()
+
+
+class ForkedRank:
+    """A worker rank forked from rank 0: the part of `subprocess.Popen` that `stop_workers` uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, spec_path: str, env: dict[str, str]) -> ForkedRank:
+        for stream in (sys.stdout, sys.stderr):  # what is buffered is written once, not once per process
+            stream.flush()
+        # SIGTERM stays blocked in the child until the trainer's own handler is in place (`__main__.main`
+        # unblocks it): a notice sent while the rank starts is not lost, nor taken by rank 0's handler
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _become_worker(spec_path, env)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        return cls(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its code is lost
+                self.returncode = int(TrainerExit.PLATFORM_ERROR)
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout or 0.0)
+            time.sleep(0.05)
+        return code
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _become_worker(spec_path: str, env: dict[str, str]) -> NoReturn:
+    """In the forked child: run as the worker rank a fresh `python -m tuneforge.train SPEC` with
+    `env` would be (stdin empty, stdout and stderr rank 0's), then exit with its code."""
+    code = int(TrainerExit.PLATFORM_ERROR)
+    try:
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null_fd, 0)
+        os.close(null_fd)
+        os.environ.clear()
+        os.environ.update(env)
+        from tuneforge.train.__main__ import main
+
+        sys.argv = [sys.argv[0], spec_path]
+        code = int(main([spec_path]))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(TrainerExit.PLATFORM_ERROR)
+    except BaseException:  # noqa: BLE001 - the rank's last word goes to the shared log, then it exits
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    os._exit(code)
+
+
+def stop_workers(workers: list[subprocess.Popen | ForkedRank], timeout_s: float = 60.0) -> None:
     for worker in workers:
         try:
             worker.wait(timeout=timeout_s)

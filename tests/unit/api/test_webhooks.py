@@ -7,14 +7,12 @@ import time
 
 import pytest
 
-from tuneforge.api import deps
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
-from tuneforge.security.egress import EgressPolicy
 from tuneforge.services.training.transitions import transition
 
 ALL_EVENTS = ["fine_tuning.job.succeeded", "fine_tuning.job.failed", "fine_tuning.job.cancelled"]
@@ -30,8 +28,7 @@ def _resolve(host: str) -> list[str]:
 @pytest.fixture(autouse=True)
 def _no_real_dns(world):
     """The egress policy of the platform's settings, with the resolver above instead of DNS."""
-    world.http.app.dependency_overrides[deps.egress] = \
-        lambda: EgressPolicy.from_settings(world.platform.settings, resolver=_resolve)
+    world.http.app.state.egress_resolver = _resolve
 
 
 def _create(world, key: str, **body) -> dict:

@@ -1,6 +1,7 @@
-"""Training in two real processes (gloo on CPU), as the executor runs it:
-`python -m tuneforge.train SPEC` with `gpus: 2` starts a second rank itself, in
-torchrun's environment.
+"""Training in two real processes (gloo on CPU), as the local executor runs it: its warm
+trainer forks the attempt's trainer (rank 0), which with `gpus: 2` forks the second rank
+itself, in torchrun's environment (tests/unit/train/test_launch_workers.py: the same ranks
+started as fresh processes).
 
 - DDP (LoRA) and FSDP2 (full fine-tune, and LoRA sharded) compute the same steps as
   one process (each rank takes half of every step's examples; gradients are averaged
@@ -17,8 +18,8 @@ torchrun's environment.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,8 +32,10 @@ from tests.helpers.fake_control_plane import FakeControlPlane
 from tests.helpers.tiny import next_attempt, stage_job
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.spec import JobSpec
+from tuneforge.executors.warm import WarmTrainer
 from tuneforge.storage import layout
 from tuneforge.storage.store import FsspecStore
+from tuneforge.train.__main__ import exit_file
 
 pytestmark = pytest.mark.distributed
 
@@ -40,17 +43,47 @@ OPTIONS = {"hyperparameters": {"n_epochs": 2, "batch_size": 6, "micro_batch_size
            "checkpoint": {"every_steps": 2, "keep_last": 5}}
 
 
+def _trainer_env() -> dict[str, str]:
+    src = str(Path(tuneforge.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+
+
+_warm: list[WarmTrainer] = []  # the module's warm trainer, while its tests run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The local executor's warm trainer, ready before the first attempt: every attempt here is
+    forked from it, and its rank 0 forks the second rank (a cold start is trainer-level, covered
+    by the executor's own tests; tests/unit/train/test_main.py runs `python -m tuneforge.train`)."""
+    trainer = WarmTrainer(_trainer_env(), tmp_path_factory.mktemp("warm") / "warm.log")
+    trainer.start()
+    deadline = time.monotonic() + 120
+    while not trainer.ready():
+        assert time.monotonic() < deadline, trainer.log_path.read_text()[-3000:]
+        time.sleep(0.1)
+    _warm.append(trainer)
+    yield
+    _warm.clear()
+    trainer.close()
+
+
 def _run(spec, path: Path) -> tuple[int, dict[int, float], str]:
-    """Run one attempt as the executor does; its return code and the losses it reported."""
+    """Run one attempt as the local executor does (forked from its warm trainer); its exit code,
+    the losses it reported and its log."""
     with FakeControlPlane() as plane:
         spec = replace(spec, callback_url=plane.url)
         spec.write(path)
-        src = str(Path(tuneforge.__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
-        done = subprocess.run([sys.executable, "-m", "tuneforge.train", str(path)], env=env,
-                              capture_output=True, text=True, timeout=300)
+        log_path = path.with_suffix(".log")
+        forked = _warm[0].launch(str(path), _trainer_env(), str(path.parent), str(log_path))
+        assert forked is not None, _warm[0].log_path.read_text()[-3000:]
+        exit_path = Path(exit_file(str(path)))
+        deadline = time.monotonic() + 300
+        while not exit_path.exists():
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.1)
         losses = {e["data"]["step"]: e["data"]["train_loss"] for e in plane.accepted_events() if e["type"] == "metrics"}
-    return done.returncode, losses, done.stderr
+    return int(exit_path.read_text()), losses, log_path.read_text()
 
 
 def _adapter(store, spec) -> dict[str, torch.Tensor]:
