@@ -27,6 +27,7 @@ def test_two_apps_share_their_routes_and_each_answers_from_its_own_platform(tmp_
         return ["10.1.2.3"]
 
     apps[1].state.egress_resolver = resolver
+    hook = {"events": ["fine_tuning.job.succeeded"]}
     with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
         headers = {"Authorization": f"Bearer {key_first}"}
         assert a.get("/v1/files", headers=headers).status_code == 200
@@ -34,11 +35,11 @@ def test_two_apps_share_their_routes_and_each_answers_from_its_own_platform(tmp_
             assert b.get("/v1/files", headers=headers).status_code == 401
         key_second = add_tenant(second, "beta")
         # the second app's policy: its settings allow 10.0.0.0/8, its resolver names the address
-        created = b.post("/v1/webhooks", json={"url": "http://hooks.internal/x", "events": ["fine_tuning.job.succeeded"]},
+        created = b.post("/v1/webhooks", json={"url": "http://hooks.internal/x", **hook},
                          headers={"Authorization": f"Bearer {key_second}"})
         assert created.status_code == 200, created.text
         assert seen == [("hooks.internal",)]
-        refused = a.post("/v1/webhooks", json={"url": "http://10.1.2.3/x", "events": ["fine_tuning.job.succeeded"]}, headers=headers)
+        refused = a.post("/v1/webhooks", json={"url": "http://10.1.2.3/x", **hook}, headers=headers)
         assert refused.status_code == 400, refused.text
     for platform in (first, second):
         platform.db.dispose()
