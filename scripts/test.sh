@@ -22,9 +22,10 @@
 #             kept under ~/.cache/tuneforge until pyproject.toml changes), then the unit
 #             tests on SQLite but the distributed ones (torch is not lowered): it checks the
 #             declared lower bounds (docs/operations.md).
-# On a machine with two cores or more the stages run in two lanes side by side: sqlite then
-# lowest in the background, postgres then ray in the foreground; the background lane's output
-# follows (TUNEFORGE_TEST_PARALLEL=0: every stage one after the other).
+# On a machine with two cores or more the stages run in two lanes side by side, each as long as
+# the other: the sqlite stage's tests outside tests/unit then the ray stage in the foreground;
+# postgres, the sqlite stage's tests/unit, then lowest in the background, whose output follows
+# (TUNEFORGE_TEST_PARALLEL=0: every stage one after the other, the sqlite stage in one run).
 # Exits non-zero if any run failed.
 #
 # Each invocation starts its own server on a free port, so that runs side by
@@ -169,6 +170,8 @@ run_stage() {
 stage_title() {
     case "$1" in
         sqlite) echo "pytest on SQLite" ;;
+        sqlite:rest) echo "pytest on SQLite: every test outside tests/unit (the sqlite stage's first part)" ;;
+        sqlite:unit) echo "pytest on SQLite: tests/unit (the sqlite stage's second part)" ;;
         postgres) echo "pytest on PostgreSQL ($pg_url)" ;;
         ray) echo "pytest on Ray + S3 + PostgreSQL: the end-to-end suite and the Ray tests (slower stage)" ;;
         lowest) echo "pytest tests/unit with every direct dependency at its lowest allowed version" ;;
@@ -187,64 +190,104 @@ record() {
 }
 
 # The stages are independent (each test has its own database, temp folder and ports): on a
-# machine with two cores or more they run in two lanes side by side, each stage with a temp
-# folder of its own. The background lane (sqlite, lowest) writes to a log that is printed once
-# the foreground lane (postgres, ray) is done. TUNEFORGE_TEST_PARALLEL=0 runs every stage one
-# after the other.
+# machine with two cores or more they run in two lanes side by side, each part with a temp folder
+# of its own. The sqlite stage, the longest, runs then as two parts, one in each lane (tests/unit,
+# and the rest), unless the arguments name tests. The background lane writes to a log that is
+# printed once the foreground lane is done. TUNEFORGE_TEST_PARALLEL=0 runs every stage one after
+# the other.
 in_backends() {
     [[ " $BACKENDS " == *" $1 "* ]]
 }
-lanes=0
-if [[ "${TUNEFORGE_TEST_PARALLEL:-1}" == 1 && "$(nproc 2>/dev/null || echo 1)" -ge 2 ]] \
-        && { in_backends sqlite || in_backends lowest; } && { in_backends postgres || in_backends ray; }; then
-    lanes=1
+pytest_args=("$@")
+foreground_parts=()
+background_parts=()
+if [[ "${TUNEFORGE_TEST_PARALLEL:-1}" == 1 && "$(nproc 2>/dev/null || echo 1)" -ge 2 ]]; then
+    if in_backends sqlite; then
+        if has_test_path "${pytest_args[@]}"; then
+            foreground_parts+=(sqlite)
+        else
+            foreground_parts+=(sqlite:rest)
+        fi
+    fi
+    if in_backends ray; then foreground_parts+=(ray); fi
+    if in_backends postgres; then background_parts+=(postgres); fi
+    if in_backends sqlite && ! has_test_path "${pytest_args[@]}"; then background_parts+=(sqlite:unit); fi
+    if in_backends lowest; then background_parts+=(lowest); fi
+fi
+if [[ ${#foreground_parts[@]} -eq 0 || ${#background_parts[@]} -eq 0 ]]; then
+    foreground_parts=()
+    background_parts=()
+    for backend in $BACKENDS; do
+        foreground_parts+=("$backend")
+    done
 fi
 
-# Runs the named stages one after the other, each stage's exit code on a line "STAGE=RC" of the
+# Runs one part: a stage, or half of the sqlite stage.
+run_part() {
+    local part="$1"
+    shift
+    case "$part" in
+        sqlite:unit) run_stage sqlite "$@" tests/unit ;;
+        sqlite:rest) run_stage sqlite "$@" tests --ignore=tests/unit ;;
+        *) run_stage "$part" "$@" ;;
+    esac
+}
+
+# Runs the named parts one after the other, each part's exit code on a line "PART=RC" of the
 # file $1 (the background lane cannot set this shell's variables).
 run_lane() {
     local codes="$1" base="$2"
     shift 2
-    local stage rc
-    for stage in "$@"; do
-        header "$(stage_title "$stage")"
+    local part rc
+    for part in "$@"; do
+        header "$(stage_title "$part")"
         set +e
-        run_stage "$stage" --basetemp="$base/$stage" "${pytest_args[@]}"
+        run_part "$part" --basetemp="$base/${part/:/-}" "${pytest_args[@]}"
         rc=$?
         set -e
-        echo "$stage=$rc" >> "$codes"
+        echo "$part=$rc" >> "$codes"
     done
 }
 
-pytest_args=("$@")
-background_stages=()
-foreground_stages=()
-for backend in $BACKENDS; do
-    if [[ "$lanes" == 1 && ( "$backend" == sqlite || "$backend" == lowest ) ]]; then
-        background_stages+=("$backend")
-    else
-        foreground_stages+=("$backend")
-    fi
-done
-
 stage_tmp="$(mktemp -d -t tuneforge-test-stages.XXXXXX)"
-if [[ ${#background_stages[@]} -gt 0 ]]; then
-    header "in the background, beside the other stages (output follows): ${background_stages[*]}"
-    run_lane "$stage_tmp/background.codes" "$stage_tmp" "${background_stages[@]}" > "$stage_tmp/background.log" 2>&1 &
+if [[ ${#background_parts[@]} -gt 0 ]]; then
+    header "in the background, beside the other stages (output follows): ${background_parts[*]}"
+    run_lane "$stage_tmp/background.codes" "$stage_tmp" "${background_parts[@]}" > "$stage_tmp/background.log" 2>&1 &
     background_pid=$!
 fi
-run_lane "$stage_tmp/foreground.codes" "$stage_tmp" "${foreground_stages[@]}"
+run_lane "$stage_tmp/foreground.codes" "$stage_tmp" "${foreground_parts[@]}"
 if [[ -n "$background_pid" ]]; then
     set +e
     wait "$background_pid"
     set -e
     background_pid=""
-    header "the background lane's output (${background_stages[*]})"
+    header "the background lane's output (${background_parts[*]})"
     cat "$stage_tmp/background.log"
 fi
+# A stage's code: a failure of any of its parts, else 0 if one ran tests, else 5 (none collected);
+# a part that never reported failed.
+stage_code() {
+    local backend="$1" line code="" expected=0 seen=0
+    for part in "${foreground_parts[@]}" "${background_parts[@]}"; do
+        if [[ "$part" == "$backend" || "$part" == "$backend":* ]]; then
+            expected=$((expected + 1))
+        fi
+    done
+    while IFS= read -r line; do
+        seen=$((seen + 1))
+        case "${line#*=}" in
+            0) [[ "$code" == "" || "$code" == 5 ]] && code=0 ;;
+            5) [[ "$code" == "" ]] && code=5 ;;
+            *) code="${line#*=}"; break ;;
+        esac
+    done < <(grep -hE "^$backend(:[a-z]+)?=" "$stage_tmp"/*.codes 2>/dev/null || true)
+    if [[ "$seen" -lt "$expected" && ( "$code" == "" || "$code" == 0 || "$code" == 5 ) ]]; then
+        code=1
+    fi
+    echo "${code:-1}"
+}
 for backend in $BACKENDS; do
-    rc="$(sed -n "s/^$backend=//p" "$stage_tmp"/*.codes 2>/dev/null | tail -n 1)"
-    record "$backend" "${rc:-1}"
+    record "$backend" "$(stage_code "$backend")"
 done
 rm -rf "$stage_tmp"
 

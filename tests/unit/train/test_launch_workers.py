@@ -1,74 +1,85 @@
 """How rank 0 starts the other ranks of a multi-process attempt on its host (train/distributed.py):
 forked when that is safe, as fresh `python -m tuneforge.train SPEC` processes otherwise, each
 with the allow-listed environment and torchrun's variables, and each a trainer that reads the
-spec and exits with the trainer's codes (here: a spec that cannot be read, a platform error)."""
+spec and exits with the trainer's codes (here: a spec that cannot be read, a platform error).
+
+Forking is tried in a process of its own, as a trainer is: the test process may run threads."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-import threading
+import sys
 
 import pytest
 
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.train import distributed
 
+RANK_ZERO = """
+import json, os, sys, threading
+from tuneforge.train import distributed
+
+spec_path, seen = sys.argv[1], sys.argv[2]
+out = {"safe": distributed.fork_safe()}
+release = threading.Event()
+thread = threading.Thread(target=release.wait)
+thread.start()
+out["safe_beside_a_thread"] = distributed.fork_safe()
+release.set()
+thread.join()
+real = distributed._become_worker
+
+def become(spec, env):  # the environment each child installs, written down by the child
+    with open(f"{seen}.{env['RANK']}", "w") as handle:
+        json.dump(env, handle)
+    real(spec, env)
+
+distributed._become_worker = become
+workers = distributed.launch_workers(spec_path, 3)
+out["types"] = [type(worker).__name__ for worker in workers]
+distributed.stop_workers(workers, timeout_s=60)
+out["codes"] = [worker.returncode for worker in workers]
+out["rank_zero"] = [os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"]]
+print(json.dumps(out))
+"""
+
+
+def test_a_thread_free_rank_zero_forks_its_ranks_each_with_only_the_allow_listed_environment(tmp_path):
+    spec_path, seen = tmp_path / "missing-spec.json", tmp_path / "env"
+    env = {name: value for name, value in os.environ.items() if name not in distributed.RENDEZVOUS_ENV}
+    env.update({"TUNEFORGE_S3_REGION": "eu-test-1", "SOME_DEVELOPER_SECRET": "planted"})
+    done = subprocess.run([sys.executable, "-c", RANK_ZERO, str(spec_path), str(seen)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert (out["safe"], out["safe_beside_a_thread"]) == (True, False)
+    assert out["types"] == ["ForkedRank", "ForkedRank"]
+    # the trainer ran in each: the spec cannot be read, a platform error; only rank 0 leaves an exit file
+    assert out["codes"] == [TrainerExit.PLATFORM_ERROR] * 2
+    assert "cannot read the job spec" in done.stderr
+    assert not (tmp_path / "missing-spec.exit").exists()
+    port = out["rank_zero"][2]
+    assert out["rank_zero"][:2] == ["0", "3"]
+    for rank in (1, 2):
+        child = json.loads((tmp_path / f"env.{rank}").read_text())
+        assert (child["RANK"], child["WORLD_SIZE"], child["LOCAL_RANK"], child["MASTER_PORT"]) == \
+            (str(rank), "3", str(rank), port)
+        assert child["TUNEFORGE_S3_REGION"] == "eu-test-1"
+        assert "SOME_DEVELOPER_SECRET" not in child
+
 
 @pytest.fixture
 def rank_zero_env(monkeypatch):
-    """Rank 0's environment as its executor sets it, plus a variable that is not the platform's."""
-    monkeypatch.setenv("TUNEFORGE_S3_REGION", "eu-test-1")
-    monkeypatch.setenv("SOME_DEVELOPER_SECRET", "planted")
+    """The test process's environment as it was, afterwards (launch_workers sets rank 0's torchrun
+    variables in it)."""
+    saved = dict(os.environ)
     for name in distributed.RENDEZVOUS_ENV:
         monkeypatch.delenv(name, raising=False)
-
-
-def test_fork_safe_only_without_other_python_threads():
-    assert distributed.fork_safe()
-    release = threading.Event()
-    thread = threading.Thread(target=release.wait)
-    thread.start()
-    try:
-        assert not distributed.fork_safe()
-    finally:
-        release.set()
-        thread.join()
-
-
-def test_forked_ranks_run_the_trainer_with_the_worker_environment(tmp_path, rank_zero_env):
-    spec_path = tmp_path / "missing-spec.json"
-    workers = distributed.launch_workers(str(spec_path), 3)
-    assert [type(worker) for worker in workers] == [distributed.ForkedRank] * 2
-    distributed.stop_workers(workers, timeout_s=60)
-    # the trainer ran in each: the spec cannot be read, a platform error, no exit file (not rank 0)
-    assert [worker.returncode for worker in workers] == [TrainerExit.PLATFORM_ERROR] * 2
-    assert not (tmp_path / "missing-spec.exit").exists()
-    # rank 0's own environment now has torchrun's variables for rank 0
-    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("0", "3")
-
-
-def test_a_forked_rank_gets_only_the_allow_listed_environment(tmp_path, rank_zero_env, monkeypatch):
-    # the environment each forked child installs in place of rank 0's, written down by the child
-    # before it runs the trainer
-    seen = tmp_path / "seen"
-    monkeypatch.setattr(distributed, "_become_worker", _reporting_worker(seen))
-    workers = distributed.launch_workers(str(tmp_path / "spec.json"), 2)
-    distributed.stop_workers(workers, timeout_s=60)
-    env = dict(line.split("=", 1) for line in seen.read_text().splitlines())
-    assert env["TUNEFORGE_S3_REGION"] == "eu-test-1"
-    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("1", "2", "1")
-    assert "SOME_DEVELOPER_SECRET" not in env
-
-
-def _reporting_worker(seen):
-    real = distributed._become_worker
-
-    def become(spec_path, env):
-        seen.write_text("".join(f"{name}={value}\n" for name, value in env.items()))
-        real(spec_path, env)
-
-    return become
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_ranks_start_as_fresh_processes_when_forking_is_not_safe(tmp_path, rank_zero_env, monkeypatch):
