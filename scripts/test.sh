@@ -23,8 +23,9 @@
 #             tests on SQLite but the distributed ones (torch is not lowered): it checks the
 #             declared lower bounds (docs/operations.md).
 # On a machine with two cores or more the stages run in two lanes side by side, each as long as
-# the other: the sqlite stage's tests outside tests/unit then the ray stage in the foreground;
-# postgres, the sqlite stage's tests/unit, then lowest in the background, whose output follows
+# the other: the sqlite stage's tests outside tests/unit (and tests/unit/train), then the ray stage
+# in the foreground; postgres, the rest of the sqlite stage's tests/unit, then lowest in the
+# background, whose output follows
 # (TUNEFORGE_TEST_PARALLEL=0: every stage one after the other, the sqlite stage in one run).
 # Exits non-zero if any run failed.
 #
@@ -170,8 +171,8 @@ run_stage() {
 stage_title() {
     case "$1" in
         sqlite) echo "pytest on SQLite" ;;
-        sqlite:rest) echo "pytest on SQLite: every test outside tests/unit (the sqlite stage's first part)" ;;
-        sqlite:unit) echo "pytest on SQLite: tests/unit (the sqlite stage's second part)" ;;
+        sqlite:rest) echo "pytest on SQLite: every test outside tests/unit, and tests/unit/train (the sqlite stage's first part)" ;;
+        sqlite:unit) echo "pytest on SQLite: tests/unit but tests/unit/train (the sqlite stage's second part)" ;;
         postgres) echo "pytest on PostgreSQL ($pg_url)" ;;
         ray) echo "pytest on Ray + S3 + PostgreSQL: the end-to-end suite and the Ray tests (slower stage)" ;;
         lowest) echo "pytest tests/unit with every direct dependency at its lowest allowed version" ;;
@@ -191,8 +192,8 @@ record() {
 
 # The stages are independent (each test has its own database, temp folder and ports): on a
 # machine with two cores or more they run in two lanes side by side, each part with a temp folder
-# of its own. The sqlite stage, the longest, runs then as two parts, one in each lane (tests/unit,
-# and the rest), unless the arguments name tests. The background lane writes to a log that is
+# of its own. The sqlite stage, the longest, runs then as two parts, one in each lane (see
+# sqlite_first_part), unless the arguments name tests. The background lane writes to a log that is
 # printed once the foreground lane is done. TUNEFORGE_TEST_PARALLEL=0 runs every stage one after
 # the other.
 in_backends() {
@@ -222,13 +223,26 @@ if [[ ${#foreground_parts[@]} -eq 0 || ${#background_parts[@]} -eq 0 ]]; then
     done
 fi
 
+# The sqlite stage's first part: every test folder and file of tests/ but tests/unit, and
+# tests/unit/train; its second part is the rest of tests/unit (the two take about as long).
+sqlite_first_part() {
+    local path
+    for path in tests/*; do
+        case "${path#tests/}" in
+            unit | __* | .*) ;;
+            *) if [[ -d "$path" || "$path" == tests/test_*.py ]]; then echo "$path"; fi ;;
+        esac
+    done
+    echo tests/unit/train
+}
+
 # Runs one part: a stage, or half of the sqlite stage.
 run_part() {
     local part="$1"
     shift
     case "$part" in
-        sqlite:unit) run_stage sqlite "$@" tests/unit ;;
-        sqlite:rest) run_stage sqlite "$@" tests --ignore=tests/unit ;;
+        sqlite:unit) run_stage sqlite "$@" tests/unit --ignore=tests/unit/train ;;
+        sqlite:rest) mapfile -t first < <(sqlite_first_part); run_stage sqlite "$@" "${first[@]}" ;;
         *) run_stage "$part" "$@" ;;
     esac
 }
