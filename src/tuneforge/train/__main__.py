@@ -15,6 +15,9 @@ import signal
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
 
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.spec import JobSpec
@@ -65,6 +68,32 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process attempt
         write_exit_file(args.spec, code)
     return code
+
+
+def run_forked(spec_path: str, env: dict[str, str], prepare: Callable[[], None]) -> NoReturn:
+    """The rest of a process forked from one that has imported the trainer (an attempt forked by
+    train/warm.py, a rank forked by rank 0 in train/distributed.py): `prepare` (its standard
+    streams, session, folder), then `env` in place of the inherited environment and `main` for the
+    spec, as a fresh `python -m tuneforge.train SPEC` would run; it exits with the trainer's code,
+    whatever escapes printed to its stderr."""
+    code = int(TrainerExit.PLATFORM_ERROR)
+    try:
+        prepare()
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [sys.argv[0], spec_path]
+        code = int(main([spec_path]))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(TrainerExit.PLATFORM_ERROR)
+    except BaseException:  # noqa: BLE001 - the process's last word goes to its log, then it exits
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 - nothing is left to tell
+                pass
+    os._exit(code)
 
 
 def exit_file(spec_path: str) -> str:

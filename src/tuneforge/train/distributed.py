@@ -51,7 +51,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -171,26 +170,14 @@ class ForkedRank:
 def _become_worker(spec_path: str, env: dict[str, str]) -> NoReturn:
     """In the forked child: run as the worker rank a fresh `python -m tuneforge.train SPEC` with
     `env` would be (stdin empty, stdout and stderr rank 0's), then exit with its code."""
-    code = int(TrainerExit.PLATFORM_ERROR)
-    try:
+    from tuneforge.train.__main__ import run_forked
+
+    def prepare() -> None:
         null_fd = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null_fd, 0)
         os.close(null_fd)
-        os.environ.clear()
-        os.environ.update(env)
-        from tuneforge.train.__main__ import main
 
-        sys.argv = [sys.argv[0], spec_path]
-        code = int(main([spec_path]))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else int(TrainerExit.PLATFORM_ERROR)
-    except BaseException:  # noqa: BLE001 - the rank's last word goes to the shared log, then it exits
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-    os._exit(code)
+    run_forked(spec_path, env, prepare)
 
 
 def stop_workers(workers: list[subprocess.Popen | ForkedRank], timeout_s: float = 60.0) -> None:

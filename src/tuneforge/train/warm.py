@@ -35,11 +35,9 @@ import select
 import signal
 import sys
 import threading
-import traceback
 from typing import Any, NoReturn
 
-from tuneforge.domain.exit_codes import TrainerExit
-from tuneforge.train.__main__ import exit_file, main, write_exit_file
+from tuneforge.train.__main__ import exit_file, run_forked, write_exit_file
 
 # What every trainer imports before its first step; an architecture's own modeling module is
 # imported by the child (transformers loads it lazily by name).
@@ -92,8 +90,8 @@ def process_start_time(pid: int) -> str | None:
 
 def _child(request: dict[str, Any], started_fd: int) -> NoReturn:
     """In the forked child: become the attempt's trainer, then exit with its code."""
-    code = int(TrainerExit.PLATFORM_ERROR)
-    try:
+
+    def prepare() -> None:
         os.setsid()
         os.write(started_fd, b"s")  # its session exists: the executor may signal its group now
         os.close(started_fd)
@@ -107,21 +105,8 @@ def _child(request: dict[str, Any], started_fd: int) -> NoReturn:
         os.close(log_fd)
         os.close(null_fd)
         os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update({str(name): str(value) for name, value in request["env"].items()})
-        sys.argv = [sys.argv[0], request["spec"]]
-        code = int(main([request["spec"]]))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else int(TrainerExit.PLATFORM_ERROR)
-    except BaseException:  # noqa: BLE001 - the child's last word goes to its log, then it exits
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001, S110 - nothing is left to tell
-                pass
-    os._exit(code)
+
+    run_forked(request["spec"], {str(name): str(value) for name, value in request["env"].items()}, prepare)
 
 
 def _launch(request: dict[str, Any], children: dict[int, str]) -> dict[str, Any]:
