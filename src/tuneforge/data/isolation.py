@@ -79,11 +79,13 @@ class _Worker:
         """("returned", value) or ("raised", exception)."""
         assert self.process.stdin is not None and self.process.stdout is not None
         request = (target, args, kwargs, deadline_s)
+        # the deadline counts from before the request is sent: however long this thread waits for
+        # the CPU after writing it, an answer that took longer than the deadline is never taken
+        ends_at = time.monotonic() + deadline_s
         try:
             _write(self.process.stdin, pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError) as exc:
             raise WorkerDied(f"the worker is gone ({exc})") from None
-        ends_at = time.monotonic() + deadline_s
         header = _read_until(self.process.stdout, _HEADER.size, ends_at, deadline_s)
         (size,) = _HEADER.unpack(header)
         if size > _MAX_ANSWER_BYTES:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,21 @@ def test_past_the_deadline_the_worker_is_killed_and_the_caller_told() -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert isolation.call_isolated("os:getpid", (), 30) != pid  # a fresh worker answers next
+
+
+def test_the_deadline_counts_from_before_the_request_even_if_the_caller_waits_for_the_cpu(monkeypatch) -> None:
+    """On a busy host the caller may lose the CPU right after sending the request; an answer
+    that came in after the deadline is refused all the same."""
+    isolation.call_isolated("os:getpid", (), 30)  # a warm worker, so the answer comes at once
+    write = isolation._write
+
+    def write_then_lose_the_cpu(stream, payload):  # noqa: ANN001
+        write(stream, payload)
+        time.sleep(0.5)  # the worker answers meanwhile
+
+    monkeypatch.setattr(isolation, "_write", write_then_lose_the_cpu)
+    with pytest.raises(isolation.DeadlineExceeded):
+        isolation.call_isolated("os:getpid", (), 0.2)
 
 
 def test_a_worker_that_dies_is_reported(tmp_path: Path) -> None:
