@@ -15,7 +15,7 @@ import json
 import secrets
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from tuneforge.api.routes.admin import admin
@@ -53,25 +53,31 @@ def install(app: FastAPI, access: str, admin_key_set: bool) -> None:
     if access == "off" or (access == "admin" and not admin_key_set):
         return
     guard = [Depends(admin)] if access == "admin" else []
+    # module functions reading the app they answer for: a closure over `app` would stay
+    # referenced from FastAPI's caches of endpoint callables, and the app with it
+    for path, endpoint in (("/openapi.json", _openapi_schema), ("/docs", _swagger_page), ("/redoc", _redoc_page)):
+        app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False, dependencies=guard)
 
-    @app.get("/openapi.json", include_in_schema=False, dependencies=guard)
-    def openapi_schema() -> JSONResponse:
-        return JSONResponse(app.openapi())
 
-    @app.get("/docs", include_in_schema=False, dependencies=guard)
-    def swagger_page() -> HTMLResponse:
-        nonce = secrets.token_urlsafe(16)
-        script = (f"SwaggerUIBundle({{spec: {_inline_json(app.openapi())}, dom_id: '#swagger-ui', "
-                  "validatorUrl: null, deepLinking: true});")
-        return _page(f"{app.title} - API reference",
-                     f"<link rel=\"stylesheet\" href=\"{_SWAGGER}/swagger-ui.css\">"
-                     f"<script src=\"{_SWAGGER}/swagger-ui-bundle.js\" nonce=\"{nonce}\"></script>",
-                     "<div id=\"swagger-ui\"></div>", script, _csp(nonce), nonce)
+def _openapi_schema(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
 
-    @app.get("/redoc", include_in_schema=False, dependencies=guard)
-    def redoc_page() -> HTMLResponse:
-        nonce = secrets.token_urlsafe(16)
-        script = f"Redoc.init({_inline_json(app.openapi())}, {{}}, document.getElementById('redoc'));"
-        return _page(f"{app.title} - API reference",
-                     f"<script src=\"{_REDOC}\" nonce=\"{nonce}\"></script>",
-                     "<div id=\"redoc\"></div>", script, _csp(nonce, "worker-src blob:"), nonce)
+
+def _swagger_page(request: Request) -> HTMLResponse:
+    app = request.app
+    nonce = secrets.token_urlsafe(16)
+    script = (f"SwaggerUIBundle({{spec: {_inline_json(app.openapi())}, dom_id: '#swagger-ui', "
+              "validatorUrl: null, deepLinking: true});")
+    return _page(f"{app.title} - API reference",
+                 f"<link rel=\"stylesheet\" href=\"{_SWAGGER}/swagger-ui.css\">"
+                 f"<script src=\"{_SWAGGER}/swagger-ui-bundle.js\" nonce=\"{nonce}\"></script>",
+                 "<div id=\"swagger-ui\"></div>", script, _csp(nonce), nonce)
+
+
+def _redoc_page(request: Request) -> HTMLResponse:
+    app = request.app
+    nonce = secrets.token_urlsafe(16)
+    script = f"Redoc.init({_inline_json(app.openapi())}, {{}}, document.getElementById('redoc'));"
+    return _page(f"{app.title} - API reference",
+                 f"<script src=\"{_REDOC}\" nonce=\"{nonce}\"></script>",
+                 "<div id=\"redoc\"></div>", script, _csp(nonce, "worker-src blob:"), nonce)

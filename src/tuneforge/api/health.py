@@ -14,7 +14,7 @@ import threading
 import time
 
 import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tuneforge import __version__
@@ -80,20 +80,26 @@ class Readiness:
 
 
 def install(app: FastAPI, platform: Platform) -> None:
-    readiness = app.state.readiness = Readiness(platform)
+    # The probes are module functions that find the platform and its readiness on the app they
+    # answer for, as every API route does: an endpoint made per app (a closure over it) stays
+    # referenced from FastAPI's caches of endpoint callables, and the app's platform with it.
+    app.state.readiness = Readiness(platform)
+    app.add_api_route("/healthz", _healthz, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/readyz", _readyz, methods=["GET"], include_in_schema=False)
 
-    @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict:  # async: no trip through the thread pool
-        # scheduler: "leader" (this process schedules), "standby" (another one does), "off" (API only)
-        return {"status": "ok", "version": __version__, "scheduler": platform.scheduler_role}
 
-    @app.get("/readyz", include_in_schema=False)
-    async def readyz() -> JSONResponse:
-        try:
-            with anyio.fail_after(READY_DEADLINE_S):
-                checks = await anyio.to_thread.run_sync(readiness.checks, abandon_on_cancel=True)
-        except TimeoutError:
-            checks = {"deadline": "exceeded"}
-        ready = all(value == "ok" for value in checks.values())
-        return JSONResponse({"status": "ready" if ready else "not_ready", "version": __version__,
-                             "checks": checks}, status_code=200 if ready else 503)
+async def _healthz(request: Request) -> dict:  # async: no trip through the thread pool
+    # scheduler: "leader" (this process schedules), "standby" (another one does), "off" (API only)
+    return {"status": "ok", "version": __version__, "scheduler": request.app.state.platform.scheduler_role}
+
+
+async def _readyz(request: Request) -> JSONResponse:
+    readiness: Readiness = request.app.state.readiness
+    try:
+        with anyio.fail_after(READY_DEADLINE_S):
+            checks = await anyio.to_thread.run_sync(readiness.checks, abandon_on_cancel=True)
+    except TimeoutError:
+        checks = {"deadline": "exceeded"}
+    ready = all(value == "ok" for value in checks.values())
+    return JSONResponse({"status": "ready" if ready else "not_ready", "version": __version__,
+                         "checks": checks}, status_code=200 if ready else 503)

@@ -43,3 +43,25 @@ def test_two_apps_share_their_routes_and_each_answers_from_its_own_platform(tmp_
         assert refused.status_code == 400, refused.text
     for platform in (first, second):
         platform.db.dispose()
+
+
+def test_an_app_and_its_platform_are_freed_once_nothing_holds_them(tmp_path, database_url):
+    """No route of an app closes over it or its platform: FastAPI keeps the endpoint callables it has
+    seen in caches of its own, which would keep every platform ever served alive."""
+    import gc
+    import weakref
+
+    platform = make_platform(tmp_path, database_url, docs_access="public")
+    key = add_tenant(platform, "alpha")
+    app = create_app(platform=platform)
+    with TestClient(app) as client:
+        for path in ("/healthz", "/openapi.json", "/docs", "/redoc"):
+            assert client.get(path).status_code == 200, path
+        assert "checks" in client.get("/readyz").json()  # ready or not (no scheduler runs here)
+        assert client.get("/v1/files", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    platform.db.dispose()
+    gone_platform, gone_app = weakref.ref(platform), weakref.ref(app)
+    del platform, app, client
+    gc.collect()
+    assert gone_app() is None
+    assert gone_platform() is None
