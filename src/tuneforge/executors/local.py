@@ -47,6 +47,12 @@ class LocalExecutor:
         self._warm = warm_trainer(child_env({**settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false"}),
                                   self.workdir) if settings.trainer_warm_start else None
 
+    def prepare(self) -> None:
+        """Start the warm trainer now, not on the first launch: that launch, and any made before
+        it is ready, would start their trainers cold."""
+        if self._warm is not None:
+            self._warm.start()
+
     def capacity(self) -> Capacity:
         """`local_nodes` logical nodes of `local_gpus` slots each (free counts: the scheduler
         knows which slots its attempts hold; this host cannot tell)."""

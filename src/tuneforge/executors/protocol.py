@@ -69,6 +69,11 @@ class Executor(Protocol):
     def signal(self, handle: dict[str, Any], action: Literal["preempt", "cancel"]) -> None: ...
     def log_tail(self, handle: dict[str, Any], max_bytes: int = 4000) -> str: ...
 
+    def prepare(self) -> None:
+        """Get ready to launch (the local executor starts its warm trainer); called when this
+        process starts scheduling, so that the first attempts after a start or a takeover do not
+        wait for a trainer's imports."""
+
     def release(self, handle: dict[str, Any]) -> None:
         """Free what an ended attempt still holds (processes, reserved GPUs); called once its
         end is recorded, and safe to call again."""

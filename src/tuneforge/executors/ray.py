@@ -200,6 +200,9 @@ class RayExecutor:
         except (ValueError, self._ray.exceptions.RayError):
             return ""
 
+    def prepare(self) -> None:
+        """Nothing to do: each attempt's trainers start on the nodes Ray picks for it."""
+
     def release(self, handle: dict[str, Any]) -> None:
         name = handle.get("name")
         if not name or handle.get("executor", "ray") != "ray":

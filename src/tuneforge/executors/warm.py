@@ -2,9 +2,10 @@
 trainer imports, asked to fork each attempt's trainer (tuneforge/train/warm.py says how and
 why that is safe).
 
-It is started on the first launch that wants it, in the background: that launch, and any made
-before it is ready, start their trainer cold (`python -m tuneforge.train`), as does every launch
-if it cannot start or stops answering. Started once per control-plane process and trainer
+It is started when the control plane starts scheduling (`LocalExecutor.prepare`), or else on
+the first launch that wants it, in the background: a launch made before it is ready starts its
+trainer cold (`python -m tuneforge.train`), as does every launch if it cannot start or stops
+answering. Started once per control-plane process and trainer
 environment (the environment is fixed when it starts: the store's settings, the egress
 allow-list), it serves every local executor of the process with that environment, and goes when
 the process does (its stdin closes). TUNEFORGE_TRAINER_WARM_START=false starts every trainer cold.
@@ -48,9 +49,10 @@ class WarmTrainer:
         return self._ready.is_set() and self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
-        """Start the process unless it runs; it says when it is ready, in the background."""
+        """Start the process unless it runs or was given up (MAX_STARTS); it says when it is
+        ready, in the background."""
         with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
+            if (self._proc is not None and self._proc.poll() is None) or self._starts >= MAX_STARTS:
                 return
             self._ready.clear()
             self._starts += 1

@@ -396,12 +396,19 @@ class Scheduler:
                 leading = self.leader.holds()  # another control plane on this database may be scheduling
                 if leading and self.platform.scheduler_role != "leader":
                     self._leading_since = time.time()
+                    self._prepare_executor()
                 self.platform.scheduler_role = "leader" if leading else "standby"
                 if leading:
                     self.tick()
             except Exception:  # noqa: BLE001
                 log.exception("scheduler tick failed")
             self._stop.wait(self.platform.settings.scheduler_tick_s)
+
+    def _prepare_executor(self) -> None:
+        try:
+            self.executor.prepare()
+        except Exception:  # noqa: BLE001 - launches then find it unprepared, as before
+            log.exception("the executor could not get ready to launch")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()

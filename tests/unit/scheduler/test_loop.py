@@ -25,6 +25,10 @@ class FakeExecutor:
         self.states: dict[int, PollResult] = {}
         self.signals: list[tuple[int, str]] = []
         self.released: list[int] = []
+        self.prepared = 0
+
+    def prepare(self) -> None:
+        self.prepared += 1
 
     def capacity(self) -> Capacity:
         return Capacity([NodeCapacity("fake", self.gpus, self.gpus)])
@@ -437,3 +441,20 @@ def test_a_draining_node_takes_nothing_new_and_its_attempts_checkpoint_and_move(
     executor.states[1] = PollResult("exited", TrainerExit.PREEMPTED)
     scheduler.tick()  # requeued; the drained node still takes nothing, the other is busy
     assert job(first)["status"] == "queued"
+
+
+def test_the_executor_gets_ready_each_time_this_process_starts_leading(tmp_path, database_url):
+    platform = make_platform(tmp_path, database_url, scheduler_tick_s=0.05)
+    executor = FakeExecutor()
+    scheduler = Scheduler(platform, executor)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 20
+        while platform.scheduler_role != "leader" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few ticks more as the leader
+    finally:
+        scheduler.stop()
+    assert platform.scheduler_role == "off"
+    assert executor.prepared == 1  # once, on becoming the leader; not on every tick
+    platform.db.dispose()

@@ -123,3 +123,18 @@ def test_an_executor_starts_cold_until_the_warm_process_is_ready_and_when_told_t
         assert trainer.pid is not None, "the first launch starts it, in the background"
     finally:
         trainer.close()
+
+
+def test_an_executor_made_ready_starts_its_warm_trainer_before_any_launch(tmp_path):
+    trainer = WarmTrainer(child_env(), tmp_path / "warm.log")
+    executor = LocalExecutor(Settings(home=tmp_path / "home", trainer_warm_start=False))
+    executor._warm = trainer  # this test's own warm trainer, not the process's shared one
+    try:
+        executor.prepare()
+        first = trainer.pid
+        assert first is not None, "prepare starts it, in the background"
+        executor.prepare()
+        assert trainer.pid == first  # already running: not started again
+    finally:
+        trainer.close()
+    assert LocalExecutor(Settings(home=tmp_path / "cold", trainer_warm_start=False)).prepare() is None  # none to start
