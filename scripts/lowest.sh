@@ -5,13 +5,17 @@
 # for the other stages (its lowest, 2.5, is a CUDA download of several GB; see docs/operations.md).
 #
 # The dependencies' environment is built once and kept under ~/.cache/tuneforge/lowest-KEY, KEY a hash
-# of pyproject.toml, this script, the interpreter and the torch build: a run whose KEY
+# of what pyproject.toml declares about dependencies (its build system, dependencies and extras;
+# the whole file where the interpreter has no tomllib), this script, the interpreter and the torch
+# build: a run whose KEY
 # matches reuses it (resolving and installing ~100 packages takes half a minute with a warm uv cache,
 # minutes with a cold one). The project itself is never in it: every run makes a small environment of
 # its own that holds this checkout (editable) and reads the cached one's packages through a .pth file,
 # so that two checkouts testing side by side each import their own code.
 #
 #   scripts/lowest.sh [PYTEST ARGS...]     (default: tests/unit)
+#   scripts/lowest.sh --prepare            only build (or find) the cached environment, run nothing
+#                                          (scripts/test.sh starts it early, beside its other work)
 #
 # Environment:
 #   TUNEFORGE_LOWEST_CACHE   where the built environments are kept (default ~/.cache/tuneforge)
@@ -46,11 +50,30 @@ site_packages() {
     "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
 }
 
+# What pyproject.toml says about dependencies, one canonical JSON line: a change elsewhere in the file
+# (a tool's settings, the description) keeps the cached environment.
+declared_dependencies() {
+    "$PYTHON" - <<'PY'
+import json, sys
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the whole file decides
+    sys.stdout.write(open("pyproject.toml").read())
+else:
+    with open("pyproject.toml", "rb") as handle:
+        data = tomllib.load(handle)
+    project = data.get("project", {})
+    print(json.dumps([data.get("build-system"), project.get("requires-python"), project.get("dependencies"),
+                      project.get("optional-dependencies")], sort_keys=True))
+PY
+}
+
 # The cached dependencies' environment for this key, built under a lock (a run beside this one
 # waits for it rather than building it twice); prints its path.
 cached_dependencies() {
     local key root deps
-    key="$({ cat pyproject.toml scripts/lowest.sh; echo "torch==$torch_version"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)"
+    key="$({ declared_dependencies; cat scripts/lowest.sh; echo "torch==$torch_version"; "$PYTHON" -VV; } \
+        | sha256sum | cut -c1-16)"
     root="${TUNEFORGE_LOWEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tuneforge}"
     deps="$root/lowest-$key"
     mkdir -p "$root"
@@ -76,6 +99,13 @@ cached_dependencies() {
 }
 
 started=$SECONDS
+if [[ "${1:-}" == --prepare ]]; then
+    if [[ -z "${TUNEFORGE_LOWEST_VENV:-}" ]]; then
+        cached_dependencies >/dev/null
+    fi
+    echo "lowest.sh: the lowest-direct environment is ready ($((SECONDS - started)) s)"
+    exit 0
+fi
 if [[ -n "${TUNEFORGE_LOWEST_VENV:-}" ]]; then
     venv="$TUNEFORGE_LOWEST_VENV"
     install_lowest "$venv"

@@ -19,7 +19,8 @@
 #             and tests/unit/train/test_distributed.py.
 #   lowest    every direct dependency at the lowest version pyproject.toml allows, in a
 #             virtual environment of its own (scripts/lowest.sh, with uv; the dependencies are
-#             kept under ~/.cache/tuneforge until pyproject.toml changes), then the unit
+#             kept under ~/.cache/tuneforge until those pyproject.toml declares change, and built
+#             in the background from the start, beside the static checks), then the unit
 #             tests on SQLite but the distributed ones (torch is not lowered): it checks the
 #             declared lower bounds (docs/operations.md).
 # On a machine with two cores or more the stages run in two lanes side by side, each as long as
@@ -81,6 +82,18 @@ unset PYTHONDONTWRITEBYTECODE
 # the browser tests' Chromium (Debian's) and Playwright: a no-op when both are there
 PYTHON="$PYTHON" bash scripts/browser-deps.sh
 
+# The lowest stage's environment (scripts/lowest.sh) is built now, in the background, beside the
+# static checks and the first stages: on a machine without it cached, resolving and downloading its
+# ~100 packages is mostly waiting on the network. Its lock makes the stage wait for it if needed.
+lowest_prepare_pid=""
+lowest_prepare_log=""
+if [[ " $BACKENDS " == *" lowest "* ]]; then
+    lowest_prepare_log="$(mktemp -t tuneforge-lowest-prepare.XXXXXX)"
+    PYTHON="$PYTHON" bash scripts/lowest.sh --prepare > "$lowest_prepare_log" 2>&1 &
+    lowest_prepare_pid=$!
+    trap 'kill "$lowest_prepare_pid" 2>/dev/null || true; rm -f "$lowest_prepare_log"' EXIT
+fi
+
 # static checks before any stage: a lint or type error fails the run in seconds, not after the suite
 header "static checks: ruff, mypy, import-linter (each configured in pyproject.toml)"
 "$PYTHON" -m ruff check src tests benchmarks scripts
@@ -101,6 +114,12 @@ cleanup() {
     if [[ -n "$background_pid" ]]; then
         pkill -TERM -P "$background_pid" 2>/dev/null || true
         kill "$background_pid" 2>/dev/null || true
+    fi
+    if [[ -n "$lowest_prepare_pid" ]]; then
+        kill "$lowest_prepare_pid" 2>/dev/null || true
+    fi
+    if [[ -n "$lowest_prepare_log" ]]; then
+        rm -f "$lowest_prepare_log"
     fi
     stop_pg
 }
@@ -150,6 +169,9 @@ run_stage() {
         env -u TUNEFORGE_TEST_POSTGRES_URL -u TUNEFORGE_TEST_EXECUTOR \
             TUNEFORGE_TEST_DISTRIBUTED_ON_RAY="$distributed_on_ray" "$PYTHON" -m pytest "$@"
     elif [[ "$backend" == lowest ]]; then
+        if [[ -n "$lowest_prepare_log" ]]; then
+            sed 's/^/(prepared in the background) /' "$lowest_prepare_log"
+        fi
         local args=("$@")
         if ! has_test_path "$@"; then
             args+=(tests/unit)

@@ -154,8 +154,9 @@ class LiveServer:
         finally:
             platform.db.dispose()
         port = free_port()
+        # an attack server trains one job at most: its trainer starts cold rather than keeping one warm
         child_env = {**os.environ, "TUNEFORGE_HOME": str(home), "TUNEFORGE_DATABASE_URL": database_url,
-                     "TUNEFORGE_EVAL_BY_DEFAULT": "false", **(env or {})}
+                     "TUNEFORGE_EVAL_BY_DEFAULT": "false", "TUNEFORGE_TRAINER_WARM_START": "false", **(env or {})}
         log_path = tmp_path / "server.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(

@@ -32,6 +32,7 @@ from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.status import JobStatus
 from tuneforge.security.egress import EgressDenied, EgressPolicy
+from tuneforge.security.tls import verified_context
 from tuneforge.services.context import Platform
 from tuneforge.services.training.transitions import transition
 from tuneforge.services.webhooks.delivery import Dispatcher
@@ -432,6 +433,30 @@ def test_tls_names_and_verifies_the_url_host_while_connecting_to_the_checked_add
     finally:
         listener.close()
 
+
+
+def test_default_clients_share_one_verifying_context_that_refuses_an_unknown_certificate(tmp_path):
+    pytest.importorskip("cryptography")
+    cert, key = _self_signed(tmp_path, "hooks.tls.test")
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    listener = Listener(tls=server_context)
+    try:
+        policy = EgressPolicy.parse("127.0.0.1", resolver=lambda host: ["127.0.0.1"])
+        with policy.client(timeout=5.0) as first, policy.client(timeout=5.0) as second:
+            contexts = [client._transport._pool._ssl_context for client in (first, second)]  # noqa: SLF001
+            with pytest.raises(httpx.ConnectError):  # signed by no CA of certifi's bundle
+                first.get(f"https://hooks.tls.test:{listener.port}/no")
+        asynchronous = policy.async_client(timeout=5.0)
+        contexts.append(asynchronous._transport._pool._ssl_context)  # noqa: SLF001
+        asyncio.run(asynchronous.aclose())
+        assert contexts[0] is contexts[1] is contexts[2] is verified_context()
+        assert contexts[0].verify_mode == ssl.CERT_REQUIRED and contexts[0].check_hostname
+        with policy.client(timeout=5.0, verify=False) as unverified:
+            assert unverified._transport._pool._ssl_context.verify_mode == ssl.CERT_NONE  # noqa: SLF001
+        assert listener.requests == []
+    finally:
+        listener.close()
 
 def _self_signed(tmp_path, name: str):
     from cryptography import x509

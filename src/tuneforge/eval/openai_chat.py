@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from tuneforge.domain.errors import invalid
+from tuneforge.security.tls import verified_context
 
 ENDPOINT_OPTIONS = ("endpoint", "endpoint_name", "model", "api_key_secret", "timeout_s")
 _MAX_URL_CHARS = 2048
@@ -136,7 +137,7 @@ def open_client(target: ChatEndpoint) -> httpx.Client:
     """A client for `target`: a tenant's URL goes through the egress policy, connect time included
     (TUNEFORGE_EGRESS_ALLOW of the trainer's environment); the operator's endpoints do not."""
     if target.trusted:
-        return httpx.Client(trust_env=False, follow_redirects=False)
+        return httpx.Client(trust_env=False, follow_redirects=False, verify=verified_context())
     from tuneforge.security.egress import EgressPolicy
     from tuneforge.settings import Settings
 

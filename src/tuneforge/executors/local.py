@@ -43,9 +43,11 @@ class LocalExecutor:
         self.workdir = (settings.home / "attempts").resolve()
         private_dirs(self.workdir)
         self._children: dict[int, subprocess.Popen] = {}
-        # the trainers' environment but each attempt's GPUs and node, which the fork sets
+        # the trainers' environment but each attempt's GPUs and node, which the fork sets; none where
+        # no attempt can ever start (no slots: every job asks for at least one)
+        warm = settings.trainer_warm_start and self.total_gpus > 0
         self._warm = warm_trainer(child_env({**settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false"}),
-                                  self.workdir) if settings.trainer_warm_start else None
+                                  self.workdir) if warm else None
 
     def prepare(self) -> None:
         """Start the warm trainer now, not on the first launch: that launch, and any made before

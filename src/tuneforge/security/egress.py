@@ -33,6 +33,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ import httpcore
 import httpx
 
 from tuneforge.domain.errors import ApiError, invalid
+from tuneforge.security.tls import verify_option
 
 __all__ = ["EgressDenied", "EgressPolicy", "Resolver", "system_resolver"]
 
@@ -378,14 +380,14 @@ class EgressPolicy:
         httpx.Client (headers, base_url…), except those that would route around the policy
         (transport, mounts, proxy, trust_env, follow_redirects)."""
         _refuse_options(options)
-        return httpx.Client(transport=_GuardedTransport(self, verify=verify), timeout=timeout, trust_env=False,
-                            follow_redirects=False, **options)
+        return httpx.Client(transport=_GuardedTransport(self, verify=verify_option(verify)), timeout=timeout,
+                            trust_env=False, follow_redirects=False, **options)
 
     def async_client(self, *, timeout: float | httpx.Timeout = 10.0, verify: bool | Any = True,
                      **options: Any) -> httpx.AsyncClient:
         """The asynchronous twin of `client`."""
         _refuse_options(options)
-        return httpx.AsyncClient(transport=_AsyncGuardedTransport(self, verify=verify), timeout=timeout,
+        return httpx.AsyncClient(transport=_AsyncGuardedTransport(self, verify=verify_option(verify)), timeout=timeout,
                                  trust_env=False, follow_redirects=False, **options)
 
 
@@ -464,18 +466,22 @@ class _GuardedTransport(httpx.HTTPTransport):
     """httpx's own transport (request and error mapping) over a pool with the guarded backend."""
 
     def __init__(self, policy: EgressPolicy, *, verify: Any = True) -> None:
-        super().__init__(verify=verify, trust_env=False)
+        context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify=verify,
+                                                                                               trust_env=False)
+        super().__init__(verify=context, trust_env=False)
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+            ssl_context=context,
             max_connections=_LIMITS.max_connections, max_keepalive_connections=_LIMITS.max_keepalive_connections,
             keepalive_expiry=_LIMITS.keepalive_expiry, network_backend=_GuardedBackend(policy))
 
 
 class _AsyncGuardedTransport(httpx.AsyncHTTPTransport):
     def __init__(self, policy: EgressPolicy, *, verify: Any = True) -> None:
-        super().__init__(verify=verify, trust_env=False)
+        context = verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify=verify,
+                                                                                               trust_env=False)
+        super().__init__(verify=context, trust_env=False)
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+            ssl_context=context,
             max_connections=_LIMITS.max_connections, max_keepalive_connections=_LIMITS.max_keepalive_connections,
             keepalive_expiry=_LIMITS.keepalive_expiry, network_backend=_AsyncGuardedBackend(policy))
 

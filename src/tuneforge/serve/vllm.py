@@ -45,6 +45,7 @@ from tuneforge.db.repos import routes as route_repo
 from tuneforge.db.tables import FineTunedModel
 from tuneforge.domain.errors import ApiError, invalid, rate_limited
 from tuneforge.domain.ids import correlation_id
+from tuneforge.security.tls import verified_context
 from tuneforge.settings import Settings
 from tuneforge.storage.store import ObjectStore
 
@@ -226,7 +227,7 @@ class VllmHandoff:
     def _control(self, method: str, server: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout_s, headers=self.headers, follow_redirects=False,
-                                        trust_env=False)
+                                        trust_env=False, verify=verified_context())
         try:
             return self._client.request(method, server + path, json=body)
         except httpx.HTTPError as exc:
@@ -267,7 +268,8 @@ class VllmHandoff:
         loop = asyncio.get_running_loop()
         if self._async is None or self._async[0] is not loop:
             self._async = (loop, httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers,
-                                                   follow_redirects=False, trust_env=False))
+                                                   follow_redirects=False, trust_env=False,
+                                                   verify=verified_context()))
         return self._async[1]
 
     async def call(self, upstream: Upstream, path: str, body: dict[str, Any]) -> dict[str, Any]:

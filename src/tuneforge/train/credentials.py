@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from tuneforge.eval.openai_chat import ChatEndpointError, Credentials
+from tuneforge.security.tls import verified_context
 
 _TIMEOUT_S = 30.0
 
@@ -31,7 +32,7 @@ def fetch_tracking(spec: Any, *, client: httpx.Client | None = None) -> dict[str
 
 def _body(spec: Any, client: httpx.Client | None, error: type[Exception], what: str) -> dict[str, Any]:
     url = f"{spec.callback_url.rstrip('/')}/internal/v1/jobs/{spec.job_id}/credentials"
-    http = client or httpx.Client(timeout=_TIMEOUT_S, trust_env=False)
+    http = client or httpx.Client(timeout=_TIMEOUT_S, trust_env=False, verify=verified_context())
     try:
         response = http.get(url, params={"attempt": spec.attempt},
                             headers={"Authorization": f"Bearer {spec.job_token}"})

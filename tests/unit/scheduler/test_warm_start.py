@@ -138,3 +138,6 @@ def test_an_executor_made_ready_starts_its_warm_trainer_before_any_launch(tmp_pa
     finally:
         trainer.close()
     assert LocalExecutor(Settings(home=tmp_path / "cold", trainer_warm_start=False)).prepare() is None  # none to start
+    # no slot, no attempt ever: nothing is kept warm
+    assert LocalExecutor(Settings(home=tmp_path / "slotless", local_gpus=0))._warm is None
+    assert LocalExecutor(Settings(home=tmp_path / "slots", local_gpus=1))._warm is not None
