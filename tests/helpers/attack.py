@@ -22,13 +22,15 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
 from tests.helpers.net import free_port, wait_for_http
 from tests.helpers.platform import add_base_model, add_tenant, make_platform
+from tuneforge.services.context import Platform
+from tuneforge.settings import Settings
 
 MODEL_NAME = "tiny-chat"
 
@@ -175,6 +177,19 @@ class LiveServer:
             server.stop()
             raise
         return server
+
+    def with_new_tenants(self, label: str, tier: str = "free") -> LiveServer:
+        """The same server seen by an attacker and a bystander of their own (`attacker-LABEL` on
+        `tier`, `bystander-LABEL` premium), made in its database while it runs: what one test
+        module's attacks spent (rate windows, quotas, queued work) is not the next module's."""
+        settings = Settings(home=self.home, database_url=f"sqlite:///{(self.home / 'tuneforge.db').resolve()}")
+        platform = Platform.from_settings(settings)
+        try:
+            attacker = add_tenant(platform, f"attacker-{label}", tier)
+            bystander = add_tenant(platform, f"bystander-{label}", "premium")
+        finally:
+            platform.db.dispose()
+        return replace(self, attacker_key=attacker, bystander_key=bystander)
 
     def client(self, key: str | None = None, timeout_s: float = 120.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from tuneforge.domain.spec import JobSpec
 from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, PollResult
-from tuneforge.executors.ray_host import TrainerHost, free_resources_per_node
+from tuneforge.executors.ray_host import WARM_WAIT_S, TrainerHost, free_resources_per_node
 from tuneforge.security.redact import redact_url
 from tuneforge.settings import Settings
 
@@ -295,10 +295,12 @@ class RayExecutor:
         # are passed on by name, since a trainer gets no other variable of its host
         operator_env = (self.settings.ray_runtime_env or {}).get("env_vars") or {}
         env = {**operator_env, **self.settings.trainer_env()}
+        # each node forks its ranks from its warm trainer, waiting for it at most half the call's time
+        warm_wait_s = min(WARM_WAIT_S, timeout_s / 2) if self.settings.trainer_warm_start else None
         world, first, calls = sum(ranks_per_node), 0, []
         for host, count in zip(hosts, ranks_per_node):
             calls.append(host.start.remote(spec.to_json(), env, list(range(first, first + count)), world,
-                                           master["address"], master["port"]))
+                                           master["address"], master["port"], warm_wait_s))
             first += count
         ray.get(calls, timeout=timeout_s)
         return [w["address"] for w in where]

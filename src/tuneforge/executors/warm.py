@@ -21,6 +21,7 @@ import select
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,9 +34,11 @@ MAX_STARTS = 3  # a warm trainer that keeps failing to start is given up: traine
 
 
 class WarmTrainer:
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path,
+                 preexec_fn: Callable[[], object] | None = None) -> None:
         self.env = dict(env)
         self.log_path = log_path
+        self._preexec_fn = preexec_fn  # e.g. the parent-death signal of a Ray node's warm trainer
         self._proc: subprocess.Popen | None = None
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -60,6 +63,7 @@ class WarmTrainer:
                 self._proc = subprocess.Popen(
                     [sys.executable, "-m", "tuneforge.train.warm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=errors, env=self.env, cwd="/", start_new_session=True,
+                    preexec_fn=self._preexec_fn,  # noqa: PLW1509 - a prctl call at most
                 )
             threading.Thread(target=self._await_ready, args=(self._proc,), name="tuneforge-warm-trainer",
                              daemon=True).start()
@@ -77,15 +81,25 @@ class WarmTrainer:
             log.warning("the warm trainer did not start (%s): trainers start cold; see %s",
                         message.get("error"), self.log_path)
 
-    def launch(self, spec_path: str, env: dict[str, str], cwd: str, log_path: str) -> tuple[int, str] | None:
-        """The pid and start time of the attempt's trainer, forked warm; None when no warm trainer is ready (the
-        caller then starts one cold): it is then started, or started again if it went, at most
-        MAX_STARTS times in all."""
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Start it if needed, then wait up to `timeout_s` for it to be ready."""
+        self.start()
+        self._ready.wait(timeout_s)
+        return self.ready()
+
+    def launch(self, spec_path: str, env: dict[str, str], cwd: str, log_path: str,
+               watch: int | None = None) -> tuple[int, str] | None:
+        """The pid and start time of the attempt's trainer, forked warm (its group killed when the
+        process `watch` ends, if given); None when no warm trainer is ready (the caller then starts
+        one cold): it is then started, or started again if it went, at most MAX_STARTS times in all."""
+        request: dict[str, Any] = {"spec": spec_path, "env": env, "cwd": cwd, "log": log_path}
+        if watch is not None:
+            request["watch"] = watch
         with self._lock:
             proc = self._proc
             alive = proc is not None and proc.poll() is None
             if proc is not None and alive and self._ready.is_set():
-                reply = self._ask(proc, {"spec": spec_path, "env": env, "cwd": cwd, "log": log_path})
+                reply = self._ask(proc, request)
                 if isinstance(reply.get("pid"), int) and isinstance(reply.get("started"), str):
                     return int(reply["pid"]), reply["started"]
                 log.warning("the warm trainer could not start an attempt (%s): starting it cold",

@@ -3,7 +3,7 @@
 An httpx client left to itself builds a new `ssl.SSLContext` and loads certifi's
 bundle of ~150 CA certificates into it: 20-40 ms of CPU per client, paid again by
 every short-lived client (a webhook dispatcher, a vLLM control call, an egress
-client per delivery). The context below is what httpx builds for `verify=True`
+client per delivery). The context below is the one httpx builds for `verify=True`
 without `trust_env` (certifi's bundle, the system's default TLS settings), built
 once; an `SSLContext` is safe to share between clients and threads, which only
 read it. Clients that honour SSL_CERT_FILE (`trust_env=True`) keep building their own.
@@ -24,9 +24,9 @@ def verified_context() -> ssl.SSLContext:
     global _context
     with _lock:
         if _context is None:
-            import certifi
+            import httpx
 
-            _context = ssl.create_default_context(cafile=certifi.where())
+            _context = httpx.create_ssl_context(trust_env=False)  # httpx's own default, built once
         return _context
 
 

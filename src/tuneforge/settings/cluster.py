@@ -64,9 +64,10 @@ class ClusterSettings(BaseModel):
         default=1, description="Logical nodes of the local executor, each with TUNEFORGE_LOCAL_GPUS slots "
                                "(so gang placement across nodes can be exercised on one host).")
     trainer_warm_start: bool = Field(
-        default=True, description="With the local executor, fork each trainer from a process that has imported "
-                                  "torch, transformers and peft once (starts in well under a second instead of "
-                                  "several); false: every trainer is a fresh interpreter.")
+        default=True, description="Fork each trainer from a process that has imported torch, transformers and "
+                                  "peft once (one per control plane with the local executor, one per node with "
+                                  "the Ray executor): it starts in well under a second instead of several; "
+                                  "false: every trainer is a fresh interpreter.")
     gpus_per_node: int = Field(default=8, description="GPUs per node assumed when sizing multi-node jobs.")
     gpu_memory_gb: float = Field(default=80.0, description="Memory of one GPU, for default GPU counts.")
     scheduler_tick_s: float = Field(default=0.5, description="Seconds between scheduler ticks.")

@@ -17,9 +17,13 @@ draw, as every attempt does.
 
 Protocol (stdin/stdout, one JSON object a line): it first writes
 {"ready": true} (or {"ready": false, "error": ...}) once the imports are done;
-then for each request {"spec": path, "env": {...}, "cwd": path, "log": path}
-it answers {"pid": N, "started": T} (T: `process_start_time`) once the child has its own
-session (so its process group can be signalled at once), or {"error": ...}. A child that a signal ended leaves
+then for each request {"spec": path, "env": {...}, "cwd": path, "log": path} and
+optionally "watch": PID, it answers {"pid": N, "started": T} (T: `process_start_time`)
+once the child has its own session (so its process group can be signalled at once),
+or {"error": ...}. With "watch", the child's process group is killed when that process
+ends (a Ray node's TrainerHost: a trainer never outlives the actor that owns it, as a
+trainer it starts itself dies with it by the parent-death signal); it is refused where
+the kernel has no pidfd (Linux < 5.3), and the caller starts the trainer itself. A child that a signal ended leaves
 its exit code beside its spec, as a trainer that ends by itself does
 (`__main__.exit_file`), so the executor tells a cancelled attempt from a lost
 one. When stdin closes (the control plane went) it exits; the children run on
@@ -88,11 +92,23 @@ def process_start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def _child(request: dict[str, Any], started_fd: int) -> NoReturn:
+def _die_with(watched_fd: int) -> None:
+    """Kill this process's group once the process behind the pidfd `watched_fd` has ended."""
+
+    def watch() -> None:
+        select.select([watched_fd], [], [])  # readable once that process has exited
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tuneforge-owner-watch", daemon=True).start()
+
+
+def _child(request: dict[str, Any], started_fd: int, watched_fd: int | None) -> NoReturn:
     """In the forked child: become the attempt's trainer, then exit with its code."""
 
     def prepare() -> None:
         os.setsid()
+        if watched_fd is not None:
+            _die_with(watched_fd)
         os.write(started_fd, b"s")  # its session exists: the executor may signal its group now
         os.close(started_fd)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -115,6 +131,25 @@ def _launch(request: dict[str, Any], children: dict[int, str]) -> dict[str, Any]
             return {"error": f"{field} must be a path"}
     if not isinstance(request.get("env"), dict):
         return {"error": "env must be an object"}
+    watched_fd = None
+    if request.get("watch") is not None:
+        watched = request["watch"]
+        if isinstance(watched, bool) or not isinstance(watched, int) or watched <= 0:
+            return {"error": "watch must be a process id"}
+        try:
+            watched_fd = os.pidfd_open(watched)  # held from now: a pid reused later is not it
+        except ProcessLookupError:
+            return {"error": f"the process to watch ({watched}) has ended"}
+        except (AttributeError, OSError) as exc:
+            return {"error": f"cannot watch a process here ({type(exc).__name__})"}
+    try:
+        return _fork(request, children, watched_fd)
+    finally:
+        if watched_fd is not None:
+            os.close(watched_fd)
+
+
+def _fork(request: dict[str, Any], children: dict[int, str], watched_fd: int | None) -> dict[str, Any]:
     # SIGTERM stays blocked from before the fork until the trainer's own handler is in place
     # (`__main__.main` unblocks it): a notice sent while the child starts is not lost
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -123,7 +158,7 @@ def _launch(request: dict[str, Any], children: dict[int, str]) -> dict[str, Any]
         pid = os.fork()
         if pid == 0:
             os.close(started_read)
-            _child(request, started_write)
+            _child(request, started_write, watched_fd)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     os.close(started_write)

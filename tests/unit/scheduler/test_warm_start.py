@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tuneforge.executors.local import LocalExecutor
 from tuneforge.executors.warm import WarmTrainer
 from tuneforge.security.env import child_env
 from tuneforge.settings import Settings
+from tuneforge.train.warm import process_start_time
 
 READY_TIMEOUT_S = 180
 PLANTED = "planted-admin-key-1b6f"
@@ -113,6 +115,26 @@ def test_a_sigterm_sent_at_once_is_a_notice_not_a_kill(warm, tmp_path):
     _release(spec)
     assert _exit_code(spec) == str(int(TrainerExit.PLATFORM_ERROR))  # not -SIGTERM
 
+
+
+def test_a_trainer_told_to_watch_its_owner_dies_with_it_and_a_gone_owner_is_refused(warm, tmp_path):
+    owner = subprocess.Popen(["sleep", "600"])  # a Ray node's TrainerHost, which owns the trainer
+    spec = _fifo(tmp_path / "ftjob-o-attempt-1.json")
+    forked = warm.launch(str(spec), child_env(), str(tmp_path), str(tmp_path / "log"), watch=owner.pid)
+    assert forked is not None, "the warm trainer did not fork"
+    pid, started = forked
+    try:
+        time.sleep(0.5)
+        assert process_start_time(pid) == started, "it runs while its owner does"
+    finally:
+        owner.kill()
+        owner.wait()
+    _wait(lambda: process_start_time(pid) != started, 30)  # its group was killed
+    assert _exit_code(spec) == str(-signal.SIGKILL)
+    # an owner already gone: nothing is forked (the caller starts the trainer itself)
+    assert warm.launch(str(tmp_path / "ftjob-o-attempt-2.json"), child_env(), str(tmp_path),
+                       str(tmp_path / "log"), watch=owner.pid) is None
+    assert warm.ready(), "a refused request leaves the warm trainer serving"
 
 def test_an_executor_starts_cold_until_the_warm_process_is_ready_and_when_told_to(tmp_path):
     settings = Settings(home=tmp_path / "home", trainer_warm_start=False)
