@@ -104,6 +104,11 @@ def test_a_two_gpu_job_lands_on_one_node_and_a_second_finds_the_base_model_cache
     assert started["base_model_cache"] == "downloaded"
     trained = losses(sdk, first.id)
     assert trained[-1] < trained[0] * 0.5
+    # both ranks were forked from the node's warm trainer, which the first one waited for
+    rank_logs = sorted((tmp_path / "nodes" / node).glob("attempts/*/rank-*.log"))
+    assert [log.name for log in rank_logs] == ["rank-0.log", "rank-1.log"]
+    for log in rank_logs:
+        assert "forked from the node's warm trainer" in log.read_text(errors="replace"), log.read_text()[-2000:]
     # the attempt's placement group is gone once its end is recorded
     wait_until(lambda: not [g for g in ray_cluster.placement_groups(world.namespace)
                                       if g["state"] != "REMOVED"], 30, "the placement group's removal")

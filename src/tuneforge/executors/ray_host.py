@@ -159,7 +159,9 @@ class TrainerHost:
             if forked is not None:
                 self.forked[rank] = (forked[0], forked[1], str(spec_path))
                 pids.append(forked[0])
+                _note(log_path, f"rank {rank}: forked from the node's warm trainer as pid {forked[0]}")
                 continue
+            _note(log_path, f"rank {rank}: a fresh python -m tuneforge.train")
             with open_private(log_path, "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tuneforge.train", str(spec_path)],
@@ -263,6 +265,15 @@ class TrainerHost:
                 os.killpg(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def _note(log_path: Path, line: str) -> None:
+    """A line of the host's own in a rank's log (appended: the rank may be writing already)."""
+    try:
+        with open_private(log_path, "ab") as log:
+            log.write(f"[tuneforge host] {line}\n".encode())
+    except OSError:
+        pass
 
 
 def _exit_code(spec_path: str) -> int:
