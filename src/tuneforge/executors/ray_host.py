@@ -30,6 +30,7 @@ warm trainer (`tuneforge.executors.warm`) and exit-code files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -78,10 +79,21 @@ def parent_death_hook(sig: int = signals.SIGKILL):  # noqa: ANN201
     return lambda: prctl(pr_set_pdeathsig, sig)
 
 
+def warmer_name(node_id: str, runtime_env: Any) -> str:
+    """The name of a node's NodeWarmer for this code: a warm trainer has imported the code of
+    the day it started, and outlives control planes, so one installed later (another tuneforge,
+    another runtime_env, another interpreter) gets a warm trainer of its own."""
+    import tuneforge
+
+    code = json.dumps([tuneforge.__version__, str(Path(tuneforge.__file__).parent), sys.executable,
+                       dict(runtime_env or {})], sort_keys=True, default=str)
+    return f"tuneforge-warm-trainer:{node_id}:{hashlib.sha256(code.encode()).hexdigest()[:12]}"
+
+
 class NodeWarmer:
     """A node's warm trainers, one per trainer environment (the store's settings, the egress
     allow-list: one per control plane, as a rule), kept by a detached actor of their own
-    (`tuneforge-warm-trainer:NODE`) for every TrainerHost of that node. The warm process dies
+    (`warmer_name`) for every TrainerHost of that node. The warm process dies
     with this actor (the parent-death signal); the trainers it forked belong to their hosts."""
 
     def __init__(self, workdir: str) -> None:
@@ -179,12 +191,12 @@ class TrainerHost:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         context = ray.get_runtime_context()
+        runtime_env = context.runtime_env
         options: dict[str, Any] = {
-            "name": f"tuneforge-warm-trainer:{self.node_id}", "namespace": context.namespace,
+            "name": warmer_name(self.node_id, runtime_env), "namespace": context.namespace,
             "lifetime": "detached", "get_if_exists": True, "num_cpus": 0, "max_restarts": 0,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(self.node_id, soft=False),
         }
-        runtime_env = context.runtime_env
         if runtime_env:  # the environment tuneforge is installed in, as this actor's
             options["runtime_env"] = runtime_env
         try:

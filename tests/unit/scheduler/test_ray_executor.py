@@ -9,7 +9,7 @@ import pytest
 from tuneforge.executors import make_executor
 from tuneforge.executors.protocol import Placement
 from tuneforge.executors.ray import StorageUnreachable, attempt_name, bundles_for, check_storage, parse_attempt_name
-from tuneforge.executors.ray_host import expand_node_path
+from tuneforge.executors.ray_host import expand_node_path, warmer_name
 from tuneforge.settings import Settings
 
 
@@ -55,3 +55,12 @@ def test_node_paths_expand_the_node_id_and_home(monkeypatch):
     monkeypatch.setenv("HOME", "/home/trainer")
     assert expand_node_path("~/.cache/tuneforge/base-models", "n1") == "/home/trainer/.cache/tuneforge/base-models"
     assert expand_node_path("/scratch/{node_id}/cache", "abc123") == "/scratch/abc123/cache"
+
+
+def test_a_nodes_warm_trainer_is_named_after_the_node_and_the_code_it_would_fork():
+    name = warmer_name("node-a", {"pip": ["tuneforge==0.1.0"]})
+    assert name.startswith("tuneforge-warm-trainer:node-a:")
+    assert warmer_name("node-a", {"pip": ["tuneforge==0.1.0"]}) == name  # the same code: the same actor
+    assert warmer_name("node-b", {"pip": ["tuneforge==0.1.0"]}) != name
+    assert warmer_name("node-a", {"pip": ["tuneforge==0.2.0"]}) != name  # other code: a warm trainer of its own
+    assert warmer_name("node-a", None) == warmer_name("node-a", {})
