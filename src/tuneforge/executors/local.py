@@ -21,6 +21,7 @@ from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, Poll
 from tuneforge.executors.warm import warm_trainer
 from tuneforge.security.env import child_env, open_private, private_dirs
 from tuneforge.settings import Settings
+from tuneforge.train.__main__ import read_exit_file
 from tuneforge.train.warm import process_start_time
 
 NODE_NAME = "local"
@@ -66,9 +67,7 @@ class LocalExecutor:
         stem = f"{spec.job_id}-attempt-{spec.attempt}"
         spec_path = self.workdir / f"{stem}.json"
         log_path = self.workdir / f"{stem}.log"
-        # the spec holds the job token: readable by this user only
-        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
+        with open_private(spec_path, "w") as handle:  # the spec holds the job token: this user's only
             handle.write(spec.to_json())
         env = child_env({**self.settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false",
                          "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_ids),
@@ -103,7 +102,7 @@ class LocalExecutor:
         if _is_our_process(pid, spec_path, handle.get("started")):
             detail = "forked warm" if handle.get("warm") else "adopted from an earlier control plane"
             return PollResult("running", detail=detail)
-        code = _exit_code_left_by(spec_path)
+        code = read_exit_file(spec_path)
         if code is not None:  # launched by an earlier control plane; the trainer left its exit code
             return PollResult("exited", code)
         return PollResult("unknown", None, "process not found (exit code unknown)")
@@ -150,16 +149,6 @@ class LocalExecutor:
         with open(path, "rb") as log:
             log.seek(max(0, path.stat().st_size - max_bytes))
             return log.read().decode("utf-8", "replace")
-
-
-def _exit_code_left_by(spec_path: str) -> int | None:
-    """The exit code a trainer wrote beside its spec as its last act (absent after a SIGKILL)."""
-    if not spec_path:
-        return None
-    try:
-        return int(Path(spec_path).with_suffix(".exit").read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _is_our_process(pid: int, spec_path: str, started: str | None = None) -> bool:

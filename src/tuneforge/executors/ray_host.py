@@ -45,6 +45,7 @@ from typing import Any
 
 from tuneforge.executors.warm import WarmTrainer
 from tuneforge.security.env import child_env, open_private, private_dirs
+from tuneforge.train.__main__ import read_exit_file
 from tuneforge.train.warm import process_start_time
 
 log = logging.getLogger(__name__)
@@ -158,9 +159,7 @@ class TrainerHost:
         pids = []
         for local_rank, rank in enumerate(ranks):
             spec_path = self.workdir / spec_name(rank)
-            # the spec holds the job token: readable by this user only
-            fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
+            with open_private(spec_path, "w") as handle:  # the spec holds the job token: this user's only
                 handle.write(json.dumps(spec, indent=2, sort_keys=True))
             extra = {"TOKENIZERS_PARALLELISM": "false", **env, "TUNEFORGE_NODE": self.node_id}
             if world > 1:  # every rank is started here, so rank 0 starts no workers of its own
@@ -225,7 +224,11 @@ class TrainerHost:
         """rank -> exit code, or None while the process runs."""
         codes = {rank: proc.poll() for rank, proc in self.procs.items()}
         for rank, (pid, started, spec_path) in self.forked.items():
-            codes[rank] = None if process_start_time(pid) == started else _exit_code(spec_path)
+            if process_start_time(pid) == started:
+                codes[rank] = None
+            else:  # its warm parent writes -signal for one a signal ended; none at all: killed outright
+                code = read_exit_file(spec_path)
+                codes[rank] = -int(signals.SIGKILL) if code is None else code
         return dict(sorted(codes.items()))
 
     def signal(self, action: str, grace_s: float) -> None:
@@ -286,18 +289,6 @@ def _note(log_path: Path, line: str) -> None:
             log.write(f"[tuneforge host] {line}\n".encode())
     except OSError:
         pass
-
-
-def _exit_code(spec_path: str) -> int:
-    """The exit code a forked trainer left beside its spec (its warm parent writes -signal for one
-    a signal ended); -9 when there is none, as for a process killed outright."""
-    from tuneforge.train.__main__ import exit_file
-
-    try:
-        with open(exit_file(spec_path)) as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError):
-        return -int(signals.SIGKILL)
 
 
 def free_resources_per_node() -> dict[str, dict[str, float]]:

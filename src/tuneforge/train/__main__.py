@@ -103,6 +103,18 @@ def exit_file(spec_path: str) -> str:
     return base + ".exit"
 
 
+def read_exit_file(spec_path: str) -> int | None:
+    """The exit code a trainer left beside its spec as its last act; None without one (a trainer
+    still running, or one killed before a parent could write it)."""
+    if not spec_path:
+        return None
+    try:
+        with open(exit_file(spec_path)) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def write_exit_file(spec_path: str, code: int) -> None:
     path = exit_file(spec_path)
     try:
