@@ -45,6 +45,7 @@ class Running:
 
 
 # Settings every plane of the current test gets from the executor under test (see below).
+E2E_NAMESPACE = f"tf-e2e-{uuid.uuid4().hex[:8]}"
 EXECUTOR_OVERRIDES: dict[str, Any] = {}
 
 
@@ -52,13 +53,15 @@ EXECUTOR_OVERRIDES: dict[str, Any] = {}
 def executor_under_test(request, monkeypatch, tmp_path) -> dict[str, Any]:
     """In the ray stage: run this test's planes on the session's Ray cluster, connected
     through Ray Client (ray://) as a control plane outside the cluster would be, with a
-    fresh S3 bucket and a namespace of their own."""
+    fresh S3 bucket. The tests share one namespace (each test's attempts are its own jobs'
+    and are freed when its planes close), and so the node's warm trainer, which lives there:
+    as the planes of one deployment restarted one after the other would."""
     if not ray_cluster.ray_stage():
         return {}
     cluster = request.getfixturevalue("ray_head")
     storage = request.getfixturevalue("s3_storage")
     overrides = ray_cluster.plane_settings(cluster, storage, tmp_path / "nodes", client=True,
-                                           namespace=f"tf-{uuid.uuid4().hex[:8]}")
+                                           namespace=E2E_NAMESPACE)
     monkeypatch.setattr(f"{__name__}.EXECUTOR_OVERRIDES", overrides)
     return overrides
 

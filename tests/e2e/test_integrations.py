@@ -5,6 +5,7 @@ and read back here), with the tenant's W&B key taken from its secrets."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -23,14 +24,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server (SQLite backend) on 127.0.0.1."""
+    """A real MLflow tracking server (SQLite backend) on 127.0.0.1, without its job runner (the
+    background workers MLflow 3 starts for its own server-side jobs, which tracking never uses)."""
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     log = (root / "server.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT)
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     try:
         wait_for_http(f"http://127.0.0.1:{port}/health", timeout_s=180, alive=lambda: process.poll() is None)
         yield f"http://127.0.0.1:{port}"
