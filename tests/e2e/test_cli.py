@@ -16,7 +16,7 @@ from tests.helpers.cli import invoke
 from tuneforge.cli.jobs_cmd import loss_line
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, chat_example, demo_facts, write_jsonl
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]
 
 
 def cli(*args: str, code: int = 0):  # noqa: ANN201

@@ -15,7 +15,7 @@ from tests.e2e.test_lifecycle import download, wait_for
 from tests.unit.train.test_methods import mean_margin, preference_pairs
 from tuneforge.train.model import load_base_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]
 
 
 def _file(pairs: list[dict]) -> io.BytesIO:

@@ -7,6 +7,10 @@ its reports. A new control plane on the same port, database and home finds the
 trainer again through /proc (`tuneforge.executors.local`), the queued reports
 arrive (de-duplicated by `seq`), and the job finishes in its first attempt with
 every step's metrics exactly once.
+
+It runs in the SQLite pass only: its database work is that of any job; what a SIGKILLed
+control plane leaves in PostgreSQL (its scheduler lock) is tests/integration/test_leader.py's,
+which runs in both passes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from tests.helpers.net import free_port, wait_for_http, wait_until  # noqa: F401
 from tests.helpers.platform import tenant_with_model
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 
-pytestmark = [pytest.mark.e2e, pytest.mark.local_executor]
+pytestmark = [pytest.mark.e2e, pytest.mark.local_executor, pytest.mark.sqlite_pass_only]
 
 START_TIMEOUT_S = 60.0
 JOB_TIMEOUT_S = 300.0
