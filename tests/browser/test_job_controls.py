@@ -3,6 +3,8 @@ reason and suggestions, and the API's refusal to promote such a model shown as i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.browser.steps import assert_fits, client, sign_in, upload_rows, wait_for_job
@@ -89,3 +91,35 @@ def test_a_failed_gate_shows_its_reason_and_suggestions_and_blocks_promotion(pla
     assert page.get_by_test_id("model-stage").inner_text() == "dev"
     assert page.locator('[data-testid="eval-suggestions"] li').all_inner_texts() == report["suggestions"]
     shots(page, "promotion refused")
+
+
+def test_a_panel_that_fails_to_load_says_so_and_leaves_the_page_and_its_controls(plane, page, shots):
+    api = client(plane.url, plane.key_a)
+    training = upload_rows(api, [chat_example(fact) for fact in demo_facts(24)], "codes.jsonl")
+    job = _create(api, training["id"], {"n_epochs": 50, "batch_size": 1})
+    sign_in(page, plane.url, plane.key_a)
+    refused: list[str] = []
+
+    def refuse_once(route) -> None:  # noqa: ANN001 - a Playwright Route
+        if refused:
+            route.continue_()
+            return
+        refused.append(route.request.url)
+        body = {"error": {"message": "Too many requests: retry in 1 s.", "type": "rate_limit_error",
+                          "param": None, "code": "rate_limited"}}
+        route.fulfill(status=429, headers={"Retry-After": "1"}, content_type="application/json", body=json.dumps(body))
+
+    page.route("**/checkpoints*", refuse_once)  # a busy server turns one panel's request away
+    page.goto(f"{plane.url}/console#/jobs/{job['id']}")
+    page.locator("#error").filter(has_text="Too many requests: retry in 1 s.").wait_for()
+    assert refused
+    # the page is still the job's, with its status and controls, not "Could not load this page"
+    assert page.get_by_role("heading", level=1).inner_text() == f"Job {job['id']}"
+    page.get_by_test_id("job-status").locator(".badge").wait_for()
+    cancel = page.get_by_role("button", name="Cancel job")
+    assert cancel.is_enabled()
+    shots(page, "a panel refused")
+    cancel.click()
+    page.get_by_role("button", name="Yes, cancel the job").click()
+    page.get_by_test_id("job-status").filter(has_text="cancelled").wait_for()
+    assert wait_for_job(api, job["id"])["precise_status"] == "cancelled"

@@ -1,7 +1,7 @@
 // One job: status and controls, live charts fed by the job's event stream, the event list,
 // eval results, checkpoints with downloads, and attempts.
 
-import {download, followJobEvents, get, post} from "../api.js";
+import {ApiError, download, followJobEvents, get, post} from "../api.js";
 import {LineChart} from "../chart.js";
 import {h, fill, facts, formatNumber, formatTime, formatValue, section, statusBadge, table} from "../dom.js";
 import {href} from "../router.js";
@@ -250,10 +250,18 @@ export async function jobView(main, params, _query, view) {
     section("Events", eventCount,
       h("div", {class: "scroll-box", tabindex: "0", role: "region", "aria-label": "Job events, newest first"}, eventList)));
 
-  const [newest] = await Promise.all([
-    get(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/events`, {limit: 1}),
-    refreshCheckpoints(), refreshAttempts()]);
-  newestAtOpen = newest.data.length ? newest.data[0].id : null;
+  // The page and its controls are drawn: a panel that fails to load now (a busy server's 429, a
+  // dropped connection) says so in the banner and fills in at the next refresh; it does not
+  // replace the page. A key that stopped working still signs the console out (app.js).
+  try {
+    const [newest] = await Promise.all([
+      get(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/events`, {limit: 1}),
+      refreshCheckpoints(), refreshAttempts()]);
+    newestAtOpen = newest.data.length ? newest.data[0].id : null;
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) throw error;
+    if (view.isCurrent()) showError(error);
+  }
   if (!view.isCurrent()) return;
   const stop = followJobEvents(jobId, {
     onEvents: (events) => {
