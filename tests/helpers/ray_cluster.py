@@ -53,7 +53,7 @@ class TestCluster:
 
     def add_worker(self, gpus: int) -> Any:
         node = self.cluster.add_node(num_gpus=gpus, num_cpus=CPUS_PER_NODE, node_ip_address=LOOPBACK,
-                                     include_log_monitor=False, object_store_memory=OBJECT_STORE_BYTES)
+                                     object_store_memory=OBJECT_STORE_BYTES)
         self.workers.append(node)
         return node
 
@@ -72,12 +72,8 @@ def start_cluster(head_gpus: int, worker_gpus: list[int], *, client_server: bool
 
     from tests.helpers.net import free_port
 
-    # No idle workers started ahead of demand (Ray starts one per logical CPU for the first driver):
-    # the platform runs actors, each of which gets a worker of its own when created. No log monitor
-    # either: the platform's drivers do not take the workers' output (log_to_driver=False).
     head_args = {"num_gpus": head_gpus, "num_cpus": CPUS_PER_NODE, "node_ip_address": LOOPBACK,
-                 "include_dashboard": False, "include_log_monitor": False, "object_store_memory": OBJECT_STORE_BYTES,
-                 "_system_config": {"prestart_worker_first_driver": False, "enable_worker_prestart": False}}
+                 "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES}
     client_port = free_port() if client_server else None
     if client_port:
         head_args["ray_client_server_port"] = client_port
