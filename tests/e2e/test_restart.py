@@ -3,10 +3,11 @@
 The control plane runs as a real `tuneforge serve` process. Once the job's
 trainer has reported its first steps, that process is SIGKILLed: the trainer,
 started in its own session by the local executor, keeps training and queues
-its reports. A new control plane on the same port, database and home finds the
-trainer again through /proc (`tuneforge.executors.local`), the queued reports
-arrive (de-duplicated by `seq`), and the job finishes in its first attempt with
-every step's metrics exactly once.
+its reports. A new control plane on the same port, database and home (the
+trainer held while it starts, so that it is still mid-run) finds the trainer
+again through /proc (`tuneforge.executors.local`), the queued reports arrive
+(de-duplicated by `seq`), and the job finishes in its first attempt with every
+step's metrics exactly once.
 
 It runs in the SQLite pass only: its database work is that of any job; what a SIGKILLed
 control plane leaves in PostgreSQL (its scheduler lock) is tests/integration/test_leader.py's,
@@ -21,6 +22,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -38,11 +41,12 @@ JOB_TIMEOUT_S = 300.0
 OUTAGE_S = 3.0  # how long the control plane stays dead while the trainer keeps going
 STOP_TIMEOUT_S = 15.0
 
-# 96 examples in batches of 2 for 30 epochs: 1,440 short steps (30-60 s here, with
-# packing), so the trainer is still mid-run when the new control plane comes up,
-# even on a loaded machine where the restart takes 10 s or more.
+# 96 examples in batches of 2 for 12 epochs: 576 short steps (10-25 s here), more than the
+# trainer takes before the first metrics event and through the outage. While the new control
+# plane starts (seconds, more on a loaded machine) the trainer is held (`held`), so that it is
+# still mid-run when that plane comes up however long the start takes.
 N_KEYS = 96
-HYPERPARAMETERS = {"n_epochs": 30, "batch_size": 2, "learning_rate_multiplier": 1.0}
+HYPERPARAMETERS = {"n_epochs": 12, "batch_size": 2, "learning_rate_multiplier": 1.0}
 TOTAL_STEPS = HYPERPARAMETERS["n_epochs"] * N_KEYS // HYPERPARAMETERS["batch_size"]
 CHECKPOINTING = {"every_steps": 25, "keep_last": 2}
 STEP_LINE = re.compile(r"tuneforge\.train\.loop: step (\d+)/(\d+) ")
@@ -145,6 +149,22 @@ def trainer_pids(home: Path) -> list[int]:
     return found
 
 
+@contextmanager
+def held(pids: list[int]) -> Iterator[None]:
+    """The processes `pids` stopped (SIGSTOP) for the block, continued after it."""
+    assert pids, "no trainer to hold"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
 def parent_pid(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -184,7 +204,8 @@ def test_killing_and_restarting_the_control_plane_loses_no_job_and_no_metric(
         time.sleep(OUTAGE_S)
         assert trainer in trainer_pids(home), "the trainer died with its control plane"
 
-        plane.start()
+        with held([trainer]):  # its queued reports wait for the new plane, however slow its start
+            plane.start()
         assert parent_pid(trainer) != plane.proc.pid  # not relaunched: the same process, adopted
         trainer_log = home / "attempts" / f"{job.id}-attempt-1.log"
         logged = [int(m.group(1)) for m in STEP_LINE.finditer(trainer_log.read_text(errors="replace"))]

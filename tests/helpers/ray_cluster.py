@@ -19,6 +19,12 @@ EXECUTOR_ENV = "TUNEFORGE_TEST_EXECUTOR"  # "ray": scripts/test.sh's ray stage
 LOOPBACK = "127.0.0.1"
 CPUS_PER_NODE = 8  # logical: Ray's bookkeeping, not this host's cores
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
+# How soon the cluster holds a node whose raylet stopped answering for dead: its health check
+# every second, dead after 3 failed checks in a row (Ray's defaults: every 3 s, 5 failures, so a
+# lost node's actors die ~15-20 s after it). A killed raylet refuses the check at once; a slow but
+# live one still answers within Ray's 10 s timeout, so a loaded host does not lose nodes. An
+# operator sets the same keys on `ray start` (`--system-config`).
+HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 
 
 def ray_stage() -> bool:
@@ -73,7 +79,8 @@ def start_cluster(head_gpus: int, worker_gpus: list[int], *, client_server: bool
     from tests.helpers.net import free_port
 
     head_args = {"num_gpus": head_gpus, "num_cpus": CPUS_PER_NODE, "node_ip_address": LOOPBACK,
-                 "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES}
+                 "include_dashboard": False, "object_store_memory": OBJECT_STORE_BYTES,
+                 "_system_config": HEALTH_CHECK}
     client_port = free_port() if client_server else None
     if client_port:
         head_args["ray_client_server_port"] = client_port

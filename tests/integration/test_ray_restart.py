@@ -22,8 +22,10 @@ from tests.e2e.test_restart import (
     TOTAL_STEPS,
     ServeProcess,
     create_long_job,
+    held,
     metrics_steps,
     serve_env,
+    trainer_pids,
 )
 from tests.helpers import ray_cluster
 from tests.helpers.net import free_port, wait_until
@@ -49,7 +51,8 @@ def test_a_control_plane_killed_and_restarted_finds_its_ray_attempt_again(
         plane.kill()
         killed_at_step = max(seen)
         time.sleep(OUTAGE_S)
-        plane.start()
+        with held(trainer_pids(tmp_path / "nodes")):  # mid-run when the new plane is up
+            plane.start()
 
         [trainer_log] = (tmp_path / "nodes").glob(f"*/attempts/*{job.id}*/rank-0.log")
         logged = [int(m.group(1)) for m in STEP_LINE.finditer(trainer_log.read_text(errors="replace"))]
