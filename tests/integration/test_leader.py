@@ -27,7 +27,9 @@ from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
 pytestmark = [pytest.mark.e2e, pytest.mark.local_executor]
 
 HYPERPARAMETERS = {"n_epochs": 20, "batch_size": 2, "learning_rate_multiplier": 1.0}
-LEASE_S = 15.0  # above a trainer's start-up (imports) before its first heartbeat
+# what the standby waits, from its taking over, before it holds the orphaned attempts lost: a
+# running trainer heartbeats every 0.5 s here; one still starting has the start timeout instead
+LEASE_S = 8.0
 
 
 def _role(plane: ServeProcess) -> str | None:
