@@ -10,8 +10,8 @@ again through /proc (`tuneforge.executors.local`), the queued reports arrive
 step's metrics exactly once.
 
 It runs in the SQLite pass only: its database work is that of any job; what a SIGKILLed
-control plane leaves in PostgreSQL (its scheduler lock) is tests/integration/test_leader.py's,
-which runs in both passes.
+control plane leaves in PostgreSQL (its scheduler lock) is checked by
+tests/integration/test_leader.py's lock test, which runs in both passes.
 """
 
 from __future__ import annotations

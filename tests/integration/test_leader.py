@@ -1,18 +1,24 @@
 """Two control planes on one database: exactly one schedules; the other takes over when it dies.
 
-Both are real `tuneforge serve` processes sharing the database, the object
-store and the home folder (as two hosts share a database and a bucket). The
-first to start holds the scheduler lock (a PostgreSQL advisory lock, or a file
-lock on SQLite). Jobs are created through the standby's API; the leader runs
-them. The leader is SIGKILLed mid-training: the standby takes the lock within
-seconds, lets the orphaned attempts' leases run out, stops them, and runs the
-jobs again from their checkpoints. No job ever has two live attempts.
+The lock itself (what the database keeps of a leader): a process holding it and SIGKILLed leaves
+it to a standby within seconds, on either backend (a PostgreSQL advisory lock on the holder's own
+connection, or a file lock beside SQLite's database).
+
+The whole takeover: both planes are real `tuneforge serve` processes sharing the database, the
+object store and the home folder (as two hosts share a database and a bucket). The first to start
+holds the scheduler lock. Jobs are created through the standby's API; the leader runs them. The
+leader is SIGKILLed mid-training: the standby takes the lock within seconds, lets the orphaned
+attempts' leases run out, stops them, and runs the jobs again from their checkpoints. No job ever
+has two live attempts. It runs in the SQLite pass only: past the lock, its database work is that
+of any job.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -23,6 +29,7 @@ from tests.e2e.test_restart import ServeProcess, trainer_pids, wait_until
 from tests.helpers.net import free_port
 from tests.helpers.platform import tenant_with_model
 from tuneforge.demo.dataset import DEMO_LORA, write_demo_files
+from tuneforge.scheduler.leader import LeaderLock, leader_known
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_executor]
 
@@ -32,6 +39,43 @@ HYPERPARAMETERS = {"n_epochs": 20, "batch_size": 2, "learning_rate_multiplier": 
 LEASE_S = 8.0
 
 
+# a process that takes the scheduler lock as a control plane does, says so, and waits to be killed
+HOLD_THE_LOCK = """
+import sys, time
+from pathlib import Path
+from tuneforge.scheduler.leader import LeaderLock
+lock = LeaderLock(sys.argv[1], Path(sys.argv[2]))
+assert lock.holds()
+print("leading", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_killed_leaders_lock_passes_to_the_standby_within_seconds(tmp_path, database_url):
+    home = tmp_path / "home"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, database_url, str(home)],
+                              stdout=subprocess.PIPE, text=True)
+    standby = LeaderLock(database_url, home)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "leading"
+        assert leader_known(database_url, home)
+        assert not standby.holds()  # not while the holder lives
+        assert not standby.holds()
+        holder.kill()
+        holder.wait(10)
+        killed_at = time.monotonic()
+        wait_until(standby.holds, 10, "the standby to take the lock", interval_s=0.05)
+        took_s = time.monotonic() - killed_at
+        assert leader_known(database_url, home)
+        assert took_s < 5, f"took {took_s:.1f} s"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
+        standby.release()
+    assert not leader_known(database_url, home)  # released: free for the next
+
+
 def _role(plane: ServeProcess) -> str | None:
     try:
         return httpx.get(f"{plane.url}/healthz", timeout=5, trust_env=False).json().get("scheduler")
@@ -39,6 +83,7 @@ def _role(plane: ServeProcess) -> str | None:
         return None
 
 
+@pytest.mark.sqlite_pass_only
 def test_one_leader_schedules_and_the_standby_takes_over(tmp_path, database_url, tiny_model_dir):
     home = tmp_path / "home"
     key = tenant_with_model(tmp_path, database_url, tiny_model_dir)
