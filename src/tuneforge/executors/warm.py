@@ -17,12 +17,12 @@ import atexit
 import json
 import logging
 import os
-import select
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from select import select as wait_readable
 from typing import IO, Any
 
 from tuneforge.security.env import open_private
@@ -119,7 +119,7 @@ class WarmTrainer:
         try:
             stdin.write((json.dumps(request) + "\n").encode())
             stdin.flush()
-            readable, _, _ = select.select([stdout], [], [], REPLY_TIMEOUT_S)
+            readable, _, _ = wait_readable([stdout], [], [], REPLY_TIMEOUT_S)
             line = stdout.readline() if readable else b""
             reply = json.loads(line) if line else {"error": "no answer", "broken": True}
         except (OSError, ValueError) as exc:

@@ -35,10 +35,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import select
 import signal
 import sys
 import threading
+from select import select as wait_readable
 from typing import Any, NoReturn
 
 from tuneforge.train.__main__ import exit_file, run_forked, write_exit_file
@@ -96,7 +96,7 @@ def _die_with(watched_fd: int) -> None:
     """Kill this process's group once the process behind the pidfd `watched_fd` has ended."""
 
     def watch() -> None:
-        select.select([watched_fd], [], [])  # readable once that process has exited
+        wait_readable([watched_fd], [], [])  # readable once that process has exited
         os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="tuneforge-owner-watch", daemon=True).start()
@@ -198,7 +198,7 @@ def serve() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C at the control plane's terminal is its own
     stdin = sys.stdin.buffer
     while True:
-        readable, _, _ = select.select([stdin], [], [], REAP_INTERVAL_S)
+        readable, _, _ = wait_readable([stdin], [], [], REAP_INTERVAL_S)
         _reap(children)
         if not readable:
             continue
