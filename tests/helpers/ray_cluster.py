@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 EXECUTOR_ENV = "TUNEFORGE_TEST_EXECUTOR"  # "ray": scripts/test.sh's ray stage
 LOOPBACK = "127.0.0.1"
 CPUS_PER_NODE = 8  # logical: Ray's bookkeeping, not this host's cores
@@ -91,9 +93,9 @@ def start_cluster(head_gpus: int, worker_gpus: list[int], *, client_server: bool
     client_port = free_port() if client_server else None
     if client_port:
         head_args["ray_client_server_port"] = client_port
-    saved = {name: os.environ.get(name) for name in CLUSTER_ENV}
-    os.environ.update(CLUSTER_ENV)  # the nodes' processes inherit it
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in CLUSTER_ENV.items():
+            patch.setenv(name, value)  # the nodes' processes inherit it
         cluster = Cluster(initialize_head=True, head_node_args=head_args)
         test_cluster = TestCluster(cluster, head_gpus, client_port=client_port)
         try:
@@ -103,12 +105,6 @@ def start_cluster(head_gpus: int, worker_gpus: list[int], *, client_server: bool
         except BaseException:
             cluster.shutdown()
             raise
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return test_cluster
 
 
