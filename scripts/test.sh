@@ -90,6 +90,9 @@ fi
 unset PYTHONDONTWRITEBYTECODE
 # the browser tests' Chromium (Debian's) and Playwright: a no-op when both are there
 PYTHON="$PYTHON" bash scripts/browser-deps.sh
+# python graders' sandbox (bubblewrap) and the OS's python it runs them with: a no-op when both
+# are there; without them the sandbox tests would skip
+bash scripts/sandbox-deps.sh
 
 # The lowest stage's environment (scripts/lowest.sh) is built now, in the background, beside the
 # static checks and the first stages: on a machine without it cached, resolving and downloading its

@@ -20,6 +20,7 @@ from tuneforge.api.ratelimits import RefuseWhileOver, RequestLimiter
 from tuneforge.api.routes import (
     admin,
     files,
+    graders,
     inference,
     internal,
     jobs,
@@ -58,7 +59,7 @@ def _telemetry(enabled: bool) -> dict:
 # routes before it was a third of its CPU).
 _ROUTERS = (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
             jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
-            secrets.router, traffic.router, sweeps.router)
+            secrets.router, traffic.router, sweeps.router, graders.router)
 _shared: list[BaseRoute] = []
 _shared_lock = threading.Lock()
 

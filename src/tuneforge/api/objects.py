@@ -16,6 +16,7 @@ from tuneforge.db.tables import (
     UploadPartRow,
     UploadRow,
 )
+from tuneforge.domain.job_config import BLOCK_FIELDS
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import parents
 
@@ -92,6 +93,8 @@ def job_object(job: Job, strict: bool = True) -> dict[str, Any]:
     hp = _hyperparameters(job)
     summary = {key: hp.get(key, "auto") for key in ("batch_size", "learning_rate_multiplier", "n_epochs")}
     method = job.request.method_type
+    # a grader (and a response format) sit in the method block beside its hyperparameters, as OpenAI shows them
+    block = {name: value for name in BLOCK_FIELDS if (value := hp.pop(name, None)) is not None}
     resolved = job.resolved
     return {
         "id": job.job_id,
@@ -112,7 +115,7 @@ def job_object(job: Job, strict: bool = True) -> dict[str, Any]:
         "estimated_finish": job.estimated_finish,
         "integrations": [item.model_dump(mode="json", exclude_none=True) for item in job.request.integrations or []],
         "metadata": job.user_metadata,
-        "method": {"type": method, method: {"hyperparameters": hp}},
+        "method": {"type": method, method: {**block, "hyperparameters": hp}},
         "user_provided_suffix": job.suffix,
         # extensions
         "precise_status": job.status,

@@ -36,6 +36,8 @@ RECORD_CODES: dict[str, str] = {
     "unknown_shape": "The record matches no supported shape (chat, instruction, preference, text).",
     "unknown_key": "The record or a message has keys the shape does not define (named in the message).",
     "missing_key": "A required key is absent (named in `field`).",
+    "missing_field": "A field the job's grader reads ({{item.<field>}}) is absent from the line (named in `field`).",
+    "too_many_fields": "A reinforcement prompt line with more fields besides 'messages' than are allowed.",
     "invalid_label": "A KTO example's `label` is not true (desirable) or false (undesirable).",
     "empty_messages": "`messages` (or a prompt conversation) is an empty list.",
     "invalid_role": "A message role outside system, developer, user, assistant, tool.",

@@ -28,7 +28,9 @@ class Example:
     - instruction: `prompt`, `completion`;
     - preference: `messages` (the prompt conversation, ending with a user
       turn), `chosen` and `rejected` (one assistant message dict each);
-    - text: `text`.
+    - text: `text`;
+    - prompt (reinforcement): `messages` ending with a user turn, optional `tools`, and
+      `item`, the line's other fields.
     """
 
     line: int
@@ -40,6 +42,7 @@ class Example:
     chosen: dict[str, Any] | None = None
     rejected: dict[str, Any] | None = None
     text: str | None = None
+    item: dict[str, Any] | None = None  # prompt: the line's other fields, which graders read
 
     def texts(self) -> list[str]:
         """Every piece of natural-language content, in order (for dedup, PII, contamination)."""

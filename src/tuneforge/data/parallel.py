@@ -42,7 +42,7 @@ from tuneforge.data.dedup import Deduplicator
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.formats import GZIP_MAGIC, GuardedGunzip, parse_jsonl_line, split_lines
 from tuneforge.data.report import DatasetReport
-from tuneforge.data.shapes import check_method, normalize
+from tuneforge.data.shapes import check_method, normalize, skipped_kinds
 from tuneforge.data.structure import StructureReport, _normalized
 from tuneforge.security.env import child_env
 
@@ -93,14 +93,14 @@ def _blocks(path: Path, options: Any) -> Iterator[Block]:
             yield block
 
 
-def _first_kind(block: Block) -> tuple[str, int] | None:
+def _first_kind(block: Block, method: Any) -> tuple[str, int] | None:
     """The kind and line of the block's first valid example."""
     for line, raw in block:
         record = parse_jsonl_line(raw, line)
         if isinstance(record, DataIssue):
             continue
         try:
-            example, _ = normalize(record, line)
+            example, _ = normalize(record, line, skipped_kinds(method, None))
         except DataIssue:
             continue
         return example.kind, line
@@ -171,7 +171,7 @@ def check_jsonl_parallel(
             if block is None:
                 break
             peeked.append(block)
-            first = _first_kind(block)
+            first = _first_kind(block, options.method)
     except DataIssue:
         return False
     if first is None:

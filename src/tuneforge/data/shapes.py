@@ -77,7 +77,7 @@ class Shape:
 def method_shapes() -> tuple[Shape, ...]:
     """The shapes beyond the built-in ones that some method trains on, recognised first.
     They live here, not with their method: an upload is checked before any method is named."""
-    return (KTO,)
+    return (KTO, PROMPT)
 
 
 def known_keys_all() -> frozenset[str]:
@@ -94,11 +94,13 @@ def shape_help() -> dict[str, str]:
     return {**SHAPE_HELP, **{shape.kind: shape.help for shape in method_shapes()}}
 
 
-def normalize(record: dict[str, Any], line: int) -> tuple[Example, list[DataIssue]]:
-    """The `Example` for one record and its warnings; raises `DataIssue` on an error."""
+def normalize(record: dict[str, Any], line: int, skip: frozenset[str] = frozenset()) -> tuple[Example, list[DataIssue]]:
+    """The `Example` for one record and its warnings; raises `DataIssue` on an error. `skip`: kinds of
+    `method_shapes` not to recognise (the method cannot use them, or the file is of another kind), so
+    that e.g. a chat whose last turn is the user's gets the chat's own error rather than being a prompt."""
     warnings: list[DataIssue] = []
     for shape in method_shapes():
-        if shape.claims(record):
+        if shape.kind not in skip and shape.claims(record):
             return shape.normalize(record, line, warnings), warnings
     if "input" in record or "preferred_output" in record or "non_preferred_output" in record:
         known_keys(record, DPO_KEYS, "an OpenAI DPO preference example", line)
@@ -128,6 +130,25 @@ class MethodFit:
 
     name: str
     kinds: tuple[str, ...]
+    required_fields: tuple[str, ...] = ()  # fields every example must hold beyond its shape (a grader reads them)
+
+
+def skipped_kinds(method: MethodFit | None, file_kind: str | None) -> frozenset[str]:
+    """The method shapes a record is not recognised as: those `method` does not train on, and a
+    prompt in a file of chats (a chat that ends with the user's turn is a chat's mistake there)."""
+    skip = {shape.kind for shape in method_shapes() if method is not None and shape.kind not in method.kinds}
+    if file_kind == "chat":
+        skip.add(PROMPT.kind)
+    return frozenset(skip)
+
+
+def check_required_fields(example: Example, method: MethodFit) -> None:
+    """Raise `missing_field` for the first field `method` needs that the example lacks."""
+    present = example.item or {}
+    for name in method.required_fields:
+        if name not in present:
+            raise issue("missing_field", f"the line has no field '{name}', which the grader reads as "
+                                         f"{{{{item.{name}}}}}", example.line, name)
 
 
 def check_method(kind: str, method: MethodFit, line: int = 0) -> None:
@@ -341,3 +362,36 @@ def _kto_to_record(example: Example) -> dict[str, Any]:
 
 KTO = Shape(kind="kto", help=_KTO_HELP, keys=_KTO_KEYS, json_keys=frozenset({"input", "output"}),
             claims=_kto_claims, normalize=_kto_normalize, to_record=_kto_to_record)
+
+
+# --- prompt (reinforcement fine-tuning) -------------------------------------
+
+_PROMPT_HELP = ("{messages: [...], ...} whose last message is the user's, with any other fields a grader reads "
+                "(reinforcement)")
+MAX_ITEM_FIELDS = 256
+# a record with these is a preference example gone wrong, not a prompt
+_PREFERENCE_KEYS = frozenset({"chosen", "rejected", "preferred_output", "non_preferred_output"})
+
+
+def _prompt_claims(record: dict[str, Any]) -> bool:
+    """A conversation that ends with the user's turn, waiting for the model: what reinforcement samples from."""
+    messages = record.get("messages")
+    return type(messages) is list and bool(messages) and type(messages[-1]) is dict \
+        and messages[-1].get("role") == "user" and not _PREFERENCE_KEYS & record.keys()
+
+
+def _prompt_normalize(record: dict[str, Any], line: int, warnings: list[DataIssue]) -> Example:
+    tools, tool_names = tool_definitions(record.get("tools"), "tools", line)
+    messages = conversation(record["messages"], "messages", line, warnings, tool_names, prompt_only=True)
+    item = {key: value for key, value in record.items() if key != "messages"}
+    if len(item) > MAX_ITEM_FIELDS:
+        raise issue("too_many_fields", f"{len(item)} fields besides 'messages'; at most {MAX_ITEM_FIELDS}", line)
+    return Example(line=line, kind="prompt", messages=messages, tools=tools, item=item)
+
+
+def _prompt_to_record(example: Example) -> dict[str, Any]:
+    return {**(example.item or {}), "messages": example.messages}
+
+
+PROMPT = Shape(kind="prompt", help=_PROMPT_HELP, keys=frozenset({"messages"}), json_keys=frozenset({"messages"}),
+               claims=_prompt_claims, normalize=_prompt_normalize, to_record=_prompt_to_record)

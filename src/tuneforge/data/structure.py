@@ -21,7 +21,7 @@ from typing import Any
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.formats import iter_rows, resolve_format
 from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
-from tuneforge.data.shapes import MethodFit, check_method, normalize
+from tuneforge.data.shapes import MethodFit, check_method, check_required_fields, normalize, skipped_kinds
 
 DEFAULT_MAX_ISSUES_PER_CODE = 20
 
@@ -104,7 +104,7 @@ def iter_examples(
 def _normalized(record: dict[str, Any], line: int, report: StructureReport,
                 method: MethodFit | None) -> Example | None:
     try:
-        example, warnings = normalize(record, line)
+        example, warnings = normalize(record, line, skipped_kinds(method, report.kind))
     except DataIssue as issue:
         report.add(issue)
         return None
@@ -121,6 +121,12 @@ def _normalized(record: dict[str, Any], line: int, report: StructureReport,
         report.add(DataIssue("mixed_shapes", f"{_with_article(example.kind)} example in a file of {report.kind} "
                              f"examples (line {report.kind_line}); one file holds one kind", line=line))
         return None
+    if method is not None and method.required_fields:
+        try:
+            check_required_fields(example, method)
+        except DataIssue as issue:
+            report.add(issue)
+            return None
     return example
 
 

@@ -231,7 +231,7 @@ class TokenCounter:
 
     def exact(self, example: Example) -> int:
         """The exact count, through the real chat template."""
-        if example.kind == "chat" and self.costs is not None:
+        if example.kind in ("chat", "prompt") and self.costs is not None:
             return _render_len(self.tokenizer, _plain_messages(example.messages or []))
         if (example.chosen is not None or example.rejected is not None) and self.costs is not None:
             prompt = _plain_messages(example.messages or [])

@@ -64,6 +64,26 @@ class MethodBlock(_Strict):
     hyperparameters: dict[str, Any] = Field(
         default_factory=dict, description="The method's hyperparameters: the shared ones above plus its own "
                                           "(docs/methods.md); checked against the method at creation.")
+    grader: dict[str, Any] | None = Field(None, description="reinforcement: the grader that scores each sample "
+                                                          "(OpenAI's grader objects, docs/rft.md).")
+    response_format: dict[str, Any] | None = Field(
+        None, description="reinforcement: a JSON schema the samples follow ({type: json_schema, json_schema: "
+                          "{name, schema}}); graders then read sample.output_json.")
+
+    @model_validator(mode="after")
+    def _beside_hyperparameters(self) -> MethodBlock:
+        for name in BLOCK_FIELDS:
+            if name in self.hyperparameters:
+                raise ValueError(f"{name} belongs in the method block, beside hyperparameters, not inside them")
+        return self
+
+    def block_fields(self) -> dict[str, Any]:
+        """The block's values beside its hyperparameters (a grader, a response format) that it holds."""
+        return {name: getattr(self, name) for name in BLOCK_FIELDS if getattr(self, name) is not None}
+
+
+# What a method block may hold beside its hyperparameters; the method's model takes them as its options.
+BLOCK_FIELDS = ("grader", "response_format")
 
 
 class Method(BaseModel):
@@ -314,7 +334,7 @@ class JobRequest(_Strict):
         (`services.hyperparams.requested_hyperparameters`)."""
         block = self.method.block if self.method is not None else None
         if block is not None:
-            return dict(block.hyperparameters)
+            return {**block.hyperparameters, **block.block_fields()}
         if self.hyperparameters is not None and self.method_type == "supervised":
             return self.hyperparameters.model_dump(exclude_unset=True)
         return {}

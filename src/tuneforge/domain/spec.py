@@ -110,6 +110,7 @@ class JobSpec:
     divergence_min_increase: float = 1.0  # nats: a near-zero best loss times a multiple is still near zero
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (the memory model asked)
     fused_loss: str = "auto"  # token losses without the logits: auto, chunked, liger or off (train/fused_loss.py)
+    grader_python: str = "/usr/bin/python3"  # the interpreter python graders run with, in the sandbox (operator's)
     distributed_strategy: str = ""  # several GPUs: "ddp" or "fsdp" (train/distributed.py); "": by training type
     cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
     eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none

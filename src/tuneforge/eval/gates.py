@@ -35,7 +35,7 @@ PRODUCERS = {
     "safety": "the safety eval (eval.safety)",
 }
 KNOWN_METRICS = frozenset({
-    "validation.loss", "validation.perplexity", "validation.token_accuracy",
+    "validation.loss", "validation.perplexity", "validation.token_accuracy", "validation.reward",
     "golden.loss", "golden.token_accuracy", "safety.refusal_rate",
 })
 # Metrics where a lower value is the better one; every other metric is better higher.

@@ -32,11 +32,11 @@ from pydantic.fields import FieldInfo
 
 from tuneforge.data.shapes import MethodFit
 from tuneforge.domain.errors import from_validation_errors, invalid
-from tuneforge.domain.job_config import SupervisedHyperparameters
+from tuneforge.domain.job_config import BLOCK_FIELDS, SupervisedHyperparameters
 from tuneforge.domain.vocab import TRAINING_TYPES
 
 # The registration lines: one module per method, in the order the docs list them.
-_MODULES = ("supervised", "dpo", "orpo", "cpt", "kto", "simpo")
+_MODULES = ("supervised", "dpo", "orpo", "cpt", "kto", "simpo", "reinforcement")
 
 # Fields every method shares (`domain.spec.Hyperparameters`); anything else a
 # method's model declares is one of its own options (`Hyperparameters.method_options`).
@@ -70,6 +70,8 @@ class TrainingMethod:
     sequences_per_example: int = 1  # sequences one example puts through the model (memory model)
     beta_pulls_to_reference: bool = False  # its `beta` keeps the policy near the reference (gate advice)
     default_eval: EvalDefaults = EvalDefaults()
+    block_fields: tuple[str, ...] = ()  # what its method block holds beside hyperparameters (a grader)
+    generates: bool = False  # it samples completions during training (the memory model counts their KV cache)
 
     def __post_init__(self) -> None:
         missing = set(TRAINING_TYPES) - set(self.learning_rate)
@@ -90,6 +92,13 @@ class TrainingMethod:
             return raw
         if isinstance(raw, BaseModel):
             raw = raw.model_dump(exclude_unset=True)
+        for name in BLOCK_FIELDS:
+            given = isinstance(raw, dict) and raw.get(name) is not None
+            if given and name not in self.block_fields:
+                raise invalid(f"method.{self.name}.{name}: the {self.name} method takes no {name}",
+                              param=f"method.{self.name}.{name}")
+            if not given and name in self.block_fields and self.options.model_fields[name].is_required():
+                raise invalid(f"method.{self.name}.{name} is required", param=f"method.{self.name}.{name}")
         try:
             return self.hyperparameters.model_validate(raw or {})
         except ValidationError as exc:

@@ -56,6 +56,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         gradient_checkpointing=resolved.resources.gradient_checkpointing,
         distributed_strategy=resolved.resources.strategy,
         fused_loss=settings.fused_loss,
+        grader_python=settings.grader_python,
         eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
         init_adapter_prefix=(job.parent or {}).get("adapter_prefix", ""),
         integrations=[item.model_dump(mode="json", exclude_none=True) for item in job.request.integrations or []],

@@ -112,6 +112,14 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
                     '"https://llm.internal/v1", "model": "judge-70b", "api_key": "..."}}; a tenant\'s eval picks '
                     'one as "endpoint_name" and never sees its URL or key. These are trusted: the egress '
                     'policy does not apply to them.')
+    grader_python: str = Field(
+        default="/usr/bin/python3",
+        description="The interpreter python graders run with, inside the sandbox (bubblewrap): the OS's python, "
+                    "whose prefix (/usr) the sandbox binds read-only; never the platform's own environment.")
+    grader_sandboxes: int = Field(
+        default=4, ge=1, le=256,
+        description="Python-grader sandboxes one API process runs at once for /v1/fine_tuning/alpha/graders "
+                    "(a request over it is answered 429 with Retry-After).")
 
     host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     port: int = Field(default=8000, description="Port the API binds to.")

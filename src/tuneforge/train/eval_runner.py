@@ -150,10 +150,14 @@ def score(base: Observation, tuned: Observation, *, safety: list[dict[str, Any]]
     return results
 
 
-def validation_results(loss: float, accuracy: float, *, perplexity: bool) -> dict[str, float]:
+def validation_results(loss: float, accuracy: float, *, perplexity: bool,
+                       reward: float | None = None) -> dict[str, float]:
+    """`reward`: the mean grader reward of the validation samples (reinforcement)."""
     out = {"validation.loss": loss, "validation.token_accuracy": accuracy}
     if perplexity:
         out["validation.perplexity"] = math.exp(min(loss, 50.0))
+    if reward is not None:
+        out["validation.reward"] = reward
     return out
 
 

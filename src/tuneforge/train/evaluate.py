@@ -46,7 +46,7 @@ def eval_config(spec: Any) -> ResolvedEval | None:
     return config if config is not None and config.enabled else None
 
 
-def evaluate(run: Any, validate: Callable[[Any], tuple[float, float]]) -> dict[str, Any] | None:
+def evaluate(run: Any, validate: Callable[[Any], tuple[Any, ...]]) -> dict[str, Any] | None:
     """Measure base and fine-tuned model; None when the job has no eval. `validate(run)` is the
     recipe's validation pass (its objective's loss and token accuracy on the validation set)."""
     config = eval_config(run.spec)
@@ -154,17 +154,19 @@ def _read_jsonl(data: bytes) -> list[dict[str, Any]]:
     return rows
 
 
-def _validation(run: Any, validate: Callable[[Any], tuple[float, float]], rows: list[Any],
+def _validation(run: Any, validate: Callable[[Any], tuple[Any, ...]], rows: list[Any],
                 model: Any = None) -> dict[str, float]:
     if not rows:
         return {}
     saved_model, saved_rows = run.model, run.valid_set
     run.model, run.valid_set = (model if model is not None else run.model), rows
     try:
-        loss, accuracy = validate(run)
+        loss, accuracy, *rest = validate(run)
     finally:
         run.model, run.valid_set = saved_model, saved_rows
-    return runner.validation_results(loss, accuracy, perplexity=methods.get(run.spec.method).default_eval.perplexity)
+    figures = rest[0] if rest else {}
+    return runner.validation_results(loss, accuracy, perplexity=methods.get(run.spec.method).default_eval.perplexity,
+                                     reward=figures.get("valid_reward_mean"))
 
 
 @contextlib.contextmanager

@@ -52,12 +52,12 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from tuneforge.domain.exit_codes import TrainerExit
-from tuneforge.domain.metrics import OBJECTIVE_METRICS_KEY, checkpoint_metrics, metrics_data
+from tuneforge.domain.metrics import OBJECTIVE_METRICS_KEY, check_metric_names, checkpoint_metrics, metrics_data
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout, model_cache
 from tuneforge.storage.store import ObjectStore
@@ -361,8 +361,10 @@ def finish_step(run: Run, stats: StepStats) -> None:
         policy.every_epoch and epoch_end)
     checkpoint_due = checkpoint_due and state.bad_steps == 0  # never save a state that may be diverging
     checkpoint_due = run.dist.any(checkpoint_due)  # clocks differ between ranks: one decides for all
-    if checkpoint_due and run.valid_set:
-        row["valid_loss"], row["valid_mean_token_accuracy"] = validate(run)
+    every = getattr(run.objective, "validate_every", None)  # an objective may validate between checkpoints
+    validation_due = checkpoint_due or bool(every and state.step % every(run.total_steps) == 0)
+    if validation_due and run.valid_set:
+        record_validation(row, validate(run))
     state.history.append(row)
     if run.trackers is not None:
         run.trackers.log(state.step, row)
@@ -376,21 +378,41 @@ def finish_step(run: Run, stats: StepStats) -> None:
         save_checkpoint(run)
 
 
+class Validation(NamedTuple):
+    loss: float
+    accuracy: float
+    metrics: dict[str, float]  # the objective's own figures, averaged over the validation set
+
+
 @torch.no_grad()
-def validate(run: Run) -> tuple[float, float]:
-    """Mean loss and token accuracy on the validation set (dropout off)."""
+def validate(run: Run) -> Validation:
+    """Mean loss, token accuracy and the objective's own figures on the validation set (dropout off)."""
     run.model.eval()
     loss_sum, correct, counted = 0.0, 0, 0
+    metrics: dict[str, float] = {}
     try:
         examples = rollout.prepare(run, run.valid_set, validation=True)
         for chunk in run.objective.chunks(examples, run.spec.hyperparameters):
             scores = run.objective.forward(run, chunk)
             loss_sum += float(scores.loss_sum)
             correct, counted = correct + scores.correct, counted + scores.count
+            for name, value in scores.metrics.items():
+                metrics[name] = metrics.get(name, 0.0) + float(value)
     finally:
         run.model.train()
         run.dist.reshard(run.model)
-    return loss_sum / max(1, counted), correct / max(1, counted)
+    counted = max(1, counted)
+    return Validation(loss_sum / counted, correct / counted, {name: total / counted for name, total in metrics.items()})
+
+
+def record_validation(row: dict[str, Any], validation: Validation) -> None:
+    """A validation's figures in a step's history row: the loop's, and those of the objective's own
+    that it names `valid_*` for the purpose (beside its training figures, which they never replace)."""
+    row["valid_loss"], row["valid_mean_token_accuracy"] = validation.loss, validation.accuracy
+    own = {name: value for name, value in validation.metrics.items() if name.startswith("valid_")}
+    if own:
+        check_metric_names(own)
+        row[OBJECTIVE_METRICS_KEY] = {**(row.get(OBJECTIVE_METRICS_KEY) or {}), **own}
 
 
 def save_checkpoint(run: Run) -> str:
@@ -433,7 +455,7 @@ def save_final(run: Run) -> TrainerExit:
     spec, state = run.spec, run.state
     last = state.history[-1]
     if run.valid_set and last["valid_loss"] is None:
-        last["valid_loss"], last["valid_mean_token_accuracy"] = validate(run)
+        record_validation(last, validate(run))
     evaluating = evaluate.eval_config(spec) is not None
     if evaluating and run.last_checkpoint_step != state.step:
         save_checkpoint(run)  # a preemption during the eval then loses no training

@@ -13,7 +13,7 @@ import pytest
 from tuneforge import methods
 from tuneforge.data import codes
 from tuneforge.data.example import DataIssue, Example
-from tuneforge.data.shapes import check_method, normalize
+from tuneforge.data.shapes import MethodFit, check_method, check_required_fields, normalize, skipped_kinds
 from tuneforge.domain.errors import ApiError
 
 
@@ -40,16 +40,16 @@ def ok(record: dict[str, Any]) -> tuple[Example, list[DataIssue]]:
     return normalize(copy.deepcopy(record), 7)
 
 
-def error(record: dict[str, Any]) -> DataIssue:
+def error(record: dict[str, Any], skip: frozenset[str] = frozenset()) -> DataIssue:
     with pytest.raises(DataIssue) as caught:
-        normalize(copy.deepcopy(record), 7)
+        normalize(copy.deepcopy(record), 7, skip)
     assert caught.value.line == 7
     assert caught.value.severity == "error"
     return caught.value
 
 
-def assert_error(record: dict[str, Any], code: str, field: str | None) -> DataIssue:
-    issue = error(record)
+def assert_error(record: dict[str, Any], code: str, field: str | None, skip: frozenset[str] = frozenset()) -> DataIssue:
+    issue = error(record, skip)
     assert (issue.code, issue.field) == (code, field), issue
     return issue
 
@@ -111,7 +111,26 @@ def test_chat_with_tools_round_trip() -> None:
     ],
 )
 def test_chat_errors(messages: list[Any], code: str, field: str) -> None:
-    assert_error({"messages": messages}, code, field)
+    # in a file of chats: a conversation that ends with the user's turn is a chat's mistake, not a prompt
+    assert_error({"messages": messages}, code, field, skipped_kinds(None, "chat"))
+
+
+def test_a_conversation_ending_with_the_users_turn_is_a_prompt_with_its_other_fields_as_the_item() -> None:
+    example, warnings = normalize({"messages": [user(), assistant(), user("And?")], "answer": "4", "n": [1]}, 3)
+    assert (example.kind, example.line, example.item, warnings) == ("prompt", 3, {"answer": "4", "n": [1]}, [])
+    assert [m["role"] for m in example.messages] == ["user", "assistant", "user"]
+    # a method that does not train on prompts sees the chat's own error
+    fit = MethodFit("supervised", ("chat", "instruction"))
+    assert error({"messages": [user()]}, skipped_kinds(fit, None)).code == "role_order"
+    assert error({"messages": [user()], **{f"f{n}": n for n in range(300)}}).code == "too_many_fields"
+
+
+def test_a_method_needing_fields_refuses_the_line_without_one() -> None:
+    example, _ = normalize({"messages": [user()], "answer": "4"}, 7)
+    check_required_fields(example, MethodFit("reinforcement", ("prompt",), ("answer",)))
+    with pytest.raises(DataIssue) as caught:
+        check_required_fields(example, MethodFit("reinforcement", ("prompt",), ("answer", "units")))
+    assert (caught.value.code, caught.value.line, caught.value.field) == ("missing_field", 7, "units")
 
 
 @pytest.mark.parametrize(

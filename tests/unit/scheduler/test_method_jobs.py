@@ -78,9 +78,12 @@ def test_method_hyperparameters_are_checked_under_their_own_name(world):
     body["method"] = {"type": "dpo", "dpo": {"hyperparameters": {"gamma": 1}}}
     answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
     assert answer.status_code == 400 and "gamma" in answer.json()["error"]["param"]
-    body["method"] = {"type": "reinforcement"}
+    body["method"] = {"type": "ppo"}
     answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "method.type"
+    body["method"] = {"type": "reinforcement"}  # a reinforcement job needs its grader
+    answer = http.post("/v1/fine_tuning/jobs", json=body, headers=auth)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "method.reinforcement.grader"
 
 
 def test_full_fine_tunes_are_admitted_and_qlora_is_refused_where_it_cannot_run(world):

@@ -18,7 +18,7 @@ import json
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -200,12 +200,14 @@ class PrepareRequest:
     seed: int
     options: dict[str, Any]  # the job's `data` options, resolved
     pii_policy: str
+    required_fields: tuple[str, ...] = ()  # fields every line must hold (those the job's grader reads)
 
 
 def _check_options(request: PrepareRequest, min_examples: int, *, for_validation: bool) -> CheckOptions:
     opts = request.options
     return CheckOptions(
-        method=methods.get(request.method).fit, data_format=opts.get("format"), min_examples=min_examples,
+        method=replace(methods.get(request.method).fit, required_fields=request.required_fields),
+        data_format=opts.get("format"), min_examples=min_examples,
         max_seq_length=request.max_seq_length, long_examples=opts.get("long_examples", "truncate"),
         near_duplicate_threshold=opts.get("near_duplicate_threshold", 0.9),
         contamination_threshold=opts.get("contamination_threshold", 0.5),
@@ -223,7 +225,8 @@ def prepare_for_job(store: ObjectStore, request: PrepareRequest, tokenizer: Any,
     split = float(request.options.get("validation_split") or 0.0) if request.validation is None else 0.0
     ident = dataset_id({"train": request.training[2], "valid": request.validation and request.validation[2],
                         "base": request.base_sha256, "method": request.method, "max_seq": request.max_seq_length,
-                        "options": request.options, "pii": request.pii_policy, "seed": request.seed if split else None})
+                        "options": request.options, "pii": request.pii_policy, "seed": request.seed if split else None,
+                        **({"fields": list(request.required_fields)} if request.required_fields else {})})
     manifest_key = layout.dataset_key(request.tenant_id, ident, "manifest.json")
     if store.exists(manifest_key):
         prepared = PreparedDataset(**json.loads(store.get_bytes(manifest_key)))

@@ -38,7 +38,7 @@ from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import DataCheckFailed
 from tuneforge.services.serving import base_models
 from tuneforge.services.tenancy import quotas
-from tuneforge.services.training import artifacts, estimates, evaluation, integrations
+from tuneforge.services.training import artifacts, estimates, evaluation, graders, integrations
 from tuneforge.services.training.planning import check_strategy, plan_job
 from tuneforge.services.training.transitions import is_terminal, transition
 from tuneforge.services.training.validation import validate_job
@@ -118,7 +118,9 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
         raise invalid("suffix may use up to 64 letters, digits, '-', '_' and '.'", param="suffix")
     if request.metadata is not None and len(request.metadata) > 16:
         raise invalid("metadata may hold at most 16 keys", param="metadata")
-    hyperparams.check_static(hyperparams.requested_hyperparameters(request), method)
+    requested = hyperparams.requested_hyperparameters(request)
+    hyperparams.check_static(requested, method)
+    graders.check_job(settings, request, requested)
     if request.training_type is not None:
         hyperparams.resolve_lora(request.training_type)
     resources = request.resources

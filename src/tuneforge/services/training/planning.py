@@ -27,7 +27,7 @@ from tuneforge.planning import hyperparams, memory
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import PreparedDataset, PrepareRequest, prepare_for_job
 from tuneforge.services.datasets.tokenizers import tokenizer_for
-from tuneforge.services.training import estimates, eval_sets
+from tuneforge.services.training import estimates, eval_sets, graders
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
@@ -78,7 +78,7 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
         tenant_id=tenant.tenant_id, training=(training.key, training.filename, training.sha256),
         validation=(validation.key, validation.filename, validation.sha256) if validation else None,
         base_sha256=base.sha256, method=method, max_seq_length=max_seq_length, seed=seed,
-        options=options, pii_policy=data["pii_policy"],
+        options=options, pii_policy=data["pii_policy"], required_fields=graders.required_fields(request, requested),
     ), tokenizer, min_examples=platform.settings.min_training_examples,
         contamination=eval_sets.index_for(session, platform.store, tenant.tenant_id), keep=keep_dataset)
     shape = model_shape(platform.store, base)

@@ -1,0 +1,76 @@
+"""A reinforcement fine-tuning job through a running server, a real trainer process and the official
+`openai` SDK, graded by a python grader in the sandbox: the held-out reward rises clearly above the
+base model's, a gate on it passes, every step's figures are in the events, and the adapter loads
+with PEFT.
+
+The task (chosen to be learnable on a CPU in seconds by the tiny random model): each prompt's
+completion is rewarded by how close it comes, character by character, to the line's `target`
+("the the the the the the"): `difflib.SequenceMatcher.ratio`, a dense reward in [0, 1] that the
+random base scores ~0.25 on. The grader is a python grader, so the sandbox runs in the trainer."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from tests.e2e.test_lifecycle import download, wait_for
+from tuneforge.graders import sandbox
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only,
+              pytest.mark.skipif(sandbox.available() is not None, reason="this host cannot run the sandbox")]
+
+TARGET = "the the the the the the"
+SOURCE = '''
+import difflib
+
+def grade(sample, item):
+    return difflib.SequenceMatcher(None, sample["output_text"], item["target"]).ratio()
+'''
+WORDS = ["cats", "dogs", "code", "rain", "tea", "maps", "trees", "birds", "lamps", "boats", "clouds", "songs",
+         "hats", "roads", "waves", "fires"]
+
+
+def _file(sdk, words: list[str], name: str) -> str:
+    lines = [{"messages": [{"role": "user", "content": f"Say something about {word}"}], "target": TARGET}
+             for word in words]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = sdk.files.create(file=(name, io.BytesIO(data)), purpose="fine-tune")
+    assert uploaded.status == "processed", uploaded.status_details
+    return uploaded.id
+
+
+def test_an_rft_job_raises_the_held_out_reward(running, tmp_path):
+    import torch
+    from peft import PeftModel
+
+    from tuneforge.train.model import load_base_model
+
+    sdk = running.sdk(running.key_a)
+    training, held_out = _file(sdk, WORDS[:12], "train.jsonl"), _file(sdk, WORDS[12:], "held.jsonl")
+    grader = {"type": "python", "name": "closeness", "source": SOURCE}
+    job = sdk.fine_tuning.jobs.create(
+        model="tiny-chat", training_file=training, validation_file=held_out, seed=0,
+        method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
+            "n_epochs": 8, "batch_size": 4, "learning_rate": 1e-2, "samples_per_prompt": 8,
+            "max_completion_tokens": 16, "eval_interval": 4}}},
+        extra_body={"eval": {"golden": False, "safety": False, "gates": [
+            {"metric": "validation.reward", "op": ">=", "threshold": 0.1, "relative_to_base": True}]}},
+    )
+    done = wait_for(sdk, job.id)
+    assert done.status == "succeeded", done.error
+    assert done.method.reinforcement.grader.name == "closeness"
+    metrics = [e.data for e in sdk.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
+    steps = {m["step"]: m for m in metrics}
+    assert sorted(steps) == list(range(1, 25))
+    assert all({"reward_mean", "reward_std", "grader_error_rate", "completion_length"} <= set(m)
+               for m in steps.values())
+    assert all(m["grader_error_rate"] == 0.0 for m in steps.values())
+    results = done.model_extra["eval_results"]
+    base, tuned = results["base"]["validation.reward"], results["fine_tuned"]["validation.reward"]
+    assert tuned > base + 0.1, (base, tuned)
+    assert results["gates"]["passed"] is True
+    folder = download(running.url, running.key_a, job.id, tmp_path)
+    model = PeftModel.from_pretrained(load_base_model(running.model_dir, torch.device("cpu"))[0], str(folder))
+    assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0

@@ -1,0 +1,167 @@
+"""/v1/fine_tuning/alpha/graders/run and /validate through the official `openai` SDK, and reinforcement
+jobs' create checks (the grader, the data's fields, the options) and their shape on retrieve."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tuneforge.graders import sandbox
+
+NEEDS_SANDBOX = pytest.mark.skipif(sandbox.available() is not None, reason="this host cannot run the sandbox")
+EXACT = {"type": "string_check", "name": "exact", "operation": "eq", "input": "{{sample.output_text}}",
+         "reference": "{{item.answer}}"}
+
+
+def test_run_answers_openais_shape_through_the_sdk(world) -> None:
+    sdk = world.sdk(world.key_a)
+    result = sdk.fine_tuning.alpha.graders.run(grader=EXACT, model_sample="Paris", item={"answer": "Paris"})
+    assert result.reward == 1.0 and result.sub_rewards == {}
+    assert result.metadata.name == "exact" and result.metadata.type == "string_check"
+    assert result.metadata.errors.invalid_variable_error is False and result.metadata.execution_time >= 0
+    assert result.metadata.token_usage is None and result.api_model_grader_token_usage_per_model == {}
+    assert sdk.fine_tuning.alpha.graders.run(grader=EXACT, model_sample="Lyon", item={"answer": "Paris"}).reward == 0
+
+
+def test_run_a_multi_grader_reports_sub_rewards(world) -> None:
+    multi = {"type": "multi", "name": "m", "calculate_output": "0.5 * exact + 0.5 * sim",
+             "graders": {"exact": EXACT, "sim": {"type": "text_similarity", "name": "sim",
+                                                 "evaluation_metric": "rouge_l", "input": "{{sample.output_text}}",
+                                                 "reference": "{{item.answer}}"}}}
+    result = world.sdk(world.key_a).fine_tuning.alpha.graders.run(
+        grader=multi, model_sample="the cat sat", item={"answer": "the cat"})
+    # rouge_l: LCS 2, P = 2/3, R = 1 -> F1 = 0.8; exact 0 -> 0.4
+    assert result.sub_rewards == {"exact": 0.0, "sim": pytest.approx(0.8)}
+    assert result.reward == pytest.approx(0.4)
+
+
+def test_validate_answers_the_grader_and_refuses_bad_ones_naming_the_field(world) -> None:
+    graders = world.sdk(world.key_a).fine_tuning.alpha.graders
+    assert graders.validate(grader=EXACT).grader.name == "exact"
+    cases = [({**EXACT, "operation": "regex"}, "grader.operation"),
+             ({**EXACT, "type": "contains"}, "grader.type"),
+             ({**EXACT, "reference": "{{answer}}"}, "grader.reference"),
+             ({"type": "multi", "name": "m", "calculate_output": "exact + other", "graders": {"exact": EXACT}},
+              "grader.calculate_output")]
+    for grader, param in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            graders.validate(grader=grader)
+        assert caught.value.body["param"] == param, caught.value.body
+
+
+def test_run_refuses_an_item_without_a_field_the_grader_reads(world) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        world.sdk(world.key_a).fine_tuning.alpha.graders.run(grader=EXACT, model_sample="x", item={"other": 1})
+    assert caught.value.body["param"] == "item.answer"
+
+
+def test_the_routes_need_an_api_key(world) -> None:
+    for path in ("/v1/fine_tuning/alpha/graders/run", "/v1/fine_tuning/alpha/graders/validate"):
+        answer = world.http.post(path, json={"grader": EXACT, "model_sample": "x"})
+        assert answer.status_code == 401
+
+
+@NEEDS_SANDBOX
+def test_a_python_grader_runs_in_the_sandbox_and_a_bad_one_is_refused(world) -> None:
+    graders = world.sdk(world.key_a).fine_tuning.alpha.graders
+    source = "def grade(sample, item):\n    return len(sample['output_text']) / len(item['reference'])\n"
+    grader = {"type": "python", "name": "ratio", "source": source}
+    result = graders.run(grader=grader, model_sample="abc", item={"reference": "abcdef"})
+    assert result.reward == 0.5 and result.metadata.errors.python_grader_runtime_error is False
+    failing = graders.run(grader=grader, model_sample="abc", item={"reference": ""})
+    assert failing.reward == 0.0 and failing.metadata.errors.python_grader_runtime_error
+    assert "ZeroDivisionError" in failing.metadata.errors.python_grader_runtime_error_details
+    with pytest.raises(openai.BadRequestError) as caught:
+        graders.validate(grader={**grader, "source": "def grade(sample, item)\n    return 1\n"})
+    assert caught.value.body["param"] == "grader.source" and "line 1" in caught.value.body["message"]
+
+
+def test_python_graders_are_refused_where_the_host_cannot_sandbox(world, monkeypatch) -> None:
+    from tuneforge.services.training import graders as grader_service
+
+    monkeypatch.setattr(grader_service.sandbox, "available", lambda python="": "bubblewrap is not installed")
+    with pytest.raises(openai.BadRequestError) as caught:
+        world.sdk(world.key_a).fine_tuning.alpha.graders.validate(
+            grader={"type": "python", "name": "p", "source": "def grade(s, i):\n    return 1\n"})
+    assert caught.value.body["param"] == "grader.source" and caught.value.body["code"] == "sandbox_unavailable"
+
+
+# -- reinforcement jobs --------------------------------------------------------------------------
+
+
+def prompt_file(sdk: Any, lines: list[dict[str, Any]]) -> str:
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = sdk.files.create(file=("prompts.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    assert uploaded.status == "processed", uploaded.status_details
+    return uploaded.id
+
+
+def prompts(count: int, **fields: Any) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": f"What is {n} + {n}?"}], **fields} for n in range(count)]
+
+
+def test_a_reinforcement_job_is_created_and_shows_its_grader_as_openai_does(world) -> None:
+    sdk = world.sdk(world.key_a)
+    training = prompt_file(sdk, prompts(12, answer="4"))
+    job = sdk.fine_tuning.jobs.create(
+        model=world.base_model, training_file=training,
+        method={"type": "reinforcement", "reinforcement": {
+            "grader": EXACT, "hyperparameters": {"n_epochs": 1, "compute_multiplier": 2, "reasoning_effort": "low",
+                                                 "eval_interval": 3}}})
+    again = sdk.fine_tuning.jobs.retrieve(job.id)
+    assert again.method.type == "reinforcement"
+    assert again.method.reinforcement.grader.name == "exact"
+    assert again.method.reinforcement.hyperparameters.compute_multiplier == 2
+    assert again.method.reinforcement.hyperparameters.reasoning_effort == "low"
+
+
+@pytest.mark.parametrize(("block", "param"), [
+    ({"hyperparameters": {}}, "method.reinforcement.grader"),
+    ({"grader": {**EXACT, "operation": "startswith"}}, "method.reinforcement.grader.operation"),
+    ({"grader": EXACT, "hyperparameters": {"samples_per_prompt": 1}},
+     "method.reinforcement.hyperparameters.samples_per_prompt"),
+    ({"grader": EXACT, "hyperparameters": {"grader": EXACT}}, None),
+    ({"grader": EXACT, "response_format": {"type": "text"}}, "method.reinforcement.response_format"),
+])
+def test_reinforcement_jobs_with_a_bad_block_are_refused(world, block: dict[str, Any], param: str | None) -> None:
+    sdk = world.sdk(world.key_a)
+    training = prompt_file(sdk, prompts(12, answer="4"))
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training,
+                                    method={"type": "reinforcement", "reinforcement": block})
+    if param is not None:
+        assert caught.value.body["param"] == param, caught.value.body
+
+
+def test_a_grader_in_another_methods_block_and_kl_on_a_full_fine_tune_are_refused(world) -> None:
+    sdk = world.sdk(world.key_a)
+    training = prompt_file(sdk, prompts(12, answer="4"))
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training,
+                                    method={"type": "dpo", "dpo": {"grader": EXACT}})
+    assert caught.value.body["param"] == "method.dpo.grader"
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.fine_tuning.jobs.create(
+            model=world.base_model, training_file=training, extra_body={"training_type": {"type": "full"}},
+            method={"type": "reinforcement", "reinforcement": {"grader": EXACT,
+                                                               "hyperparameters": {"kl_coef": 0.1}}})
+    assert caught.value.body["param"] == "method.reinforcement.hyperparameters.kl_coef"
+
+
+def test_prompt_data_is_refused_for_supervised_jobs_and_chat_data_for_reinforcement(world) -> None:
+    from tests.helpers.platform import chat_lines
+
+    sdk = world.sdk(world.key_a)
+    training = prompt_file(sdk, prompts(12, answer="4"))
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training)
+    assert caught.value.body["code"] == "shape_mismatch"
+    chat = sdk.files.create(file=("chat.jsonl", io.BytesIO(chat_lines(12))), purpose="fine-tune").id
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.fine_tuning.jobs.create(model=world.base_model, training_file=chat,
+                                    method={"type": "reinforcement", "reinforcement": {"grader": EXACT}})
+    assert caught.value.body["code"] == "shape_mismatch"

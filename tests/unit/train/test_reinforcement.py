@@ -1,0 +1,164 @@
+"""Reinforcement fine-tuning (GRPO) on the tiny model, in-process: the reward a grader gives rises,
+every step's figures reach the events, a resumed run is bit-identical, and a grader that fails on
+most samples stops the job as the tenant's fault.
+
+The task: prompts about a word, rewarded by how close the completion comes to "the the the the the
+the" (a `text_similarity` grader, `fuzzy_match`, the reference read from the item): a dense reward
+(a sparse one, 1 for "contains 'the'", depends on the random base ever writing it) that the random
+base scores ~0.26 on and a LoRA adapter raises to ~0.48 in 16 steps of 4 prompts x 8 samples."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors.torch
+import torch
+
+from tests.helpers.tiny import next_attempt, stage_job
+from tuneforge import methods
+from tuneforge.domain.exit_codes import TrainerExit
+from tuneforge.storage import layout
+from tuneforge.train.objectives.reinforcement import ReinforcementObjective, metric_name
+from tuneforge.train.reporter import RecordingReporter
+from tuneforge.train.runner import run_attempt
+
+WORDS = ["cats", "dogs", "code", "rain", "tea", "maps", "trees", "birds"]
+NEAR_THE = {"type": "text_similarity", "name": "near the", "evaluation_metric": "fuzzy_match",
+            "input": "{{sample.output_text}}", "reference": "{{item.target}}"}
+CONTAINS_THE = {"type": "string_check", "name": "has the", "operation": "like",
+                "input": "{{sample.output_text}}", "reference": "the"}
+STEPS = 16
+
+
+def prompt_lines(words: list[str], target: str = "the the the the the the") -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": f"Say something about {word}"}], "target": target}
+            for word in words]
+
+
+def _stage(root: Path, model_dir: Path, grader: dict[str, Any] = NEAR_THE, steps: int = STEPS,
+           **options: Any) -> tuple[Any, Any]:
+    method = methods.get("reinforcement")
+    asked = {"grader": grader, "samples_per_prompt": 8, "max_completion_tokens": 16, "eval_interval": 4, **options}
+    resolved = method.resolve_options(method.parse_hyperparameters(asked)).model_dump()
+    spec, store = stage_job(root, model_dir, training=prompt_lines(WORDS), validation=prompt_lines(WORDS[:4]),
+                            hyperparameters={"n_epochs": steps * 4 // len(WORDS), "batch_size": 4,
+                                             "micro_batch_size": 2, "learning_rate": 5e-3,
+                                             "method_options": resolved},
+                            checkpoint={"every_steps": 4, "keep_last": 10})
+    return replace(spec, method="reinforcement"), store
+
+
+TIMING = {"tokens_per_second", "mfu", "peak_memory_mb"}  # of the machine, not of the run
+
+
+def _figures(reporter: RecordingReporter) -> dict[int, dict[str, Any]]:
+    return {event["data"]["step"]: {key: value for key, value in event["data"].items() if key not in TIMING}
+            for event in reporter.events("metrics")}
+
+
+def _adapter(store: Any, spec: Any) -> dict[str, torch.Tensor]:
+    prefix = layout.artifact_prefix(spec.tenant_id, spec.job_id, "adapter")
+    return safetensors.torch.load(store.get_bytes(f"{prefix}/adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[RecordingReporter, Any, Any]:
+    spec, store = _stage(tmp_path_factory.mktemp("rft-reference"), tiny_model_dir)
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    return reporter, spec, store
+
+
+def test_the_reward_rises_and_every_step_reports_its_figures(reference: Any) -> None:
+    reporter, _spec, _store = reference
+    figures = _figures(reporter)
+    assert sorted(figures) == list(range(1, STEPS + 1))
+    for step in figures.values():
+        assert {"reward_mean", "reward_std", "zero_variance_groups", "grader_error_rate", "completion_length",
+                "clip_fraction"} <= set(step)
+        assert 0.0 <= step["reward_mean"] <= 1.0 and step["grader_error_rate"] == 0.0
+        assert 1 <= step["completion_length"] <= 16
+        assert step["clip_fraction"] == 0.0  # one update per batch of rollouts: the ratio is 1
+    first = sum(figures[step]["reward_mean"] for step in (1, 2, 3)) / 3
+    last = sum(figures[step]["reward_mean"] for step in (STEPS - 2, STEPS - 1, STEPS)) / 3
+    assert first < 0.35 and last > first + 0.12, (first, last)
+    # validation every eval_interval (4) steps: one sample of each validation prompt, graded
+    validated = {step: data["valid_reward_mean"] for step, data in figures.items() if "valid_reward_mean" in data}
+    assert {4, 8, 12, 16} <= set(validated)  # (and at each checkpoint)
+    assert all(0.0 < value < 1.0 for value in validated.values())
+    checkpoints = reporter.of_kind("checkpoints")
+    assert checkpoints[-1]["metrics"]["reward_mean"] == figures[STEPS]["reward_mean"]
+
+
+def test_a_resumed_run_is_bit_identical(tmp_path: Path, tiny_model_dir: Path, reference: Any) -> None:
+    ref_reporter, ref_spec, ref_store = reference
+    first, store = _stage(tmp_path, tiny_model_dir)
+    first = replace(first, extra={"stop_after_step": 6})
+    reporter, second = RecordingReporter(), RecordingReporter(attempt=2)
+    assert run_attempt(first, store, reporter) == TrainerExit.PREEMPTED
+    assert run_attempt(next_attempt(first), store, second) == TrainerExit.SUCCESS
+    assert min(_figures(second)) == 7
+    assert {**_figures(reporter), **_figures(second)} == _figures(ref_reporter)
+    theirs, ours = _adapter(ref_store, ref_spec), _adapter(store, first)
+    assert theirs.keys() == ours.keys() and all(torch.equal(theirs[name], ours[name]) for name in theirs)
+
+
+def test_a_multi_grader_reports_each_sub_grader_and_combines_them(tmp_path: Path, tiny_model_dir: Path) -> None:
+    multi = {"type": "multi", "name": "both", "calculate_output": "0.75 * has_the + 0.25 * short",
+             "graders": {"has_the": {**CONTAINS_THE, "name": "has_the"},
+                         "short": {"type": "string_check", "name": "short", "operation": "ne",
+                                   "input": "{{sample.output_text}}", "reference": ""}}}
+    spec, store = _stage(tmp_path, tiny_model_dir, grader=multi, steps=2)
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    for data in _figures(reporter).values():
+        combined = 0.75 * data["reward_has_the"] + 0.25 * data["reward_short"]
+        assert data["reward_mean"] == pytest.approx(combined)
+
+
+def test_a_grader_that_fails_on_most_samples_fails_the_job_as_the_tenants(tmp_path: Path,
+                                                                          tiny_model_dir: Path) -> None:
+    missing = {**NEAR_THE, "reference": "{{sample.output_json.answer}}"}  # the samples are not JSON
+    spec, store = _stage(tmp_path, tiny_model_dir, grader=missing, steps=4)
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.USER_ERROR
+    [failure] = reporter.of_kind("failure") or [None]
+    assert failure is not None and failure["code"] == "grader_failed"
+    assert failure["param"] == "method.reinforcement.grader"
+    assert [data["grader_error_rate"] for data in _figures(reporter).values()] == [1.0]  # step 2 stopped it
+
+
+def test_kl_to_the_base_is_reported_and_pulls_towards_it(tmp_path: Path, tiny_model_dir: Path) -> None:
+    spec, store = _stage(tmp_path, tiny_model_dir, steps=4, kl_coef=0.5)
+    reporter = RecordingReporter()
+    assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    kls = [data["kl"] for data in _figures(reporter).values()]
+    assert kls[0] == pytest.approx(0.0, abs=1e-6)  # step 1: the adapter starts as the identity
+    assert all(kl >= 0 for kl in kls) and kls[-1] > 0
+
+
+def test_metric_names_of_sub_graders() -> None:
+    assert metric_name("Has The!") == "reward_has_the"
+    assert metric_name("x" * 100) == "reward_" + "x" * 57
+
+
+def test_the_objective_refuses_data_without_the_fields_its_grader_reads(tmp_path: Path,
+                                                                        tiny_model_dir: Path) -> None:
+    from tuneforge.data.errors import BadDataError
+    from tuneforge.methods.reinforcement import ReinforcementOptions
+
+    spec, store = _stage(tmp_path, tiny_model_dir, steps=1)
+    lines = [{"messages": [{"role": "user", "content": "hi"}]}]
+    store.put_bytes(spec.training_file.key, "".join(json.dumps(line) + "\n" for line in lines).encode())
+    objective = ReinforcementObjective(ReinforcementOptions(grader=NEAR_THE))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(BadDataError) as caught:
+        objective.load(store, spec.training_file, tokenizer, spec.hyperparameters, label="training",
+                       base_model_sha256="x")
+    assert caught.value.code == "missing_field" and caught.value.line_number == 1 and caught.value.param == "target"
