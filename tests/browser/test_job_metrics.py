@@ -26,9 +26,10 @@ def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
     with plane.plane.platform.db.session() as session:
         job = session.query(Job).filter_by(job_id=job_id).one()
         for step, reward in ((1, 0.25), (2, 0.5)):
+            validation = {"valid_reward_mean": reward + 0.1} if step == 2 else {}  # (validating steps only)
             event_repo.add(session, job, f"Step {step}/2", event_type="metrics", attempt=1,
                            data={"step": step, "total_steps": 2, "mfu": 0.1,
-                                 "reward_mean": reward, "rollout_mean_length": 3.0 + step})
+                                 "reward_mean": reward, "rollout_mean_length": 3.0 + step, **validation})
 
     sign_in(page, plane.url, plane.key_a)
     page.goto(f"{plane.url}/console#/jobs/{job_id}")
@@ -37,6 +38,10 @@ def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
         chart = page.locator(f'[data-testid="charts"] [data-chart="{key}"]')
         assert chart.locator("figcaption").inner_text() == title
         assert plotted_points(page, key, key) == 2
+    # a `valid_` figure is the validation line of its figure's chart, added when it first appears
+    assert plotted_points(page, "reward_mean", "valid_reward_mean") == 1
+    legend = page.locator('[data-chart="reward_mean"] .legend li').all_inner_texts()
+    assert legend == ["Reward mean", "Validation reward mean"]
     # the trainer's own figures keep their charts, and those it shows nowhere get none
     assert page.locator('[data-testid="charts"] figure').count() == 4 + 2
     assert page.locator('[data-chart="mfu"]').count() == 0

@@ -150,11 +150,25 @@ def _headers(target: ChatEndpoint) -> dict[str, str]:
     return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
 
 
+@dataclass(frozen=True)
+class ChatReply:
+    text: str  # the reply's content ("" when the model refused)
+    tokens: int  # the endpoint's usage.total_tokens (0 when it reports none)
+    refused: bool = False  # the reply is a refusal (message.refusal)
+
+
 def complete(target: ChatEndpoint, messages: list[dict[str, str]], *, client: httpx.Client | None = None) -> str:
     """The assistant's reply text to `messages`, sampled greedily (temperature 0)."""
+    return ask(target, messages, client=client).text
+
+
+def ask(target: ChatEndpoint, messages: list[dict[str, str]], *, options: Mapping[str, Any] | None = None,
+        client: httpx.Client | None = None) -> ChatReply:
+    """The reply to `messages` with its token count; `options`: sampling fields of the request
+    (temperature — 0 unless given —, top_p, seed, max_completion_tokens)."""
     if not target.endpoint or not target.model:
         raise ChatEndpointError(f"{target.shown} is not bound to a URL and model")
-    body = {"model": target.model, "messages": messages, "temperature": 0}
+    body = {"model": target.model, "messages": messages, "temperature": 0, **(options or {})}
     headers = _headers(target)
     owned = client is None
     http = client if client is not None else open_client(target)
@@ -169,7 +183,7 @@ def complete(target: ChatEndpoint, messages: list[dict[str, str]], *, client: ht
             http.close()
     if response.status_code >= 300:
         raise ChatEndpointError(f"{target.shown} answered HTTP {response.status_code}")
-    return _reply_text(target, response)
+    return _reply(target, response)
 
 
 def _reason(exc: httpx.HTTPError) -> str:
@@ -183,12 +197,19 @@ def _reason(exc: httpx.HTTPError) -> str:
     return type(exc).__name__
 
 
-def _reply_text(target: ChatEndpoint, response: httpx.Response) -> str:
+def _reply(target: ChatEndpoint, response: httpx.Response) -> ChatReply:
     try:
-        content = response.json()["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        body = response.json()
+        message = body["choices"][0]["message"]
+        content = message.get("content")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise ChatEndpointError(f"{target.shown} answered HTTP {response.status_code} without "
                                 "choices[0].message.content") from None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    tokens = usage.get("total_tokens") if isinstance(usage, dict) else 0
+    tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0
+    if content is None and isinstance(message.get("refusal"), str):
+        return ChatReply("", tokens, refused=True)
     if not isinstance(content, str):
         raise ChatEndpointError(f"{target.shown} answered a non-text message content")
-    return content
+    return ChatReply(content, tokens)

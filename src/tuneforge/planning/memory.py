@@ -65,6 +65,8 @@ class MemoryEstimate:
     overhead: int  # runtime: CUDA context or CPU runtime, QLoRA dequantization, FSDP gathers
     parameters: int  # of the base model
     trainable_parameters: int
+    rollout: int = 0  # sampling before the step (reinforcement): key/value cache, last logits, one layer's work
+
 
     @property
     def total_bytes(self) -> int:
@@ -73,7 +75,7 @@ class MemoryEstimate:
         backward (after the loss buffers are freed); or else the optimizer step's scratch —
         whichever is largest (activations are gone by the optimizer step)."""
         return (self.weights + self.gradients + self.optimizer + self.overhead
-                + max(self.activations + max(self.logits, self.backward), self.optimizer_step))
+                + max(self.activations + max(self.logits, self.backward), self.optimizer_step, self.rollout))
 
     @property
     def step_bytes(self) -> int:
@@ -104,8 +106,11 @@ def estimate(
     attention: str = "sdpa",
     device: str = "cuda",
     shards: int = 1,
+    rollout_sequences: int = 0,
+    rollout_tokens: int = 0,
 ) -> MemoryEstimate:
-    """Predicted peak memory of one training process, by part.
+    """Predicted peak memory of one training process, by part. `rollout_sequences` sequences of
+    `rollout_tokens` (prompt + completion) sampled at once before each step: `rollout_bytes`.
 
     Notation: P base parameters, N trainable parameters (P for a full fine-tune,
     the adapter's r·Σ(in+out) for LoRA), a = `weight_bytes` (bytes of the
@@ -285,7 +290,20 @@ def estimate(
         activations=math.ceil(activations), logits=math.ceil(logits), backward=math.ceil(backward),
         optimizer_step=math.ceil(step_scratch), overhead=math.ceil(overhead),
         parameters=P, trainable_parameters=N,
+        rollout=rollout_bytes(shape, rollout_sequences, rollout_tokens, weight_bytes=a),
     )
+
+
+def rollout_bytes(shape: ModelShape, sequences: int, tokens: int, *, weight_bytes: int) -> int:
+    """What sampling `sequences` sequences of up to `tokens` tokens at once holds beside the model
+    (no gradients): the key/value cache of every layer, the last position's logits and their
+    probabilities in fp32, and the prefill's transient work in one layer (its MLP at the widest)."""
+    if sequences <= 0 or tokens <= 0:
+        return 0
+    cache = sequences * tokens * shape.num_hidden_layers * 2 * shape.kv_dim * weight_bytes
+    last_logits = sequences * shape.vocab_size * (weight_bytes + 2 * 4)
+    prefill_layer = sequences * tokens * (2 * shape.intermediate_size + 2 * shape.hidden_size) * weight_bytes
+    return cache + last_logits + prefill_layer
 
 
 def _resident_state(shape: ModelShape, *, training_type: str, weight_bytes: int, trainable: int, optimizer: str,

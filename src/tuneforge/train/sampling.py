@@ -15,8 +15,10 @@ generator state give the same completions.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,14 +32,16 @@ class Completions:
 @torch.no_grad()
 def sample(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
            eos_ids: Collection[int], pad_id: int, generator: torch.Generator, device: torch.device,
-           max_rows: int = 64) -> Completions:
-    """A completion for each prompt (see the module's docstring)."""
+           max_rows: int = 64, json_tokenizer: Any = None) -> Completions:
+    """A completion for each prompt (see the module's docstring). `json_tokenizer`: each completion is
+    one JSON object (`serve/constrained.py`'s constraint, row by row, drawing from `generator` too);
+    a row ends when its object is whole."""
     token_ids: list[list[int]] = []
     stopped: list[bool] = []
     for start in range(0, len(prompts), max_rows):
         part = _sample_rows(model, prompts[start:start + max_rows], max_new_tokens=max_new_tokens,
                             temperature=temperature, eos_ids=eos_ids, pad_id=pad_id, generator=generator,
-                            device=device)
+                            device=device, json_tokenizer=json_tokenizer)
         token_ids += part.token_ids
         stopped += part.stopped
     return Completions(token_ids, stopped)
@@ -45,7 +49,7 @@ def sample(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_
 
 def _sample_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  temperature: float, eos_ids: Collection[int], pad_id: int, generator: torch.Generator,
-                 device: torch.device) -> Completions:
+                 device: torch.device, json_tokenizer: Any) -> Completions:
     width = max(len(prompt) for prompt in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -56,29 +60,62 @@ def _sample_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, ma
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    lengths = torch.zeros(len(prompts), dtype=torch.long, device=device)  # tokens each row wrote
+    ended = torch.zeros(len(prompts), dtype=torch.bool, device=device)  # by an end-of-sequence or a whole object
+    constraints = None
+    if json_tokenizer is not None:
+        from tuneforge.serve.constrained import JsonConstraint
+        from tuneforge.serve.params import SamplingParams
+
+        constraints = [JsonConstraint(json_tokenizer, frozenset(eos_ids)) for _ in prompts]
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, json_mode=True)
     written: list[torch.Tensor] = []
-    output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    # the prompt's logits but the last are never read: a forward that can skip them holds rows x vocab, not
+    # rows x prompt x vocab (gigabytes for long prompts and large vocabularies)
+    last_only = {"logits_to_keep": 1} if _keeps_logits(model) else {}
+    output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **last_only)
     for _ in range(max_new_tokens):
         logits = output.logits[:, -1, :].float()
-        probabilities = torch.softmax(logits / temperature, dim=-1)
-        drawn = torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+        if constraints is None:
+            probabilities = torch.softmax(logits / temperature, dim=-1)
+            drawn = torch.multinomial(probabilities, 1, generator=generator).squeeze(1)
+            whole = torch.zeros_like(done)
+        else:
+            drawn, whole = _constrained(constraints, logits, done, params, generator, int(eos[0]))
         drawn = torch.where(done, torch.full_like(drawn, pad_id), drawn)
         written.append(drawn)
-        done = done | torch.isin(drawn, eos)
+        lengths += (~done).long()
+        finished = torch.isin(drawn, eos) | whole
+        ended |= finished & ~done
+        done = done | finished
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)], dim=1)
         positions = positions[:, -1:] + 1
         output = model(input_ids=drawn.unsqueeze(1), attention_mask=mask, position_ids=positions,
                        past_key_values=output.past_key_values, use_cache=True)
-    return _completions(written, len(prompts), set(int(token) for token in eos.tolist()))
+    return _completions(written, lengths.tolist(), ended.tolist())
 
 
-def _completions(written: list[torch.Tensor], rows: int, eos_ids: set[int]) -> Completions:
-    table = torch.stack(written, dim=1).tolist() if written else [[] for _ in range(rows)]
-    token_ids, stopped = [], []
-    for row in table:
-        end = next((index for index, token in enumerate(row) if token in eos_ids), None)
-        token_ids.append(row if end is None else row[:end + 1])
-        stopped.append(end is not None)
-    return Completions(token_ids, stopped)
+def _constrained(constraints: list[Any], logits: torch.Tensor, done: torch.Tensor, params: Any,
+                 generator: torch.Generator, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each unfinished row's next token under its JSON constraint, and whether its object is now whole
+    (a row whose object can go no further ends with an end-of-sequence token)."""
+    tokens, whole = [], []
+    for row, constraint in enumerate(constraints):
+        token = None if bool(done[row]) else constraint.pick(logits[row], params, generator)
+        tokens.append(eos_id if token is None else token)
+        whole.append(constraint.complete)
+    return (torch.tensor(tokens, dtype=torch.long, device=logits.device),
+            torch.tensor(whole, dtype=torch.bool, device=logits.device))
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (a PEFT model passes it to its base's)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
+def _completions(written: list[torch.Tensor], lengths: list[int], ended: list[bool]) -> Completions:
+    table = torch.stack(written, dim=1).tolist() if written else [[] for _ in lengths]
+    return Completions([row[:length] for row, length in zip(table, lengths)], list(ended))

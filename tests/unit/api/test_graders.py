@@ -165,3 +165,76 @@ def test_prompt_data_is_refused_for_supervised_jobs_and_chat_data_for_reinforcem
         sdk.fine_tuning.jobs.create(model=world.base_model, training_file=chat,
                                     method={"type": "reinforcement", "reinforcement": {"grader": EXACT}})
     assert caught.value.body["code"] == "shape_mismatch"
+
+
+class FakeJudge:
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 answering each request with the next reply."""
+
+    def __init__(self, replies: list[dict[str, Any]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from tests.helpers.net import send_json
+
+        self.requests: list[dict[str, Any]] = []
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                judge.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                                       "body": json.loads(self.rfile.read(int(self.headers["Content-Length"])))})
+                message = replies[min(len(judge.requests), len(replies)) - 1]
+                send_json(self, {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                                 "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+                                 "usage": {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}})
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def test_model_graders_ask_the_operators_endpoint_by_name(tmp_path, database_url) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.platform import add_tenant, make_platform
+    from tuneforge.api.app import create_app
+
+    judge = FakeJudge([{"role": "assistant", "content": '{"result": 0.7}'},
+                       {"role": "assistant", "content": "polite"},
+                       {"role": "assistant", "content": None, "refusal": "I can't grade that."}])
+    platform = make_platform(tmp_path, database_url, eval_endpoints={
+        "house-judge": {"url": judge.url, "model": "judge-8b", "api_key": "operator-key"}})
+    http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=add_tenant(platform, "alpha"), http_client=http,
+                        max_retries=0)
+    try:
+        score = {"type": "score_model", "name": "judge", "model": "house-judge", "range": [0, 1],
+                 "sampling_params": {"temperature": 0.2, "seed": 7, "max_completions_tokens": 50},
+                 "input": [{"role": "user", "content": "Grade {{sample.output_text}} for {{item.q}}"}]}
+        result = sdk.fine_tuning.alpha.graders.run(grader=score, model_sample="4", item={"q": "2+2"})
+        assert result.reward == 0.7 and result.metadata.token_usage == 37
+        assert result.api_model_grader_token_usage_per_model == {"house-judge": 37}
+        asked = judge.requests[0]
+        assert asked["path"] == "/v1/chat/completions" and asked["auth"] == "Bearer operator-key"
+        assert asked["body"]["model"] == "judge-8b"  # the endpoint's model: the tenant never sees it
+        assert asked["body"]["messages"] == [{"role": "user", "content": "Grade 4 for 2+2"}]
+        assert (asked["body"]["temperature"], asked["body"]["seed"], asked["body"]["max_completion_tokens"]) \
+            == (0.2, 7, 50)
+        label = {"type": "label_model", "name": "tone", "model": "house-judge", "labels": ["polite", "rude"],
+                 "passing_labels": ["polite"], "input": [{"role": "user", "content": "{{sample.output_text}}"}]}
+        assert sdk.fine_tuning.alpha.graders.run(grader=label, model_sample="hi").reward == 1.0
+        refused = sdk.fine_tuning.alpha.graders.run(grader=label, model_sample="hi")
+        assert refused.reward == 0.0 and refused.metadata.errors.model_grader_refusal_error
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.fine_tuning.alpha.graders.validate(grader={**score, "model": "gpt-4o"})
+        assert caught.value.body["param"] == "grader.model" and "house-judge" in caught.value.body["message"]
+    finally:
+        http.close()
+        platform.db.dispose()
+        judge.close()

@@ -147,7 +147,7 @@ def test_a_label_model_grader_passes_on_a_passing_label() -> None:
      "grader.graders.a.reference", "templates read"),
     ({"type": "text_similarity", "name": "s", "evaluation_metric": "cosine", "input": "a", "reference": "b"},
      "grader.evaluation_metric", "embeddings endpoint"),
-    (score_model(), "grader.model", "no judge"),
+    (score_model(), "grader.model", "not a judge this platform offers"),
     ({"type": "python", "name": "p", "source": "def grade(s, i): return 1"}, "grader.source", "sandbox"),
     ({**score_model(), "range": [1, 0]}, "grader.range", "low < high"),
     ({"type": "label_model", "name": "l", "model": "m", "labels": ["a"], "passing_labels": ["b"],

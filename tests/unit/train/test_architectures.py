@@ -385,3 +385,42 @@ def test_the_engine_serves_the_trained_model_as_transformers_generates(
         assert (stats["base_loads"], stats["adapter_loads"]) == (1, 1)
     else:
         assert (stats["full_model_loads"], stats["base_loads"]) == (1, 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rollouts_sampled_over_the_cache_draw_what_a_full_recompute_would(arch: str, arch_model_dir) -> None:
+    """Reinforcement's batched sampler (left padding, position ids, the key/value cache) against the
+    same draws from logits recomputed over the whole padded batch at every token, and the first
+    token's distribution against each prompt alone, unpadded."""
+    from tuneforge.train import sampling
+    from tuneforge.train.model import load_base_model
+
+    model, tokenizer = load_base_model(arch_model_dir(arch), torch.device("cpu"))
+    model.eval()
+    prompts = [tokenizer("the quick brown fox jumps")["input_ids"], tokenizer("hello")["input_ids"],
+               tokenizer("a b c d e f g h i j k")["input_ids"]]
+    options = dict(max_new_tokens=8, temperature=1.0, eos_ids={tokenizer.eos_token_id}, pad_id=tokenizer.pad_token_id,
+                   device=torch.device("cpu"))
+    cached = sampling.sample(model, prompts, generator=torch.Generator().manual_seed(3), **options)
+
+    class Uncached(torch.nn.Module):  # the whole sequence again at each token: no cache to get wrong
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: torch.Tensor | None = None
+            self.mask: torch.Tensor | None = None
+
+        def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True):  # noqa: ANN001
+            self.seen = input_ids if self.seen is None else torch.cat([self.seen, input_ids], dim=1)
+            positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+            with torch.no_grad():
+                return model(input_ids=self.seen, attention_mask=attention_mask, position_ids=positions)
+
+    recomputed = sampling.sample(Uncached(), prompts, generator=torch.Generator().manual_seed(3), **options)
+    assert cached.token_ids == recomputed.token_ids and any(len(ids) > 1 for ids in cached.token_ids)
+    with torch.no_grad():
+        batch = tokenizer.pad({"input_ids": prompts}, padding_side="left", return_tensors="pt")
+        positions = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
+        padded = model(**batch, position_ids=positions).logits
+        for row, prompt in enumerate(prompts):
+            alone = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+            assert torch.allclose(torch.softmax(alone, -1), torch.softmax(padded[row, -1], -1), atol=1e-4), row

@@ -162,3 +162,51 @@ def test_the_objective_refuses_data_without_the_fields_its_grader_reads(tmp_path
         objective.load(store, spec.training_file, tokenizer, spec.hyperparameters, label="training",
                        base_model_sha256="x")
     assert caught.value.code == "missing_field" and caught.value.line_number == 1 and caught.value.param == "target"
+
+
+def test_the_memory_model_counts_the_rollouts_key_value_cache() -> None:
+    from tuneforge.planning.memory import GIB, ModelShape, estimate, rollout_bytes
+
+    llama_7b = ModelShape.from_config({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+                                       "num_hidden_layers": 32, "num_attention_heads": 32,
+                                       "num_key_value_heads": 32, "vocab_size": 32000})
+    # 64 sequences of 1024 tokens: 64 x 1024 x 32 layers x (key + value) x 4096 x 2 bytes = 32 GiB of cache
+    cache = 64 * 1024 * 32 * 2 * 4096 * 2
+    assert cache == 32 * GIB
+    last_logits = 64 * 32000 * (2 + 2 * 4)  # the last position's logits, and fp32 logits and probabilities
+    prefill_layer = 64 * 1024 * (2 * 11008 + 2 * 4096) * 2  # one layer's MLP at the widest, and its input/output
+    held = rollout_bytes(llama_7b, 64, 1024, weight_bytes=2)
+    assert held == cache + last_logits + prefill_layer
+    without = estimate(llama_7b, training_type="lora", micro_batch_size=1, seq_len=1024)
+    with_rollouts = estimate(llama_7b, training_type="lora", micro_batch_size=1, seq_len=1024,
+                             rollout_sequences=64, rollout_tokens=1024)
+    resident = with_rollouts.weights + with_rollouts.gradients + with_rollouts.optimizer + with_rollouts.overhead
+    # sampling happens between steps, when the activations are gone: it is the peak when it is the largest
+    assert with_rollouts.rollout == held and with_rollouts.total_bytes == resident + held > without.total_bytes
+    assert rollout_bytes(llama_7b, 0, 1024, weight_bytes=2) == 0
+
+
+def test_a_response_format_makes_every_sample_one_json_object(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from tuneforge.graders.templates import parse_json
+    from tuneforge.train import sampling
+
+    reads_json = {"type": "string_check", "name": "has answer", "operation": "ne",
+                  "input": "{{sample.output_json}}", "reference": ""}
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    spec, store = _stage(tmp_path, tiny_model_dir, grader=reads_json, steps=2, response_format=schema,
+                         max_completion_tokens=24)
+    texts: list[str] = []
+    original = sampling.sample
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        completions = original(*args, **kwargs)
+        texts.extend(kwargs["json_tokenizer"].decode(ids, skip_special_tokens=True) for ids in completions.token_ids)
+        return completions
+
+    reporter = RecordingReporter()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sampling, "sample", recording)
+        assert run_attempt(spec, store, reporter) == TrainerExit.SUCCESS
+    assert len(texts) >= 2 * 4 * 8
+    assert all(isinstance(parse_json(text), dict) for text in texts), [t for t in texts if parse_json(t) is None][:3]
+    assert all(data["grader_error_rate"] == 0.0 for data in _figures(reporter).values())

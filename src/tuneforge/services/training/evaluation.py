@@ -83,19 +83,30 @@ def credentials_for(session: Session, settings: Settings, sealer: Sealer, job: J
     """What the trainer of `job` needs for its eval endpoints: the tenant's secrets its config
     names and the operator endpoints it picks — nothing else, and only the job's own tenant's."""
     config = job.resolved.eval if job.resolved is not None else None
-    if config is None or not config.enabled:
-        return Credentials()
-    specs = task_metrics.parse_metrics(task_metrics.plain(config.metrics)) if config.task_file_key else []
-    targets = [target for _param, target in _endpoints(specs, refusal.detector_from_config(
-        task_metrics.plain(config.safety_detector)))]
+    targets = []
+    if config is not None and config.enabled:
+        specs = task_metrics.parse_metrics(task_metrics.plain(config.metrics)) if config.task_file_key else []
+        targets = [target for _param, target in _endpoints(specs, refusal.detector_from_config(
+            task_metrics.plain(config.safety_detector)))]
     secret_names = {t.api_key_secret for t in targets if t.api_key_secret}
-    endpoint_names = {t.endpoint_name for t in targets if t.endpoint_name}
+    endpoint_names = {t.endpoint_name for t in targets if t.endpoint_name} | _grader_judges(job)
     return Credentials(
         secrets=secret_service.values(session, sealer, job.tenant_id, secret_names),
         endpoints={name: dict(settings.eval_endpoints[name]) for name in endpoint_names
                    if name in settings.eval_endpoints},
     )
 
+
+
+def _grader_judges(job: Job) -> set[str]:
+    """The operator endpoints the job's grader (a reinforcement job's) names as judges."""
+    raw = job.resolved.hyperparameters.method_options.get("grader") if job.resolved is not None else None
+    if not raw:
+        return set()
+    from tuneforge.eval.judges import judged_models
+    from tuneforge.graders.check import parse
+
+    return judged_models(parse(raw, "grader"))
 
 
 def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRequest) -> ResolvedEval:

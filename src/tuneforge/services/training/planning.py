@@ -62,6 +62,17 @@ class Plan:
         )
 
 
+ROLLOUT_ROWS = 64  # sequences a generating method samples at once (train/sampling.py: max_rows)
+
+
+def rollout_group(method: str, requested: Any) -> int:
+    """Completions a generating method samples per example (its group), 0 for other methods."""
+    spec = methods.get(method)
+    if not spec.generates:
+        return 0
+    return int(getattr(spec.resolve_options(requested), "group_size", 1))
+
+
 def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest, *, seed: int,
              training: FileRow, validation: FileRow | None, base: BaseModelRow, keep_dataset: bool = True) -> Plan:
     """Raises DataCheckFailed (bad data) or ApiError (bad hyperparameters). `keep_dataset=False`: an
@@ -90,11 +101,14 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
         if shape is None:
             micro = max(m for m in range(1, min(batch_size, hyperparams.MAX_MICRO_BATCH) + 1) if batch_size % m == 0)
             return micro, batch_size // micro
-        tokens_per_example = seq_len * methods.get(method).sequences_per_example  # e.g. DPO: both answers
+        group = rollout_group(method, requested)
+        tokens_per_example = seq_len * (group or methods.get(method).sequences_per_example)  # e.g. DPO: both answers
+        rollout = {"rollout_sequences": min(ROLLOUT_ROWS, batch_size * group), "rollout_tokens": seq_len} \
+            if group else {}
         choice = memory.choose_micro_batch(
             shape, training_type=training_type.type, seq_len=tokens_per_example,
             memory_bytes=int(memory_gb * memory.GIB),
-            batch_size=batch_size, max_micro_batch=hyperparams.MAX_MICRO_BATCH, lora_rank=lora.rank)
+            batch_size=batch_size, max_micro_batch=hyperparams.MAX_MICRO_BATCH, lora_rank=lora.rank, **rollout)
         return choice.micro_batch_size, choice.gradient_accumulation_steps
 
     resolved_hp = hyperparams.resolve(requested, training_type, num_examples=prepared.train_examples,

@@ -113,8 +113,7 @@ class ReinforcementObjective:
 
     def prepare(self, run: Any) -> None:
         if self.tools is None:
-            self.tools = default_tools(run.spec.grader_python) if has_type(self.grader, "python") \
-                else score.GradingTools()
+            self.tools = default_tools(run.spec, self.grader)
 
     def validate_every(self, total_steps: int) -> int:
         """Steps between validations: `eval_interval`, else a tenth of the steps."""
@@ -131,7 +130,8 @@ class ReinforcementObjective:
         prompts = [example.prompt_ids for example in examples for _ in range(group)]
         completions = sampling.sample(context.model, prompts, max_new_tokens=self.options.completion_tokens,
                                       temperature=self.options.temperature, eos_ids=self.eos_ids,
-                                      pad_id=self.pad_id, generator=context.generator, device=context.device)
+                                      pad_id=self.pad_id, generator=context.generator, device=context.device,
+                                      json_tokenizer=context.tokenizer if self.options.response_format else None)
         texts = [context.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions.token_ids]
         items = [example.item for example in examples for _ in range(group)]
         results = self._grade(texts, items)
@@ -293,15 +293,25 @@ def _eos_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-def default_tools(python: str = "/usr/bin/python3") -> score.GradingTools:
-    """What graders use in the trainer: the sandbox where this host has one."""
+def default_tools(spec: Any, grader: Any) -> score.GradingTools:
+    """What the grader uses in the trainer: the sandbox (python graders) and the operator's endpoints
+    it names as judges, fetched from the control plane with the job token (model graders)."""
     from functools import partial
 
-    from tuneforge.graders import sandbox
+    python = None
+    if has_type(grader, "python"):
+        from tuneforge.graders import sandbox
 
-    if sandbox.available(python) is not None:
-        raise RuntimeError("python graders need the sandbox (bubblewrap) on the trainer's host")
-    return score.GradingTools(python=partial(sandbox.PythonSandbox, python=python))
+        if sandbox.available(spec.grader_python) is not None:
+            raise RuntimeError("python graders need the sandbox (bubblewrap) on the trainer's host")
+        python = partial(sandbox.PythonSandbox, python=spec.grader_python)
+    judge = None
+    if has_type(grader, "score_model") or has_type(grader, "label_model"):
+        from tuneforge.eval.judges import EndpointJudge
+        from tuneforge.train import credentials
+
+        judge = EndpointJudge(credentials.fetch(spec).endpoints)
+    return score.GradingTools(python=python, judge=judge)
 
 
 def build(options: ReinforcementOptions) -> ReinforcementObjective:

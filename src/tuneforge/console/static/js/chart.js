@@ -26,6 +26,19 @@ export function niceTicks(low, high, count = 4) {
   return ticks;
 }
 
+function lineOf(spec) {
+  return s("polyline", {class: `series series-${spec.index}${spec.dashed ? " dashed" : ""}`, "data-series": spec.key,
+    "data-points": "0", points: "", fill: "none"});
+}
+
+function markerOf(spec) {
+  return s("circle", {class: `marker series-${spec.index}`, r: 3, cx: -10, cy: -10});
+}
+
+function legendOf(spec) {
+  return h("li", null, h("span", {class: `swatch series-${spec.index}${spec.dashed ? " dashed" : ""}`}), spec.label);
+}
+
 export class LineChart {
   /**
    * @param {string} name   what tests and styles know the chart by (data-chart)
@@ -39,19 +52,27 @@ export class LineChart {
     const captionId = uid("chart");
     this.desc = s("desc", {id: uid("desc")});
     this.axes = s("g", {class: "axes"});
-    this.lines = this.series.map((spec) => s("polyline", {
-      class: `series series-${spec.index}${spec.dashed ? " dashed" : ""}`, "data-series": spec.key,
-      "data-points": "0", points: "", fill: "none"}));
-    this.markers = this.series.map((spec) => s("circle", {class: `marker series-${spec.index}`, r: 3, cx: -10, cy: -10}));
+    this.lines = this.series.map(lineOf);
+    this.markers = this.series.map(markerOf);
     this.empty = s("text", {x: WIDTH / 2, y: HEIGHT / 2, "text-anchor": "middle", class: "empty"}, "No points yet");
     this.svg = s("svg", {viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img", "aria-labelledby": captionId,
       "aria-describedby": this.desc.id, class: "chart-svg"}, this.desc, this.axes, this.lines, this.markers, this.empty);
+    this.legend = h("ul", {class: "legend", "aria-hidden": "true"}, this.series.map(legendOf));
     this.element = h("figure", {class: "chart", "data-chart": name},
-      h("figcaption", {id: captionId}, title),
-      this.svg,
-      h("ul", {class: "legend", "aria-hidden": "true"}, this.series.map((spec) => h("li", null,
-        h("span", {class: `swatch series-${spec.index}${spec.dashed ? " dashed" : ""}`}), spec.label))));
+      h("figcaption", {id: captionId}, title), this.svg, this.legend);
     this.render();
+  }
+
+  /** Another series, e.g. the validation figure of a method's own training figure, once it appears. */
+  addSeries({key, label, dashed = false}) {
+    if (this.series.some((candidate) => candidate.key === key)) return;
+    const spec = {key, label, dashed, index: this.series.length, points: []};
+    this.series.push(spec);
+    this.lines.push(lineOf(spec));
+    this.markers.push(markerOf(spec));
+    this.svg.insertBefore(this.lines[this.lines.length - 1], this.markers[0]);
+    this.svg.insertBefore(this.markers[this.markers.length - 1], this.empty);
+    this.legend.append(legendOf(spec));
   }
 
   /** Add the point (x, y) to series `key`; ignored when y is not a finite number. */

@@ -179,11 +179,14 @@ export async function jobView(main, params, _query, view) {
         }
         for (const [key, value] of Object.entries(data)) {
           if (NOT_CHARTED.has(key) || typeof value !== "number" || !Number.isFinite(value)) continue;
-          const name = `own:${key}`;  // (apart from the fixed charts' names, whatever the method calls it)
+          // a method's `valid_X` is the validation figure of its `X`: a dashed line in X's chart
+          const figure = key.startsWith("valid_") ? key.slice("valid_".length) : key;
+          const name = `own:${figure}`;  // (apart from the fixed charts' names, whatever the method calls it)
           if (!charts[name]) {
-            charts[name] = new LineChart(key, metricTitle(key), [{key, label: metricTitle(key)}]);
+            charts[name] = new LineChart(figure, metricTitle(figure), [{key: figure, label: metricTitle(figure)}]);
             chartBox.append(charts[name].element);
           }
+          if (key !== figure) charts[name].addSeries({key, label: `Validation ${metricTitle(figure).toLowerCase()}`, dashed: true});
           if (charts[name].add(key, data.step, value)) touched.add(name);
         }
         if (data.total_steps) {
