@@ -238,3 +238,29 @@ def test_model_graders_ask_the_operators_endpoint_by_name(tmp_path, database_url
         http.close()
         platform.db.dispose()
         judge.close()
+
+
+def test_a_line_without_a_field_the_grader_reads_fails_the_job_at_creation_naming_both(
+        tmp_path, database_url, tiny_model_dir) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.platform import add_base_model, add_tenant, make_platform
+    from tuneforge.api.app import create_app
+
+    platform = make_platform(tmp_path, database_url)
+    add_base_model(platform, "tiny-chat", tiny_model_dir)  # a real tokenizer: small jobs validate within create
+    http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=add_tenant(platform, "alpha"), http_client=http,
+                        max_retries=0)
+    try:
+        lines = prompts(12, answer="4")
+        del lines[2]["answer"]
+        training = prompt_file(sdk, lines)  # any prompt file uploads: no grader is known yet
+        job = sdk.fine_tuning.jobs.create(model="tiny-chat", training_file=training,
+                                          method={"type": "reinforcement", "reinforcement": {"grader": EXACT}})
+        assert job.status == "failed" and job.error.code == "missing_field"
+        assert "line 3" in job.error.message and "'answer'" in job.error.message, job.error.message
+        assert job.error.param == "training_file"
+    finally:
+        http.close()
+        platform.db.dispose()
