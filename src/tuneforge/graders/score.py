@@ -37,6 +37,7 @@ from tuneforge.graders.templates import Sample, TemplateError
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 MAX_DETAILS_CHARS = 500
+MAX_EMBEDDED_CHARS = 32_768  # of each text sent to the embeddings endpoint
 
 
 class GraderUnavailable(Exception):
@@ -203,7 +204,7 @@ def _one(grader: Any, sample: Sample, item: Mapping[str, Any], tools: GradingToo
         text = templates.render(grader.input, sample, item)
         reference = templates.render(grader.reference, sample, item)
         if grader.evaluation_metric == "cosine":
-            return _cosine(text, reference, tools)
+            return _cosine(text[:MAX_EMBEDDED_CHARS], reference[:MAX_EMBEDDED_CHARS], tools)
         return similarity.similarity(grader.evaluation_metric, text, reference)
     if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
         return _judged(grader, sample, item, tools, tokens, errors)
@@ -224,6 +225,8 @@ def _cosine(text: str, reference: str, tools: GradingTools) -> float:
     if tools.embeddings is None:
         raise GraderUnavailable("cosine similarity needs an embeddings endpoint")
     first, second = tools.embeddings.embed([text, reference])
+    if len(first) != len(second):
+        raise JudgeError("the embeddings endpoint answered vectors of different lengths")
     norm = math.sqrt(sum(x * x for x in first)) * math.sqrt(sum(y * y for y in second))
     return 0.0 if norm == 0 else max(-1.0, min(1.0, sum(x * y for x, y in zip(first, second)) / norm))
 

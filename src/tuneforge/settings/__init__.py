@@ -116,6 +116,10 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
         default="/usr/bin/python3",
         description="The interpreter python graders run with, inside the sandbox (bubblewrap): the OS's python, "
                     "whose prefix (/usr) the sandbox binds read-only; never the platform's own environment.")
+    grader_embeddings: str | None = Field(
+        default=None, max_length=64,
+        description="One of TUNEFORGE_EVAL_ENDPOINTS, by name, whose /embeddings answers the cosine metric of "
+                    "text_similarity graders; unset: cosine is refused.")
     grader_sandboxes: int = Field(
         default=4, ge=1, le=256,
         description="Python-grader sandboxes one API process runs at once for /v1/fine_tuning/alpha/graders "

@@ -183,6 +183,11 @@ class FakeJudge:
             def do_POST(self) -> None:
                 judge.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
                                        "body": json.loads(self.rfile.read(int(self.headers["Content-Length"])))})
+                if self.path.endswith("/embeddings"):  # a word's vector: its letters a, b, c counted
+                    texts = judge.requests[-1]["body"]["input"]
+                    send_json(self, {"object": "list", "data": [
+                        {"index": n, "embedding": [float(text.count(c)) for c in "abc"]} for n, text in enumerate(texts)]})
+                    return
                 message = replies[min(len(judge.requests), len(replies)) - 1]
                 send_json(self, {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
                                  "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
@@ -264,3 +269,30 @@ def test_a_line_without_a_field_the_grader_reads_fails_the_job_at_creation_namin
     finally:
         http.close()
         platform.db.dispose()
+
+
+def test_cosine_similarity_asks_the_operators_embeddings_endpoint(tmp_path, database_url) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.platform import add_tenant, make_platform
+    from tuneforge.api.app import create_app
+
+    embedder = FakeJudge([])
+    platform = make_platform(tmp_path, database_url, grader_embeddings="house-embed", eval_endpoints={
+        "house-embed": {"url": embedder.url, "model": "embed-1", "api_key": "operator-key"}})
+    http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=add_tenant(platform, "alpha"), http_client=http,
+                        max_retries=0)
+    try:
+        cosine = {"type": "text_similarity", "name": "cos", "evaluation_metric": "cosine",
+                  "input": "{{sample.output_text}}", "reference": "{{item.reference}}"}
+        # vectors (a, b, c counts): "aab" -> (2, 1, 0), "ab" -> (1, 1, 0): cos = 3 / (sqrt(5) * sqrt(2))
+        result = sdk.fine_tuning.alpha.graders.run(grader=cosine, model_sample="aab", item={"reference": "ab"})
+        assert result.reward == pytest.approx(3 / (5 ** 0.5 * 2 ** 0.5))
+        asked = embedder.requests[0]
+        assert asked["path"] == "/v1/embeddings" and asked["body"] == {"model": "embed-1", "input": ["aab", "ab"]}
+        assert asked["auth"] == "Bearer operator-key"
+    finally:
+        http.close()
+        platform.db.dispose()
+        embedder.close()

@@ -89,7 +89,7 @@ def credentials_for(session: Session, settings: Settings, sealer: Sealer, job: J
         targets = [target for _param, target in _endpoints(specs, refusal.detector_from_config(
             task_metrics.plain(config.safety_detector)))]
     secret_names = {t.api_key_secret for t in targets if t.api_key_secret}
-    endpoint_names = {t.endpoint_name for t in targets if t.endpoint_name} | _grader_judges(job)
+    endpoint_names = {t.endpoint_name for t in targets if t.endpoint_name} | _grader_judges(job, settings)
     return Credentials(
         secrets=secret_service.values(session, sealer, job.tenant_id, secret_names),
         endpoints={name: dict(settings.eval_endpoints[name]) for name in endpoint_names
@@ -98,15 +98,18 @@ def credentials_for(session: Session, settings: Settings, sealer: Sealer, job: J
 
 
 
-def _grader_judges(job: Job) -> set[str]:
-    """The operator endpoints the job's grader (a reinforcement job's) names as judges."""
+def _grader_judges(job: Job, settings: Settings) -> set[str]:
+    """The operator endpoints the job's grader (a reinforcement job's) uses: the judges it names,
+    and the embeddings endpoint when it computes cosine similarity."""
     raw = job.resolved.hyperparameters.method_options.get("grader") if job.resolved is not None else None
     if not raw:
         return set()
-    from tuneforge.eval.judges import judged_models
+    from tuneforge.eval.judges import judged_models, uses_cosine
     from tuneforge.graders.check import parse
 
-    return judged_models(parse(raw, "grader"))
+    grader = parse(raw, "grader")
+    cosine = {settings.grader_embeddings} if settings.grader_embeddings and uses_cosine(grader) else set()
+    return judged_models(grader) | cosine
 
 
 def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRequest) -> ResolvedEval:

@@ -21,7 +21,7 @@ from typing import Any
 from tuneforge.domain.errors import invalid, rate_limited
 from tuneforge.domain.graders import has_type
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.eval.judges import EndpointJudge
+from tuneforge.eval.judges import EndpointJudge, embeddings_for
 from tuneforge.graders import check, sandbox, score
 from tuneforge.graders.score import GradingTools
 from tuneforge.graders.templates import Sample
@@ -35,11 +35,12 @@ _slots_held: dict[int, int] = {}  # id(settings) -> sandboxes running for it in 
 
 def tools_for(settings: Settings) -> GradingTools:
     """What graders may use on this host: the sandbox where it works, the operator's endpoints as
-    judges (`eval/judges.py`); no embeddings endpoint yet (cosine is refused)."""
+    judges and the one it names for embeddings (`eval/judges.py`; without it cosine is refused)."""
     judge = EndpointJudge(settings.eval_endpoints) if settings.eval_endpoints else None
+    embeddings = embeddings_for(settings.grader_embeddings, settings.eval_endpoints)
     if sandbox.available(settings.grader_python) is not None:
-        return GradingTools(judge=judge)
-    return GradingTools(python=partial(_sandbox, python=settings.grader_python), judge=judge)
+        return GradingTools(judge=judge, embeddings=embeddings)
+    return GradingTools(python=partial(_sandbox, python=settings.grader_python), judge=judge, embeddings=embeddings)
 
 
 def _sandbox(source: str, *, python: str) -> sandbox.PythonSandbox:

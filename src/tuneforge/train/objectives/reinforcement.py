@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.graders import has_type
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
+from tuneforge.eval.judges import EndpointJudge, embeddings_for, uses_cosine
 from tuneforge.graders import check, score
 from tuneforge.graders.templates import Sample
 from tuneforge.methods.reinforcement import ReinforcementOptions
@@ -305,13 +306,14 @@ def default_tools(spec: Any, grader: Any) -> score.GradingTools:
         if sandbox.available(spec.grader_python) is not None:
             raise RuntimeError("python graders need the sandbox (bubblewrap) on the trainer's host")
         python = partial(sandbox.PythonSandbox, python=spec.grader_python)
-    judge = None
-    if has_type(grader, "score_model") or has_type(grader, "label_model"):
-        from tuneforge.eval.judges import EndpointJudge
+    judge = embeddings = None
+    if has_type(grader, "score_model") or has_type(grader, "label_model") or uses_cosine(grader):
         from tuneforge.train import credentials
 
-        judge = EndpointJudge(credentials.fetch(spec).endpoints)
-    return score.GradingTools(python=python, judge=judge)
+        endpoints = credentials.fetch(spec).endpoints
+        judge = EndpointJudge(endpoints)
+        embeddings = embeddings_for(spec.grader_embeddings, endpoints)
+    return score.GradingTools(python=python, judge=judge, embeddings=embeddings)
 
 
 def build(options: ReinforcementOptions) -> ReinforcementObjective:
