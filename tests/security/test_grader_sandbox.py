@@ -377,3 +377,58 @@ def grade(sample, item):
     assert {name: seen[name] for name in numbers} == dict.fromkeys(numbers, "EPERM")
     assert (seen["Seccomp"], seen["NoNewPrivs"], seen["CapEff"]) == ("2", "1", "0000000000000000")
     assert seen["thread"] == "done"  # clone3 refused with ENOSYS: the C library falls back to clone
+
+
+def test_through_the_api_a_hostile_grader_is_contained_and_a_burst_gets_429(tmp_path, database_url):
+    """Tenant A's fork bomb and endless loop answer 200 with their error flags while tenant B's
+    grader scores; over the server's sandbox slots the answer is 429 with Retry-After."""
+    import threading
+
+    import openai
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.net import wait_until
+    from tests.helpers.platform import add_tenant, make_platform
+    from tuneforge.api.app import create_app
+
+    plane = make_platform(tmp_path, database_url, grader_sandboxes=2)
+    http = TestClient(create_app(platform=plane), raise_server_exceptions=False)
+    keys = {name: add_tenant(plane, name) for name in ("alpha", "beta")}
+
+    def run(key: str, source: str) -> object:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=key, http_client=http, max_retries=0)
+        return sdk.fine_tuning.alpha.graders.run(grader={"type": "python", "name": "g", "source": source},
+                                                 model_sample="abc", item={"n": 4})
+
+    try:
+        bomb = run(keys["alpha"], "import os\ndef grade(sample, item):\n    while True:\n        os.fork()\n")
+        assert bomb.reward == 0 and bomb.metadata.errors.python_grader_runtime_error
+        answers: dict[str, object] = {}
+        endless = threading.Thread(target=lambda: answers.update(
+            endless=run(keys["alpha"], "def grade(sample, item):\n    while True:\n        pass\n")))
+        endless.start()
+        try:
+            wait_until(lambda: _slots_held(plane) == 1, timeout_s=30, what="the endless grader to start")
+            fine = run(keys["beta"], "def grade(sample, item):\n    return len(sample['output_text']) / item['n']\n")
+            assert fine.reward == 0.75 and not fine.metadata.errors.python_grader_runtime_error
+            endless_too = threading.Thread(target=lambda: answers.update(
+                second=run(keys["alpha"], "def grade(sample, item):\n    while True:\n        pass\n")))
+            endless_too.start()
+            wait_until(lambda: _slots_held(plane) == 2, timeout_s=30, what="the second endless grader to start")
+            with pytest.raises(openai.RateLimitError) as caught:
+                run(keys["beta"], "def grade(sample, item):\n    return 1\n")
+            assert caught.value.response.headers["Retry-After"] and caught.value.body["code"] == "too_many_graders"
+            endless_too.join(timeout=60)
+        finally:
+            endless.join(timeout=60)
+        for name in ("endless", "second"):
+            assert answers[name].reward == 0 and answers[name].metadata.errors.unresponsive_reward_error
+    finally:
+        http.close()
+        plane.db.dispose()
+
+
+def _slots_held(plane) -> int:
+    from tuneforge.services.training import graders as grader_service
+
+    return grader_service._slots_held.get(id(platform.settings), 0)

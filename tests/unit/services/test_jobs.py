@@ -176,3 +176,21 @@ def test_the_content_key_is_the_bytes_not_the_ids():
     assert one != estimates.content_key("t1", {"training_file": "file-1", "seed": 2}, **common)
     assert one != estimates.content_key("t1", {"training_file": "file-1", "seed": 1},
                                         **{**common, "training_sha256": "z" * 64})
+
+
+def test_a_generating_methods_estimate_counts_its_samples_and_sampling():
+    from types import SimpleNamespace
+
+    from tuneforge.settings import Settings
+
+    settings = Settings(gpu_effective_tflops=100.0, price_per_gpu_hour={"default": 2.0})
+    base = SimpleNamespace(num_parameters=1_000_000_000, size_bytes=2_000_000_000)
+    common = dict(train_tokens_per_epoch=50_000, train_examples=1_000, n_epochs=2, batch_size=8,
+                  training_type="lora")
+    plain = estimates.estimate(settings, base, **common)
+    rft = estimates.estimate(settings, base, **common, rollout_group=8, completion_tokens=100)
+    # (50,000 prompt tokens + 1,000 prompts x 100 completion tokens) x 8 samples x 2 epochs
+    assert plain.training_tokens == 100_000 and rft.training_tokens == 150_000 * 8 * 2
+    # LoRA: 4 FLOPs per parameter and token trained, + 2 for sampling it first
+    assert rft.estimated_runtime_seconds == pytest.approx(6.0 * 1e9 * 2_400_000 / 100e12, rel=1e-3)
+    assert rft.steps == plain.steps == 250

@@ -41,6 +41,7 @@ from tuneforge.domain.status import JobStatus
 from tuneforge.settings import Settings
 
 FLOPS_PER_TOKEN_PER_PARAM = {"lora": 4.0, "qlora": 4.0, "full": 6.0}
+SAMPLING_FLOPS_PER_TOKEN = 2.0  # a forward pass per sampled (and prefilled) token
 MIN_RUNTIME_S = 60.0  # start-up, model load and saving, whatever the data size
 ESTIMATE_CACHE_TTL_S = 600.0  # an estimate's figures hold while the files and the queue barely change
 ESTIMATE_WINDOW_S = 60.0  # estimates_per_minute is counted over this window
@@ -54,11 +55,18 @@ def queue_position(session: Session, job: Job | None = None) -> int:
 
 
 def estimate(settings: Settings, base: BaseModelRow, *, train_tokens_per_epoch: int, train_examples: int,
-             n_epochs: int, batch_size: int, training_type: str, gpus: int = 1) -> Estimate:
+             n_epochs: int, batch_size: int, training_type: str, gpus: int = 1, rollout_group: int = 0,
+             completion_tokens: int = 0) -> Estimate:
+    """`rollout_group` > 0 (a generating method): each example is `rollout_group` sequences of its prompt
+    and up to `completion_tokens` sampled tokens, each sampled (a forward: 2 FLOPs per parameter and
+    token) and then trained on."""
     training_tokens = train_tokens_per_epoch * n_epochs
+    if rollout_group:
+        training_tokens = (train_tokens_per_epoch + train_examples * completion_tokens) * rollout_group * n_epochs
     steps = n_epochs * math.ceil(train_examples / max(1, batch_size))
     params = base.num_parameters or base.size_bytes // 2
-    flops = FLOPS_PER_TOKEN_PER_PARAM.get(training_type, 6.0) * params * training_tokens
+    per_token = FLOPS_PER_TOKEN_PER_PARAM.get(training_type, 6.0) + (SAMPLING_FLOPS_PER_TOKEN if rollout_group else 0)
+    flops = per_token * params * training_tokens
     runtime_s = max(MIN_RUNTIME_S, flops / (settings.gpu_effective_tflops * 1e12 * max(1, gpus)))
     gpu_hours = runtime_s * max(1, gpus) / 3600
     gpu_type = settings.gpu_type

@@ -73,6 +73,12 @@ def rollout_group(method: str, requested: Any) -> int:
     return int(getattr(spec.resolve_options(requested), "group_size", 1))
 
 
+def completion_tokens(method: str, requested: Any) -> int:
+    """Tokens a generating method samples per completion at most, 0 for other methods."""
+    spec = methods.get(method)
+    return int(getattr(spec.resolve_options(requested), "completion_tokens", 0)) if spec.generates else 0
+
+
 def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobRequest, *, seed: int,
              training: FileRow, validation: FileRow | None, base: BaseModelRow, keep_dataset: bool = True) -> Plan:
     """Raises DataCheckFailed (bad data) or ApiError (bad hyperparameters). `keep_dataset=False`: an
@@ -120,6 +126,7 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
         platform.settings, base, train_tokens_per_epoch=prepared.train_tokens,
         train_examples=prepared.train_examples, n_epochs=resolved_hp.n_epochs,
         batch_size=resolved_hp.batch_size, training_type=training_type.type, gpus=resources.gpus,
+        rollout_group=rollout_group(method, requested), completion_tokens=completion_tokens(method, requested),
     )
     return Plan(prepared, method, training_type.type, resolved_hp, lora, data, estimate, resources)
 
