@@ -391,7 +391,7 @@ def test_through_the_api_a_hostile_grader_is_contained_and_a_burst_gets_429(tmp_
     from tests.helpers.platform import add_tenant, make_platform
     from tuneforge.api.app import create_app
 
-    plane = make_platform(tmp_path, database_url, grader_sandboxes=2)
+    plane = make_platform(tmp_path, database_url, grader_sandboxes=2, grader_timeout_s=3.0)
     http = TestClient(create_app(platform=plane), raise_server_exceptions=False)
     keys = {name: add_tenant(plane, name) for name in ("alpha", "beta")}
 

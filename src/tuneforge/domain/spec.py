@@ -112,6 +112,7 @@ class JobSpec:
     fused_loss: str = "auto"  # token losses without the logits: auto, chunked, liger or off (train/fused_loss.py)
     grader_python: str = "/usr/bin/python3"  # the interpreter python graders run with, in the sandbox (operator's)
     grader_embeddings: str = ""  # the operator's endpoint (by name) answering the cosine metric; "": none
+    grader_timeout_s: float = 5.0  # wall time of a python grader on one sample (operator's)
     distributed_strategy: str = ""  # several GPUs: "ddp" or "fsdp" (train/distributed.py); "": by training type
     cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
     eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none

@@ -57,6 +57,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         distributed_strategy=resolved.resources.strategy,
         fused_loss=settings.fused_loss,
         grader_python=settings.grader_python,
+        grader_timeout_s=settings.grader_timeout_s,
         grader_embeddings=settings.grader_embeddings or "",
         eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
         init_adapter_prefix=(job.parent or {}).get("adapter_prefix", ""),

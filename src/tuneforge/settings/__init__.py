@@ -120,6 +120,9 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
         default=None, max_length=64,
         description="One of TUNEFORGE_EVAL_ENDPOINTS, by name, whose /embeddings answers the cosine metric of "
                     "text_similarity graders; unset: cosine is refused.")
+    grader_timeout_s: float = Field(
+        default=5.0, gt=0.0, le=600.0,
+        description="Wall time a python grader may take on one sample before it scores 0 (timed out).")
     grader_sandboxes: int = Field(
         default=4, ge=1, le=256,
         description="Python-grader sandboxes one API process runs at once for /v1/fine_tuning/alpha/graders "

@@ -185,8 +185,9 @@ class FakeJudge:
                                        "body": json.loads(self.rfile.read(int(self.headers["Content-Length"])))})
                 if self.path.endswith("/embeddings"):  # a word's vector: its letters a, b, c counted
                     texts = judge.requests[-1]["body"]["input"]
-                    send_json(self, {"object": "list", "data": [
-                        {"index": n, "embedding": [float(text.count(c)) for c in "abc"]} for n, text in enumerate(texts)]})
+                    rows = [{"index": n, "embedding": [float(text.count(c)) for c in "abc"]}
+                            for n, text in enumerate(texts)]
+                    send_json(self, {"object": "list", "data": rows})
                     return
                 message = replies[min(len(judge.requests), len(replies)) - 1]
                 send_json(self, {"id": "c", "object": "chat.completion", "created": 0, "model": "m",

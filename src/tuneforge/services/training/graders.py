@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -40,11 +41,12 @@ def tools_for(settings: Settings) -> GradingTools:
     embeddings = embeddings_for(settings.grader_embeddings, settings.eval_endpoints)
     if sandbox.available(settings.grader_python) is not None:
         return GradingTools(judge=judge, embeddings=embeddings)
-    return GradingTools(python=partial(_sandbox, python=settings.grader_python), judge=judge, embeddings=embeddings)
+    return GradingTools(python=partial(_sandbox, python=settings.grader_python, timeout_s=settings.grader_timeout_s),
+                        judge=judge, embeddings=embeddings)
 
 
-def _sandbox(source: str, *, python: str) -> sandbox.PythonSandbox:
-    return sandbox.PythonSandbox(source, python=python)
+def _sandbox(source: str, *, python: str, timeout_s: float) -> sandbox.PythonSandbox:
+    return sandbox.PythonSandbox(source, python=python, limits=replace(sandbox.SandboxLimits(), wall_time_s=timeout_s))
 
 
 @contextmanager

@@ -39,7 +39,7 @@ import math
 import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -305,7 +305,8 @@ def default_tools(spec: Any, grader: Any) -> score.GradingTools:
 
         if sandbox.available(spec.grader_python) is not None:
             raise RuntimeError("python graders need the sandbox (bubblewrap) on the trainer's host")
-        python = partial(sandbox.PythonSandbox, python=spec.grader_python)
+        limits = replace(sandbox.SandboxLimits(), wall_time_s=spec.grader_timeout_s)
+        python = partial(sandbox.PythonSandbox, python=spec.grader_python, limits=limits)
     judge = embeddings = None
     if has_type(grader, "score_model") or has_type(grader, "label_model") or uses_cosine(grader):
         from tuneforge.train import credentials
