@@ -428,7 +428,7 @@ def test_through_the_api_a_hostile_grader_is_contained_and_a_burst_gets_429(tmp_
         plane.db.dispose()
 
 
-def _slots_held(plane) -> int:
+def _slots_held(plane) -> int:  # noqa: ANN001 - a Platform
     from tuneforge.services.training import graders as grader_service
 
-    return grader_service._slots_held.get(id(platform.settings), 0)
+    return grader_service._slots_held.get(id(plane.settings), 0)
