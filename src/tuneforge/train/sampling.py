@@ -6,7 +6,8 @@ into one batch and prefilled once; each further token is one forward pass of
 the whole batch over its key/value cache. A row that has written an
 end-of-sequence token is finished: it keeps taking part (its token is the pad,
 never read) until every row is, or `max_new_tokens` are written, so the batch
-keeps one shape. Rows are sampled `max_rows` at a time.
+keeps one shape. Rows are sampled `max_rows` at a time; consecutive rows with the same prompt (a group)
+share one prefill.
 
 Determinism: every draw comes from `generator` — one `torch.multinomial` over
 the whole batch per token, in a fixed order — so the same prompts, weights and
@@ -73,7 +74,7 @@ def _sample_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, ma
     # the prompt's logits but the last are never read: a forward that can skip them holds rows x vocab, not
     # rows x prompt x vocab (gigabytes for long prompts and large vocabularies)
     last_only = {"logits_to_keep": 1} if _keeps_logits(model) else {}
-    output = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **last_only)
+    output = _prefill(model, ids, mask, positions, last_only)
     for _ in range(max_new_tokens):
         logits = output.logits[:, -1, :].float()
         if constraints is None:
@@ -95,6 +96,26 @@ def _sample_rows(model: torch.nn.Module, prompts: Sequence[Sequence[int]], *, ma
         output = model(input_ids=drawn.unsqueeze(1), attention_mask=mask, position_ids=positions,
                        past_key_values=output.past_key_values, use_cache=True)
     return _completions(written, lengths.tolist(), ended.tolist())
+
+
+def _prefill(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+             extra: dict[str, Any]) -> Any:
+    """The prompts' forward pass with the cache. Rows repeating the row before them (a group's
+    samples of one prompt) are computed once: the distinct runs of rows go through the model and
+    their cache and logits are repeated, which divides the prefill's work by the group size."""
+    starts = [0] + [row for row in range(1, len(ids)) if not torch.equal(ids[row], ids[row - 1])]
+    counts = torch.tensor([end - start for start, end in zip(starts, starts[1:] + [len(ids)])], device=ids.device)
+    if len(starts) == len(ids):
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+    output = model(input_ids=ids[starts], attention_mask=mask[starts], position_ids=positions[starts],
+                   use_cache=True, **extra)
+    cache = output.past_key_values
+    if not hasattr(cache, "batch_select_indices"):  # a cache that cannot be repeated: every row, then
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+    rows = torch.repeat_interleave(torch.arange(len(starts), device=ids.device), counts)
+    cache.batch_select_indices(rows)
+    output.logits = output.logits[:, -1:][rows]
+    return output
 
 
 def _constrained(constraints: list[Any], logits: torch.Tensor, done: torch.Tensor, params: Any,

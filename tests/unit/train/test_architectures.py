@@ -397,8 +397,9 @@ def test_rollouts_sampled_over_the_cache_draw_what_a_full_recompute_would(arch: 
 
     model, tokenizer = load_base_model(arch_model_dir(arch), torch.device("cpu"))
     model.eval()
-    prompts = [tokenizer("the quick brown fox jumps")["input_ids"], tokenizer("hello")["input_ids"],
-               tokenizer("a b c d e f g h i j k")["input_ids"]]
+    distinct = [tokenizer("the quick brown fox jumps")["input_ids"], tokenizer("hello")["input_ids"],
+                tokenizer("a b c d e f g h i j k")["input_ids"]]
+    prompts = [prompt for prompt in distinct for _ in range(2)]  # groups of 2: their prefill is shared
     options = dict(max_new_tokens=8, temperature=1.0, eos_ids={tokenizer.eos_token_id}, pad_id=tokenizer.pad_token_id,
                    device=torch.device("cpu"))
     cached = sampling.sample(model, prompts, generator=torch.Generator().manual_seed(3), **options)
@@ -410,10 +411,12 @@ def test_rollouts_sampled_over_the_cache_draw_what_a_full_recompute_would(arch: 
             self.mask: torch.Tensor | None = None
 
         def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True):  # noqa: ANN001
-            self.seen = input_ids if self.seen is None else torch.cat([self.seen, input_ids], dim=1)
+            prefill = input_ids.shape[1] > 1  # (a prefill's rows: all of them, since no cache comes back)
+            self.seen = input_ids if prefill else torch.cat([self.seen, input_ids], dim=1)
             positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
             with torch.no_grad():
-                return model(input_ids=self.seen, attention_mask=attention_mask, position_ids=positions)
+                return model(input_ids=self.seen, attention_mask=attention_mask, position_ids=positions,
+                             use_cache=False)  # (no cache to share either: every prompt row is computed)
 
     recomputed = sampling.sample(Uncached(), prompts, generator=torch.Generator().manual_seed(3), **options)
     assert cached.token_ids == recomputed.token_ids and any(len(ids) > 1 for ids in cached.token_ids)
