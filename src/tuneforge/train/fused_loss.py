@@ -121,6 +121,11 @@ def hidden_states_instead_of_logits(model: Any) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
+def final_logits(hidden: torch.Tensor, head: Head) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp32 logits of `hidden` (any positions) as the model would make them (`_chunk_logits`)."""
+    return _chunk_logits(hidden, head)
+
+
 def _chunk_logits(hidden: torch.Tensor, head: Head) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fp32 logits of a chunk as the model would make them, and d(final)/d(raw) for soft-capping."""
     logits = (hidden @ head.weight.t()).float()

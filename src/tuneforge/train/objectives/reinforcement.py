@@ -256,9 +256,22 @@ def _batch(chunk: list[Rollout], pad_id: int, device: torch.device) -> _Batch:
 
 
 def _token_logps(model: Any, batch: _Batch) -> torch.Tensor:
-    """log pi(next token) at every position, (rows, width - 1)."""
-    logits = model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1].float()
-    return -F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none")
+    """log pi(next token), (rows, width - 1): at the completion's positions, 0 elsewhere. The output
+    layer runs on the completion's positions only (`train/fused_loss.py`'s hidden states): a prompt's
+    logits, rows x prompt x vocab of them, are never made. Where the model post-processes its logits
+    in a way the fused path does not reproduce, every position's logits are computed."""
+    from tuneforge.train import fused_loss
+
+    head = fused_loss.head_of(model)
+    if head is None:
+        logits = model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1].float()
+        return -F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none") * batch.targets_mask
+    with fused_loss.hidden_states_instead_of_logits(model) as captured:
+        model(input_ids=batch.ids, attention_mask=batch.attention)
+    chosen = batch.targets_mask.bool()
+    logits, _ = fused_loss.final_logits(captured[0][:, :-1][chosen], head)
+    logps = torch.zeros(batch.targets.shape, dtype=logits.dtype, device=logits.device)
+    return logps.masked_scatter(chosen, -F.cross_entropy(logits, batch.targets[chosen], reduction="none"))
 
 
 def _k3(model: Any, batch: _Batch, logps: torch.Tensor) -> torch.Tensor:
