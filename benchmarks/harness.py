@@ -108,6 +108,26 @@ def read_machine_cpu_s() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / _CLK_TCK, steal / _CLK_TCK
 
 
+def run_measured(argv: list[str], env: dict[str, str], log_path: Path, what: str) -> tuple[float, object]:
+    """Run `argv` to its end, its output into `log_path`: (wall seconds, its `resource` usage as
+    `os.wait4` gives it: CPU times, peak RSS). A non-zero exit raises with the log's tail."""
+    wall = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    wall = time.perf_counter() - wall
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        tail = log_path.read_bytes()[-4000:].decode("utf-8", "replace")
+        raise RuntimeError(f"{what} exited {code}:\n{tail}")
+    return wall, usage
+
+
 class BenchHome:
     """A fresh TUNEFORGE_HOME in a temp folder, with its environment."""
 

@@ -107,7 +107,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -474,31 +473,16 @@ def child_env(cfg: Config, side_dir: Path) -> dict[str, str]:
 
 
 def run_child(side: str, cfg: Config) -> dict[str, Any]:
-    from harness import read_machine_cpu_s
+    from harness import read_machine_cpu_s, run_measured
 
     side_dir = Path(cfg.workdir) / f"{side}-seed{cfg.seed}"
     side_dir.mkdir(parents=True, exist_ok=True)
     (side_dir / "config.json").write_text(json.dumps(asdict(cfg)))
     if side == "tuneforge":
         stage_tuneforge(cfg, side_dir)
-    log_path = side_dir / "child.log"
     busy_before = read_machine_cpu_s()[0]
-    wall = time.perf_counter()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, __file__, "--side", side, "--config", str(side_dir / "config.json")],
-                                env=child_env(cfg, side_dir), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - wall
-    if proc.returncode != 0:
-        tail = log_path.read_bytes()[-4000:].decode("utf-8", "replace")
-        raise RuntimeError(f"side {side} (seed {cfg.seed}) exited {proc.returncode}:\n{tail}")
+    wall, usage = run_measured([sys.executable, __file__, "--side", side, "--config", str(side_dir / "config.json")],
+                               child_env(cfg, side_dir), side_dir / "child.log", f"side {side} (seed {cfg.seed})")
     result = json.loads((side_dir / "result.json").read_text())
     child_cpu_s = usage.ru_utime + usage.ru_stime
     # CPU time the rest of the machine used while this side ran: other work skews the figures

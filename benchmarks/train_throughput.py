@@ -59,7 +59,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -490,33 +489,18 @@ def child_env(cfg: Config, side_dir: Path) -> dict[str, str]:
 
 
 def run_child(side: str, cfg: Config) -> dict[str, Any]:
-    from harness import read_machine_cpu_s
+    from harness import read_machine_cpu_s, run_measured
 
     side_dir = paths(cfg)["root"] / side
     side_dir.mkdir(parents=True, exist_ok=True)
     (side_dir / "config.json").write_text(json.dumps(asdict(cfg)))
     if side.startswith("tuneforge"):
         stage_tuneforge(cfg, side_dir, packing=side == "tuneforge")
-    log_path = side_dir / "child.log"
     busy_before, steal_before = read_machine_cpu_s()
     load_before = os.getloadavg()[0]
-    wall = time.perf_counter()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, __file__, "--side", side, "--config", str(side_dir / "config.json")],
-                                env=child_env(cfg, side_dir), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - wall
+    wall, usage = run_measured([sys.executable, __file__, "--side", side, "--config", str(side_dir / "config.json")],
+                               child_env(cfg, side_dir), side_dir / "child.log", f"side {side}")
     busy_after, steal_after = read_machine_cpu_s()
-    if proc.returncode != 0:
-        tail = log_path.read_bytes()[-4000:].decode("utf-8", "replace")
-        raise RuntimeError(f"side {side} exited {proc.returncode}:\n{tail}")
     result = json.loads((side_dir / "result.json").read_text())
     child_cpu = usage.ru_utime + usage.ru_stime
     result.update({
