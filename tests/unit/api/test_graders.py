@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import openai
@@ -205,60 +207,61 @@ class FakeJudge:
         self.server.shutdown()
 
 
-def test_model_graders_ask_the_operators_endpoint_by_name(tmp_path, database_url) -> None:
-    from fastapi.testclient import TestClient
-
-    from tests.helpers.platform import add_tenant, make_platform
-    from tuneforge.api.app import create_app
-
-    judge = FakeJudge([{"role": "assistant", "content": '{"result": 0.7}'},
-                       {"role": "assistant", "content": "polite"},
-                       {"role": "assistant", "content": None, "refusal": "I can't grade that."}])
-    platform = make_platform(tmp_path, database_url, eval_endpoints={
-        "house-judge": {"url": judge.url, "model": "judge-8b", "api_key": "operator-key"}})
-    http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
-    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=add_tenant(platform, "alpha"), http_client=http,
-                        max_retries=0)
-    try:
-        score = {"type": "score_model", "name": "judge", "model": "house-judge", "range": [0, 1],
-                 "sampling_params": {"temperature": 0.2, "seed": 7, "max_completions_tokens": 50},
-                 "input": [{"role": "user", "content": "Grade {{sample.output_text}} for {{item.q}}"}]}
-        result = sdk.fine_tuning.alpha.graders.run(grader=score, model_sample="4", item={"q": "2+2"})
-        assert result.reward == 0.7 and result.metadata.token_usage == 37
-        assert result.api_model_grader_token_usage_per_model == {"house-judge": 37}
-        asked = judge.requests[0]
-        assert asked["path"] == "/v1/chat/completions" and asked["auth"] == "Bearer operator-key"
-        assert asked["body"]["model"] == "judge-8b"  # the endpoint's model: the tenant never sees it
-        assert asked["body"]["messages"] == [{"role": "user", "content": "Grade 4 for 2+2"}]
-        assert (asked["body"]["temperature"], asked["body"]["seed"], asked["body"]["max_completion_tokens"]) \
-            == (0.2, 7, 50)
-        label = {"type": "label_model", "name": "tone", "model": "house-judge", "labels": ["polite", "rude"],
-                 "passing_labels": ["polite"], "input": [{"role": "user", "content": "{{sample.output_text}}"}]}
-        assert sdk.fine_tuning.alpha.graders.run(grader=label, model_sample="hi").reward == 1.0
-        refused = sdk.fine_tuning.alpha.graders.run(grader=label, model_sample="hi")
-        assert refused.reward == 0.0 and refused.metadata.errors.model_grader_refusal_error
-        with pytest.raises(openai.BadRequestError) as caught:
-            sdk.fine_tuning.alpha.graders.validate(grader={**score, "model": "gpt-4o"})
-        assert caught.value.body["param"] == "grader.model" and "house-judge" in caught.value.body["message"]
-    finally:
-        http.close()
-        platform.db.dispose()
-        judge.close()
-
-
-def test_a_line_without_a_field_the_grader_reads_fails_the_job_at_creation_naming_both(
-        tmp_path, database_url, tiny_model_dir) -> None:
+@contextmanager
+def own_api(tmp_path: Any, database_url: str, base_model: Any = None, **settings: Any) -> Iterator[openai.OpenAI]:
+    """An API on a platform of its own (the operator's `settings`), and a tenant's SDK client; with
+    `base_model`, that folder registered as tiny-chat (a real tokenizer: small jobs validate within create)."""
     from fastapi.testclient import TestClient
 
     from tests.helpers.platform import add_base_model, add_tenant, make_platform
     from tuneforge.api.app import create_app
 
-    platform = make_platform(tmp_path, database_url)
-    add_base_model(platform, "tiny-chat", tiny_model_dir)  # a real tokenizer: small jobs validate within create
+    platform = make_platform(tmp_path, database_url, **settings)
+    if base_model is not None:
+        add_base_model(platform, "tiny-chat", base_model)
     http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
-    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=add_tenant(platform, "alpha"), http_client=http,
-                        max_retries=0)
     try:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key=add_tenant(platform, "alpha"), http_client=http,
+                            max_retries=0)
+    finally:
+        http.close()
+        platform.db.dispose()
+
+
+def test_model_graders_ask_the_operators_endpoint_by_name(tmp_path, database_url) -> None:
+    judge = FakeJudge([{"role": "assistant", "content": '{"result": 0.7}'},
+                       {"role": "assistant", "content": "polite"},
+                       {"role": "assistant", "content": None, "refusal": "I can't grade that."}])
+    endpoints = {"house-judge": {"url": judge.url, "model": "judge-8b", "api_key": "operator-key"}}
+    try:
+        with own_api(tmp_path, database_url, eval_endpoints=endpoints) as sdk:
+            score = {"type": "score_model", "name": "judge", "model": "house-judge", "range": [0, 1],
+                     "sampling_params": {"temperature": 0.2, "seed": 7, "max_completions_tokens": 50},
+                     "input": [{"role": "user", "content": "Grade {{sample.output_text}} for {{item.q}}"}]}
+            result = sdk.fine_tuning.alpha.graders.run(grader=score, model_sample="4", item={"q": "2+2"})
+            assert result.reward == 0.7 and result.metadata.token_usage == 37
+            assert result.api_model_grader_token_usage_per_model == {"house-judge": 37}
+            asked = judge.requests[0]
+            assert asked["path"] == "/v1/chat/completions" and asked["auth"] == "Bearer operator-key"
+            assert asked["body"]["model"] == "judge-8b"  # the endpoint's model: the tenant never sees it
+            assert asked["body"]["messages"] == [{"role": "user", "content": "Grade 4 for 2+2"}]
+            assert (asked["body"]["temperature"], asked["body"]["seed"], asked["body"]["max_completion_tokens"]) \
+                == (0.2, 7, 50)
+            label = {"type": "label_model", "name": "tone", "model": "house-judge", "labels": ["polite", "rude"],
+                     "passing_labels": ["polite"], "input": [{"role": "user", "content": "{{sample.output_text}}"}]}
+            assert sdk.fine_tuning.alpha.graders.run(grader=label, model_sample="hi").reward == 1.0
+            refused = sdk.fine_tuning.alpha.graders.run(grader=label, model_sample="hi")
+            assert refused.reward == 0.0 and refused.metadata.errors.model_grader_refusal_error
+            with pytest.raises(openai.BadRequestError) as caught:
+                sdk.fine_tuning.alpha.graders.validate(grader={**score, "model": "gpt-4o"})
+            assert caught.value.body["param"] == "grader.model" and "house-judge" in caught.value.body["message"]
+    finally:
+        judge.close()
+
+
+def test_a_line_without_a_field_the_grader_reads_fails_the_job_at_creation_naming_both(
+        tmp_path, database_url, tiny_model_dir) -> None:
+    with own_api(tmp_path, database_url, base_model=tiny_model_dir) as sdk:
         lines = prompts(12, answer="4")
         del lines[2]["answer"]
         training = prompt_file(sdk, lines)  # any prompt file uploads: no grader is known yet
@@ -267,33 +270,20 @@ def test_a_line_without_a_field_the_grader_reads_fails_the_job_at_creation_namin
         assert job.status == "failed" and job.error.code == "missing_field"
         assert "line 3" in job.error.message and "'answer'" in job.error.message, job.error.message
         assert job.error.param == "training_file"
-    finally:
-        http.close()
-        platform.db.dispose()
 
 
 def test_cosine_similarity_asks_the_operators_embeddings_endpoint(tmp_path, database_url) -> None:
-    from fastapi.testclient import TestClient
-
-    from tests.helpers.platform import add_tenant, make_platform
-    from tuneforge.api.app import create_app
-
     embedder = FakeJudge([])
-    platform = make_platform(tmp_path, database_url, grader_embeddings="house-embed", eval_endpoints={
-        "house-embed": {"url": embedder.url, "model": "embed-1", "api_key": "operator-key"}})
-    http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
-    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=add_tenant(platform, "alpha"), http_client=http,
-                        max_retries=0)
+    endpoints = {"house-embed": {"url": embedder.url, "model": "embed-1", "api_key": "operator-key"}}
     try:
-        cosine = {"type": "text_similarity", "name": "cos", "evaluation_metric": "cosine",
-                  "input": "{{sample.output_text}}", "reference": "{{item.reference}}"}
-        # vectors (a, b, c counts): "aab" -> (2, 1, 0), "ab" -> (1, 1, 0): cos = 3 / (sqrt(5) * sqrt(2))
-        result = sdk.fine_tuning.alpha.graders.run(grader=cosine, model_sample="aab", item={"reference": "ab"})
-        assert result.reward == pytest.approx(3 / (5 ** 0.5 * 2 ** 0.5))
-        asked = embedder.requests[0]
-        assert asked["path"] == "/v1/embeddings" and asked["body"] == {"model": "embed-1", "input": ["aab", "ab"]}
-        assert asked["auth"] == "Bearer operator-key"
+        with own_api(tmp_path, database_url, grader_embeddings="house-embed", eval_endpoints=endpoints) as sdk:
+            cosine = {"type": "text_similarity", "name": "cos", "evaluation_metric": "cosine",
+                      "input": "{{sample.output_text}}", "reference": "{{item.reference}}"}
+            # vectors (a, b, c counts): "aab" -> (2, 1, 0), "ab" -> (1, 1, 0): cos = 3 / (sqrt(5) * sqrt(2))
+            result = sdk.fine_tuning.alpha.graders.run(grader=cosine, model_sample="aab", item={"reference": "ab"})
+            assert result.reward == pytest.approx(3 / (5 ** 0.5 * 2 ** 0.5))
+            asked = embedder.requests[0]
+            assert asked["path"] == "/v1/embeddings" and asked["body"] == {"model": "embed-1", "input": ["aab", "ab"]}
+            assert asked["auth"] == "Bearer operator-key"
     finally:
-        http.close()
-        platform.db.dispose()
         embedder.close()
