@@ -135,6 +135,19 @@ def test_no_field_a_tenant_controls_sends_a_planted_secret_anywhere(attack):
     for url in ("http://169.254.169.254/", "http://2130706434/", "http://0x7f000002/", "http://[::ffff:127.0.0.2]/", "http://10.0.0.1/"):
         answer = _post(plane, plane.key_a, "/v1/webhooks", {"url": url})
         assert answer.status_code == 400 and answer.json()["error"]["param"] == "url", (url, answer.text)
+    # a model grader's judge: the tenant's own endpoint and secret, or a judge the platform offers
+    prompt = [{"role": "user", "content": "{{sample.output_text}}"}]
+    grader = {"type": "score_model", "name": "g", "model": "judge", "input": prompt}
+    for param, changes in {"grader.endpoint": {"endpoint": "http://169.254.169.254/latest/meta-data"},
+                           "grader.api_key_secret": {"endpoint": f"{listener.url}/v1", "api_key_secret": "B_KEY"},
+                           "grader.model": {"model": "TUNEFORGE_ADMIN_API_KEY"}}.items():
+        answer = _post(plane, plane.key_a, "/v1/fine_tuning/alpha/graders/validate", {"grader": {**grader, **changes}})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (param, answer.text)
+        assert PLANTED not in answer.text
+    for changes in ({"endpoint": f"{listener.url}/v1", "api_key_secret": "JUDGE_KEY"}, {"model": "house-judge"}):
+        answer = _post(plane, plane.key_a, "/v1/fine_tuning/alpha/graders/run",
+                       {"grader": {**grader, **changes}, "model_sample": "x"})
+        assert answer.status_code == 200 and PLANTED not in answer.text, answer.text
     hook = _post(plane, plane.key_a, "/v1/webhooks", {"url": f"{listener.url}/hook"})
     assert hook.status_code == 200, hook.text
 

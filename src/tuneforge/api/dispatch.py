@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 
 from tuneforge.api import sse
 from tuneforge.api.headers import ANSWER_HEADERS
-from tuneforge.db.repos import models as model_repo
 from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.ids import new_id
@@ -95,27 +94,11 @@ def _target(session: Session, tenant: Tenant, platform: Platform, model: str, us
     name = route_service.route_name(model)
     choice = route_service.choose(session, tenant.tenant_id, name, user) if name is not None else None
     target = resolve_target(session, tenant.tenant_id, choice.model if choice else model, tenant.name)
-    adapter, upstream = _handed_off(session, tenant, platform, target)
+    adapter, upstream = vllm.handed_off(session, tenant.tenant_id, platform, target)
     # Hand the database connection back before a generation that can take seconds:
     # requests waiting for the model must not hold the pool.
     session.commit()
     return Resolved(target, choice, adapter, upstream)
-
-
-def _handed_off(session: Session, tenant: Tenant, platform: Platform,
-                target: ModelTarget) -> tuple[vllm.Deployed | None, vllm.Upstream | None]:
-    """The vLLM server for `target` when its base has servers and it is the base itself or a
-    deployed adapter (serve/vllm.py); may load the adapter there first."""
-    handoff = vllm.handoff_for(platform)
-    if handoff is None or not handoff.serves(target.base.name):
-        return None, None
-    if target.is_base:
-        return None, handoff.upstream(target.base.name, None)
-    row = model_repo.get(session, tenant.tenant_id, target.name)
-    if row is None or not vllm.is_deployed(session, row):  # a checkpoint, a model in dev, a full fine-tune
-        return None, None
-    adapter = vllm.Deployed(row.model_id, row.base_model, row.artifact_prefix)
-    return adapter, handoff.upstream(row.base_model, adapter)
 
 
 _NOT_FORWARDED = {"metadata", "store", "service_tier"}

@@ -357,6 +357,24 @@ class TenantSecret(Base):
     __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_tenant_secrets_tenant_name"),)
 
 
+class MeteredTokens(Base):
+    """Tokens a tenant spent on something other than GPU time, one row per batch asked (e.g. the
+    judges of its graders: services/serving/judges.py); summed by services/tenancy/usage.py."""
+
+    __tablename__ = "metered_tokens"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: not a job's (graders/run)
+    kind: Mapped[str] = mapped_column(String(32))  # judge.served | judge.operator | judge.tenant
+    model: Mapped[str] = mapped_column(String(256))
+    requests: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_metered_tokens_tenant_created", "tenant_id", "created_at"),)
+
+
 class Route(Base):
     """A tenant's A/B route (services/serving/routes.py): a name that requests use as `model: "route:NAME"`,
     and the versions (fine-tuned or base models) it splits traffic between, by integer weight."""

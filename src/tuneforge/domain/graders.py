@@ -9,7 +9,9 @@ are templates: `{{item.<field>...}}` reads the item, `{{sample.output_text}}`,
   (contains, ignoring case) between `input` and `reference`.
 - `text_similarity`: a similarity of `input` to `reference` in [0, 1].
 - `score_model` / `label_model`: a judge model scores the sample (a number in
-  `range`) or labels it (1 when the label is one of `passing_labels`).
+  `range`) or labels it (1 when the label is one of `passing_labels`); the
+  judge is `model` (an operator endpoint, a base or `ft:` model served here),
+  or the tenant's own `endpoint` (an extension, with `api_key_secret`).
 - `python`: `grade(sample, item) -> float`, run in a sandbox.
 - `multi`: named sub-graders combined by the formula `calculate_output`.
 
@@ -106,14 +108,39 @@ class SamplingParams(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
 
 
-class ScoreModelGrader(_Strict):
-    type: Literal["score_model"]
+class _Judged(_Strict):
+    """What model graders share: the judge, and where it is asked."""
+
     name: str = _NAME
-    model: str = Field(min_length=1, max_length=256, description="The judge: a model this platform serves, or an "
-                                                                 "endpoint the operator names.")
+    model: str = Field(min_length=1, max_length=256, description=(
+        "The judge: an endpoint the operator offers (by name), a base model this platform serves or one of your "
+        "ft: models; with `endpoint`, the model name your endpoint is asked for."))
     input: list[ModelInput] = Field(min_length=1, max_length=MAX_MESSAGES)
-    range: list[float] = Field([0.0, 1.0], min_length=2, max_length=2, description="The score's [low, high].")
     sampling_params: SamplingParams | None = None
+    endpoint: str | None = Field(None, max_length=2048, description=(
+        "Extension: your own OpenAI-compatible API's base URL (https://.../v1), asked instead of this platform's "
+        "judges; it passes the platform's egress policy."))
+    api_key_secret: str | None = Field(None, min_length=1, max_length=64, description=(
+        "Extension: with `endpoint`, the name of one of your secrets (POST /v1/secrets) sent as its bearer key."))
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, endpoint: str | None) -> str | None:
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise ValueError("endpoint must be the http(s) base URL of an OpenAI-compatible API, e.g. "
+                             "https://judge.example.com/v1")
+        return endpoint
+
+    @model_validator(mode="after")
+    def _secret_with_endpoint(self) -> _Judged:
+        if self.api_key_secret is not None and self.endpoint is None:
+            raise ValueError("api_key_secret is the key of your own endpoint: give `endpoint` too")
+        return self
+
+
+class ScoreModelGrader(_Judged):
+    type: Literal["score_model"]
+    range: list[float] = Field([0.0, 1.0], min_length=2, max_length=2, description="The score's [low, high].")
     pass_threshold: float | None = None
 
     @field_validator("range")
@@ -124,14 +151,10 @@ class ScoreModelGrader(_Strict):
         return bounds
 
 
-class LabelModelGrader(_Strict):
+class LabelModelGrader(_Judged):
     type: Literal["label_model"]
-    name: str = _NAME
-    model: str = Field(min_length=1, max_length=256)
-    input: list[ModelInput] = Field(min_length=1, max_length=MAX_MESSAGES)
     labels: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(min_length=1, max_length=MAX_LABELS)
     passing_labels: list[Annotated[str, Field(max_length=256)]] = Field(min_length=1, max_length=MAX_LABELS)
-    sampling_params: SamplingParams | None = None
 
     @model_validator(mode="after")
     def _passing_are_labels(self) -> LabelModelGrader:
@@ -178,3 +201,8 @@ def sub_graders(grader: Any) -> dict[str, Any]:
 
 def has_type(grader: Any, kind: str) -> bool:
     return any(sub.type == kind for sub in sub_graders(grader).values())
+
+
+def judges(grader: Any) -> dict[str, Any]:
+    """The model graders among a grader's sub-graders, by name."""
+    return {name: sub for name, sub in sub_graders(grader).items() if sub.type in ("score_model", "label_model")}

@@ -1,13 +1,19 @@
-"""What graders ask elsewhere: model graders' judges and the cosine metric's embeddings.
+"""What graders ask over HTTP: model graders' judges and the cosine metric's embeddings.
 
-Judges (`score_model`, `label_model`): the operator's endpoints, by name.
+Judges (`score_model`, `label_model`) are asked by the control plane, never by
+a trainer with a credential of its own (`services/serving/judges.py` decides
+who answers and meters the tokens; a trainer sends its conversations there,
+`train/judges.py`). Two kinds are asked over HTTP, from here:
 
-A model grader's `model` names one of the endpoints the operator offers
-(`TUNEFORGE_EVAL_ENDPOINTS`, the same the LLM-judge eval metric uses); the
-endpoint's URL and key never reach the tenant. The control plane asks it for
-`graders/run`; a trainer gets the endpoints its grader names from the control
-plane with its job token (`train/credentials.py`) and asks them itself. The
-request carries the grader's sampling parameters; the answer's
+- the operator's endpoints (`TUNEFORGE_EVAL_ENDPOINTS`, the same the LLM-judge
+  eval metric uses), named by the grader's `model`; their URL and key never
+  reach the tenant;
+- the tenant's own OpenAI-compatible endpoint (the grader's `endpoint`, an
+  extension, with its key in the tenant secret `api_key_secret`), through the
+  egress policy at connect time.
+
+A batch's conversations are asked side by side (`JUDGE_CONCURRENCY` at once);
+the request carries the grader's sampling parameters; each answer's
 `usage.total_tokens` is what the grader reports as spent.
 
 Embeddings (`text_similarity` with `cosine`): the operator's endpoint named by
@@ -18,6 +24,7 @@ Embeddings (`text_similarity` with `cosine`): the operator's endpoint named by
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -26,37 +33,48 @@ from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError, Credenti
 from tuneforge.graders.score import JudgeError, JudgeReply
 
 MAX_EMBEDDING_DIMENSIONS = 65_536
+JUDGE_CONCURRENCY = 8  # one batch's requests in flight to one endpoint
 
 _SAMPLING = {"temperature": "temperature", "top_p": "top_p", "seed": "seed",
              "max_completions_tokens": "max_completion_tokens"}
 
 
-class EndpointJudge:
-    def __init__(self, endpoints: Mapping[str, Mapping[str, str]]) -> None:
-        self.endpoints = {name: dict(offered) for name, offered in endpoints.items()}
+def endpoint_target(grader: Any, endpoints: Mapping[str, Mapping[str, str]],
+                    secrets: Mapping[str, str]) -> ChatEndpoint | None:
+    """The HTTP endpoint that judges for `grader`, bound to its URL and key: the tenant's own
+    (`endpoint`) or the operator's it names; None when its judge is not asked over HTTP."""
+    if grader.endpoint is not None:
+        target = ChatEndpoint(grader.endpoint, grader.model, grader.api_key_secret)
+    elif endpoints.get(grader.model, {}).get("url"):
+        target = ChatEndpoint(None, None, endpoint_name=grader.model)
+    else:
+        return None
+    try:
+        return target.bind(Credentials(secrets=secrets, endpoints=endpoints))
+    except ChatEndpointError as exc:
+        raise JudgeError(str(exc)) from None
 
-    def offers(self, model: str) -> bool:
-        return bool(self.endpoints.get(model, {}).get("url"))
 
-    def names(self) -> list[str]:
-        return sorted(name for name in self.endpoints if self.offers(name))
+def ask_many(target: ChatEndpoint, conversations: list[list[dict[str, str]]], sampling: Mapping[str, Any], *,
+             client: httpx.Client | None = None) -> list[JudgeReply | JudgeError]:
+    """Each conversation's answer from `target` (or its error), asked side by side; `client`: the
+    caller's (for a tenant's URL, one through the egress policy), else `open_client`'s."""
+    options = {ours: sampling[theirs] for theirs, ours in _SAMPLING.items() if sampling.get(theirs) is not None}
 
-    def complete(self, model: str, messages: list[dict[str, str]], *, sampling: Mapping[str, Any],
-                 schema: Mapping[str, Any] | None) -> JudgeReply:
+    def one(messages: list[dict[str, str]]) -> JudgeReply | JudgeError:
         try:
-            target = ChatEndpoint(None, None, endpoint_name=model).bind(Credentials(endpoints=self.endpoints))
-            options = {ours: sampling[theirs] for theirs, ours in _SAMPLING.items() if sampling.get(theirs) is not None}
-            reply = ask(target, messages, options=options)
+            reply = ask(target, messages, options=options, client=http)
         except ChatEndpointError as exc:
-            raise JudgeError(str(exc)) from None
-        return JudgeReply(reply.text, reply.tokens, reply.refused)
+            return JudgeError(str(exc))
+        return JudgeReply(reply.text, reply.tokens, reply.refused, reply.completion_tokens)
 
-
-def judged_models(grader: Any) -> set[str]:
-    """The judges a grader's model graders name."""
-    from tuneforge.domain.graders import sub_graders
-
-    return {sub.model for sub in sub_graders(grader).values() if sub.type in ("score_model", "label_model")}
+    http = client if client is not None else open_client(target)
+    try:
+        with ThreadPoolExecutor(max(1, min(JUDGE_CONCURRENCY, len(conversations))), "judge") as pool:
+            return list(pool.map(one, conversations))
+    finally:
+        if client is None:
+            http.close()
 
 
 class EndpointEmbeddings:

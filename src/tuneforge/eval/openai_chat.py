@@ -155,6 +155,7 @@ class ChatReply:
     text: str  # the reply's content ("" when the model refused)
     tokens: int  # the endpoint's usage.total_tokens (0 when it reports none)
     refused: bool = False  # the reply is a refusal (message.refusal)
+    completion_tokens: int = 0  # of those, the reply's (usage.completion_tokens)
 
 
 def complete(target: ChatEndpoint, messages: list[dict[str, str]], *, client: httpx.Client | None = None) -> str:
@@ -206,10 +207,16 @@ def _reply(target: ChatEndpoint, response: httpx.Response) -> ChatReply:
         raise ChatEndpointError(f"{target.shown} answered HTTP {response.status_code} without "
                                 "choices[0].message.content") from None
     usage = body.get("usage") if isinstance(body, dict) else None
-    tokens = usage.get("total_tokens") if isinstance(usage, dict) else 0
-    tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0
+    tokens, completion = _count(usage, "total_tokens"), _count(usage, "completion_tokens")
+    completion = min(completion, tokens)
     if content is None and isinstance(message.get("refusal"), str):
-        return ChatReply("", tokens, refused=True)
+        return ChatReply("", tokens, refused=True, completion_tokens=completion)
     if not isinstance(content, str):
         raise ChatEndpointError(f"{target.shown} answered a non-text message content")
-    return ChatReply(content, tokens)
+    return ChatReply(content, tokens, completion_tokens=completion)
+
+
+def _count(usage: Any, name: str) -> int:
+    """A token count of an answer's `usage` (0 where it has none or not a count)."""
+    value = usage.get(name) if isinstance(usage, dict) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**40 else 0

@@ -91,12 +91,9 @@ def _check_runnable(grader: Any, tools: GradingTools, where: str) -> None:
         raise invalid(f"{where}.evaluation_metric: cosine similarity needs an embeddings endpoint, and the "
                       "operator has named none; use another metric", param=f"{where}.evaluation_metric")
     if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
-        offers = getattr(tools.judge, "offers", None)
-        if tools.judge is None or (offers is not None and not offers(grader.model)):
-            names = getattr(tools.judge, "names", lambda: [])()
-            choice = f"use one of: {', '.join(names)}" if names else "the operator offers none"
-            raise invalid(f"{where}.model: {grader.model!r} is not a judge this platform offers; judges are the "
-                          f"operator's endpoints, by name ({choice})", param=f"{where}.model")
+        if tools.judge is None:
+            raise invalid(f"{where}.model: {grader.model!r}: this host asks no judges", param=f"{where}.model")
+        tools.judge.check(grader, where)
     if isinstance(grader, PythonGrader):
         _check_python(grader, tools, where)
 

@@ -88,14 +88,21 @@ class GraderResult:
 @dataclass(frozen=True)
 class JudgeReply:
     text: str
-    tokens: int
+    tokens: int  # prompt and completion
     refused: bool = False
+    completion_tokens: int = 0
 
 
 class Judge(Protocol):
-    def complete(self, model: str, messages: list[dict[str, str]], *, sampling: Mapping[str, Any],
-                 schema: Mapping[str, Any] | None) -> JudgeReply:
-        """The judge model's answer; raises `JudgeError` when the endpoint fails."""
+    """Where model graders are asked (`eval/judges.py` in a trainer, `services/serving/judges.py`
+    in the control plane)."""
+
+    def check(self, grader: Any, where: str) -> None:
+        """Raises the API's 400 naming `{where}.<field>` when `grader`'s judge cannot be asked."""
+
+    def complete_many(self, grader: Any, conversations: list[list[dict[str, str]]], *, sampling: Mapping[str, Any],
+                      schema: Mapping[str, Any]) -> list[JudgeReply | JudgeError]:
+        """The judge's answer to each conversation (side by side), or the error that answer met."""
 
 
 class JudgeError(Exception):
@@ -173,30 +180,39 @@ def _sub_scores(grader: Any, samples: Sequence[Sample], items: Sequence[Mapping[
                 tools: GradingTools) -> _Scores:
     if isinstance(grader, PythonGrader):
         return _python_scores(grader, samples, items, tools)
-    scores = _Scores([], [], [])
+    if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
+        return _judged_scores(grader, samples, items, tools)
+    scores = _Scores([], [], [{} for _ in samples])
     for sample, item in zip(samples, items):
-        errors, tokens = ErrorFlags(), {}
+        errors = ErrorFlags()
         try:
-            value: float | None = _one(grader, sample, item, tools, tokens, errors)
+            value: float | None = _one(grader, sample, item, tools)
         except TemplateError as exc:
             value = None
-            if "output_json" in str(exc) and sample.output_json is None:
-                errors.sample_parse_error = True
-            else:
-                errors.invalid_variable_error = True
+            _template_failed(exc, sample, errors)
         except JudgeError as exc:
-            value, errors.model_grader_server_error = None, True
-            errors.model_grader_server_error_details = str(exc)[:MAX_DETAILS_CHARS]
+            value = None
+            _judge_failed(exc, errors)
         except Exception:  # a metric's own failure on odd text: the sample's, never the step's
             value, errors.other_error = None, True
         scores.values.append(value)
         scores.errors.append(errors)
-        scores.tokens.append(tokens)
     return scores
 
 
-def _one(grader: Any, sample: Sample, item: Mapping[str, Any], tools: GradingTools, tokens: dict[str, int],
-         errors: ErrorFlags) -> float | None:
+def _template_failed(exc: TemplateError, sample: Sample, errors: ErrorFlags) -> None:
+    if "output_json" in str(exc) and sample.output_json is None:
+        errors.sample_parse_error = True
+    else:
+        errors.invalid_variable_error = True
+
+
+def _judge_failed(exc: JudgeError, errors: ErrorFlags) -> None:
+    errors.model_grader_server_error = True
+    errors.model_grader_server_error_details = str(exc)[:MAX_DETAILS_CHARS]
+
+
+def _one(grader: Any, sample: Sample, item: Mapping[str, Any], tools: GradingTools) -> float | None:
     if isinstance(grader, StringCheckGrader):
         return string_check(grader.operation, templates.render(grader.input, sample, item),
                             templates.render(grader.reference, sample, item))
@@ -206,8 +222,6 @@ def _one(grader: Any, sample: Sample, item: Mapping[str, Any], tools: GradingToo
         if grader.evaluation_metric == "cosine":
             return _cosine(text[:MAX_EMBEDDED_CHARS], reference[:MAX_EMBEDDED_CHARS], tools)
         return similarity.similarity(grader.evaluation_metric, text, reference)
-    if isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
-        return _judged(grader, sample, item, tools, tokens, errors)
     raise TypeError(f"no scorer for {type(grader).__name__}")
 
 
@@ -231,20 +245,43 @@ def _cosine(text: str, reference: str, tools: GradingTools) -> float:
     return 0.0 if norm == 0 else max(-1.0, min(1.0, sum(x * y for x, y in zip(first, second)) / norm))
 
 
-def _judged(grader: ScoreModelGrader | LabelModelGrader, sample: Sample, item: Mapping[str, Any],
-            tools: GradingTools, tokens: dict[str, int], errors: ErrorFlags) -> float | None:
+def judge_schema(grader: ScoreModelGrader | LabelModelGrader) -> dict[str, Any]:
+    """The JSON object a judge is asked to answer: {"result": a number, or one of the labels}."""
+    if isinstance(grader, ScoreModelGrader):
+        return {"type": "object", "properties": {"result": {"type": "number"}}, "required": ["result"]}
+    return {"type": "object", "properties": {"result": {"type": "string", "enum": list(grader.labels)}},
+            "required": ["result"]}
+
+
+def _judged_scores(grader: ScoreModelGrader | LabelModelGrader, samples: Sequence[Sample],
+                   items: Sequence[Mapping[str, Any]], tools: GradingTools) -> _Scores:
+    """Every sample's judgement: the conversations rendered here, asked side by side (`complete_many`)."""
     if tools.judge is None:
         raise GraderUnavailable(f"{grader.type} graders need a judge model")
-    messages = [{"role": message.role, "content": templates.render(message.text, sample, item)}
-                for message in grader.input]
+    scores = _Scores([None] * len(samples), [ErrorFlags() for _ in samples], [{} for _ in samples])
+    asked: list[int] = []
+    conversations = []
+    for index, (sample, item) in enumerate(zip(samples, items)):
+        try:
+            conversations.append([{"role": message.role, "content": templates.render(message.text, sample, item)}
+                                  for message in grader.input])
+            asked.append(index)
+        except TemplateError as exc:
+            _template_failed(exc, sample, scores.errors[index])
+    if not conversations:
+        return scores
     sampling = grader.sampling_params.model_dump(exclude_none=True) if grader.sampling_params else {}
-    if isinstance(grader, ScoreModelGrader):
-        schema = {"type": "object", "properties": {"result": {"type": "number"}}, "required": ["result"]}
-    else:
-        schema = {"type": "object", "properties": {"result": {"type": "string", "enum": list(grader.labels)}},
-                  "required": ["result"]}
-    reply = tools.judge.complete(grader.model, messages, sampling=sampling, schema=schema)
-    tokens[grader.model] = tokens.get(grader.model, 0) + reply.tokens
+    replies = tools.judge.complete_many(grader, conversations, sampling=sampling, schema=judge_schema(grader))
+    for index, reply in zip(asked, replies):
+        if isinstance(reply, JudgeError):
+            _judge_failed(reply, scores.errors[index])
+            continue
+        scores.tokens[index] = {grader.model: reply.tokens}
+        scores.values[index] = _verdict(grader, reply, scores.errors[index])
+    return scores
+
+
+def _verdict(grader: ScoreModelGrader | LabelModelGrader, reply: JudgeReply, errors: ErrorFlags) -> float | None:
     if reply.refused:
         errors.model_grader_refusal_error = True
         return None

@@ -279,6 +279,13 @@ class VllmHandoff:
         except httpx.HTTPError as exc:
             self._mark_down(upstream.server)
             raise self._failure(upstream.server, path, None, repr(exc)) from None
+        return self._answer(upstream, path, response)
+
+    def call_blocking(self, upstream: Upstream, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """`call` from a worker thread (the judges of graders: services/serving/judges.py)."""
+        return self._answer(upstream, path, self._control("POST", upstream.server, path, body))
+
+    def _answer(self, upstream: Upstream, path: str, response: httpx.Response) -> dict[str, Any]:
         if response.status_code != 200:
             raise self._answer_error(upstream, path, response.status_code, response.text, response.headers)
         try:
@@ -380,6 +387,23 @@ def handoff_for(platform: Any) -> VllmHandoff | None:
             if platform.vllm is None:
                 platform.vllm = VllmHandoff(platform.settings, platform.store)
     return platform.vllm
+
+
+def handed_off(session: Session, tenant_id: str, platform: Any,
+               target: Any) -> tuple[Deployed | None, Upstream | None]:
+    """The vLLM server for `target` (a ModelTarget) when its base has servers and it is the base
+    itself or a deployed adapter; may load the adapter there first (blocking). (None, None): the
+    built-in engine answers it."""
+    handoff = handoff_for(platform)
+    if handoff is None or not handoff.serves(target.base.name):
+        return None, None
+    if target.is_base:
+        return None, handoff.upstream(target.base.name, None)
+    row = model_repo.get(session, tenant_id, target.name)
+    if row is None or not is_deployed(session, row):  # a checkpoint, a model in dev, a full fine-tune
+        return None, None
+    adapter = Deployed(row.model_id, row.base_model, row.artifact_prefix)
+    return adapter, handoff.upstream(row.base_model, adapter)
 
 
 def serving_changed(platform: Any, session: Session) -> None:

@@ -238,6 +238,12 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
         description='Price table per GPU type, e.g. {"a100-80gb": 2.5, "h100": 4.0} (JSON in the environment).',
     )
     price_currency: str = Field(default="USD", description="Currency of the price table.")
+    price_per_million_tokens: dict[str, float] = Field(
+        default_factory=dict,
+        description='Price of metered tokens per million, by kind (JSON), e.g. {"judge.served": 0.2, '
+                    '"judge.operator": 1.0}; kinds: judge.served (a model graders\' judge this platform serves), '
+                    'judge.operator (an operator endpoint), judge.tenant (the tenant\'s own endpoint). A kind '
+                    'without a price is metered at 0.')
     eval_by_default: bool = Field(
         default=True, description="Evaluate every job after training (status evaluating) unless its body says "
                                   "eval.enabled = false.")

@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.helpers.fake_judge import FakeJudge
 from tuneforge.graders import sandbox
 
 NEEDS_SANDBOX = pytest.mark.skipif(sandbox.available() is not None, reason="this host cannot run the sandbox")
@@ -169,44 +170,6 @@ def test_prompt_data_is_refused_for_supervised_jobs_and_chat_data_for_reinforcem
     assert caught.value.body["code"] == "shape_mismatch"
 
 
-class FakeJudge:
-    """An OpenAI-compatible chat endpoint on 127.0.0.1 answering each request with the next reply."""
-
-    def __init__(self, replies: list[dict[str, Any]]) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        from tests.helpers.net import send_json
-
-        self.requests: list[dict[str, Any]] = []
-        judge = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                judge.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
-                                       "body": json.loads(self.rfile.read(int(self.headers["Content-Length"])))})
-                if self.path.endswith("/embeddings"):  # a word's vector: its letters a, b, c counted
-                    texts = judge.requests[-1]["body"]["input"]
-                    rows = [{"index": n, "embedding": [float(text.count(c)) for c in "abc"]}
-                            for n, text in enumerate(texts)]
-                    send_json(self, {"object": "list", "data": rows})
-                    return
-                message = replies[min(len(judge.requests), len(replies)) - 1]
-                send_json(self, {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
-                                 "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
-                                 "usage": {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}})
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
 @contextmanager
 def own_api(tmp_path: Any, database_url: str, base_model: Any = None, **settings: Any) -> Iterator[openai.OpenAI]:
     """An API on a platform of its own (the operator's `settings`), and a tenant's SDK client; with
@@ -287,3 +250,57 @@ def test_cosine_similarity_asks_the_operators_embeddings_endpoint(tmp_path, data
             assert asked["auth"] == "Bearer operator-key"
     finally:
         embedder.close()
+
+
+def test_a_model_grader_judged_by_a_model_this_platform_serves_meters_its_tokens(
+        tmp_path, database_url, tiny_model_dir) -> None:
+    prices = {"judge.served": 1000.0}
+    with own_api(tmp_path, database_url, base_model=tiny_model_dir, price_per_million_tokens=prices) as sdk:
+        house = {"type": "score_model", "name": "house", "model": "tiny-chat", "range": [0, 10],
+                 "sampling_params": {"max_completions_tokens": 12, "seed": 3},
+                 "input": [{"role": "user", "content": "Rate {{sample.output_text}} from 0 to 10"}]}
+        result = sdk.fine_tuning.alpha.graders.run(grader=house, model_sample="Paris")
+        spent = result.api_model_grader_token_usage_per_model["tiny-chat"]
+        assert spent == result.metadata.token_usage and spent > 0
+        # the random tiny model answers a JSON object, but not {"result": a number in range}: a parse error
+        assert (result.reward, result.metadata.errors.model_grader_parse_error) == (0.0, True)
+        assert result.metadata.errors.model_grader_server_error is False
+        (row,) = sdk.get("/usage", cast_to=object)["tokens"]
+        assert row["kind"] == "judge.served" and row["model"] == "tiny-chat" and row["job_id"] is None
+        assert row["requests"] == 1 and row["total_tokens"] == spent and 0 < row["completion_tokens"] <= 12
+        assert row["cost"] == pytest.approx(spent / 1000, abs=1e-6)
+        for model in ("gpt-4o", "route:best", "ft:tiny-chat:other::x1y2z3"):
+            with pytest.raises(openai.BadRequestError) as caught:
+                sdk.fine_tuning.alpha.graders.validate(grader={**house, "model": model})
+            assert caught.value.body["param"] == "grader.model", model
+            assert "a base model (tiny-chat)" in caught.value.body["message"]
+
+
+def test_a_model_grader_asks_the_tenants_own_endpoint_with_its_secret_through_the_egress_policy(
+        tmp_path, database_url) -> None:
+    judge = FakeJudge([{"role": "assistant", "content": '{"result": 0.7}'}])
+    mine = {"type": "score_model", "name": "mine", "model": "my-judge-7b", "endpoint": judge.url,
+            "api_key_secret": "judge-key", "input": [{"role": "user", "content": "Grade {{sample.output_text}}"}]}
+    try:
+        with own_api(tmp_path, database_url, egress_allow="127.0.0.1") as sdk:
+            refusals = [(mine, "grader.api_key_secret"),  # not stored yet
+                        ({**mine, "endpoint": "http://169.254.169.254/v1"}, "grader.endpoint"),
+                        ({**mine, "endpoint": "http://10.9.8.7/v1"}, "grader.endpoint"),
+                        ({**mine, "endpoint": "file:///etc/passwd"}, "grader.endpoint"),
+                        ({key: value for key, value in mine.items() if key != "endpoint"}, "grader")]
+            for grader, param in refusals:
+                with pytest.raises(openai.BadRequestError) as caught:
+                    sdk.fine_tuning.alpha.graders.validate(grader=grader)
+                assert caught.value.body["param"] == param, (grader, caught.value.body)
+            assert judge.requests == []
+            sdk.post("/secrets", body={"name": "judge-key", "value": "tenant-key-123"}, cast_to=object)
+            result = sdk.fine_tuning.alpha.graders.run(grader=mine, model_sample="4")
+            assert result.reward == 0.7 and result.api_model_grader_token_usage_per_model == {"my-judge-7b": 37}
+            (asked,) = judge.requests
+            assert asked["auth"] == "Bearer tenant-key-123" and asked["body"]["model"] == "my-judge-7b"
+            assert asked["body"]["messages"] == [{"role": "user", "content": "Grade 4"}]
+            (row,) = sdk.get("/usage", cast_to=object)["tokens"]
+            assert (row["kind"], row["model"], row["requests"], row["prompt_tokens"], row["completion_tokens"]) \
+                == ("judge.tenant", "my-judge-7b", 1, 30, 7)
+    finally:
+        judge.close()

@@ -265,3 +265,25 @@ def test_control_bytes_and_lone_surrogates_from_vllm_reach_the_tenant_escaped(ha
     events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
     streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
     assert streamed == " " + expected  # the fake streams word by word, each after a space
+
+
+def test_a_model_graders_judge_on_a_base_with_a_vllm_server_is_asked_there_and_metered(handed_off):
+    _platform, http, fleet, fake, _shared = handed_off
+    grader = {"type": "label_model", "name": "tone", "model": BASE, "labels": ["vllm", "other"],
+              "passing_labels": ["vllm"], "sampling_params": {"max_completions_tokens": 9, "seed": 4},
+              "input": [{"role": "user", "content": "Label {{sample.output_text}}"}]}
+    start = len(fake.seen)
+    answer = http.post("/v1/fine_tuning/alpha/graders/run", headers=_auth(fleet),
+                       json={"grader": grader, "model_sample": "hello"})
+    assert answer.status_code == 200, answer.text
+    ((method, path, body),) = _calls(fake, start)
+    assert (method, path, body["model"], body["max_tokens"], body["seed"], body["temperature"]) == \
+        ("POST", "/v1/chat/completions", BASE, 9, 4, 0.0)
+    assert body["messages"] == [{"role": "user", "content": "Label hello"}]
+    assert body["response_format"]["json_schema"]["schema"]["properties"]["result"]["enum"] == ["vllm", "other"]
+    # the fake server's answer is plain text, not the JSON verdict: a parse error, its tokens metered
+    result = answer.json()
+    assert result["reward"] == 0.0 and result["metadata"]["errors"]["model_grader_parse_error"] is True
+    assert result["model_grader_token_usage_per_model"] == {BASE: 12}
+    (row,) = http.get("/v1/usage", headers=_auth(fleet)).json()["tokens"]
+    assert (row["kind"], row["model"], row["prompt_tokens"], row["completion_tokens"]) == ("judge.served", BASE, 7, 5)

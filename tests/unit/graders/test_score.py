@@ -97,11 +97,17 @@ class Judge:
     def __init__(self, text: str, *, fail: bool = False, refused: bool = False) -> None:
         self.text, self.fail, self.refused, self.asked = text, fail, refused, []
 
-    def complete(self, model: str, messages: list[dict[str, str]], *, sampling: Any, schema: Any) -> JudgeReply:
-        self.asked.append((model, messages, dict(sampling), schema))
-        if self.fail:
-            raise JudgeError("the judge endpoint answered 503")
-        return JudgeReply(self.text, tokens=42, refused=self.refused)
+    def check(self, grader: Any, where: str) -> None:
+        pass
+
+    def complete_many(self, grader: Any, conversations: list[list[dict[str, str]]], *, sampling: Any,
+                      schema: Any) -> list[JudgeReply | JudgeError]:
+        replies: list[JudgeReply | JudgeError] = []
+        for messages in conversations:
+            self.asked.append((grader.model, messages, dict(sampling), schema))
+            replies.append(JudgeError("the judge endpoint answered 503") if self.fail
+                           else JudgeReply(self.text, tokens=42, refused=self.refused))
+        return replies
 
 
 def score_model(**changes: Any) -> dict[str, Any]:
@@ -147,7 +153,7 @@ def test_a_label_model_grader_passes_on_a_passing_label() -> None:
      "grader.graders.a.reference", "templates read"),
     ({"type": "text_similarity", "name": "s", "evaluation_metric": "cosine", "input": "a", "reference": "b"},
      "grader.evaluation_metric", "embeddings endpoint"),
-    (score_model(), "grader.model", "not a judge this platform offers"),
+    (score_model(), "grader.model", "asks no judges"),
     ({"type": "python", "name": "p", "source": "def grade(s, i): return 1"}, "grader.source", "sandbox"),
     ({**score_model(), "range": [1, 0]}, "grader.range", "low < high"),
     ({"type": "label_model", "name": "l", "model": "m", "labels": ["a"], "passing_labels": ["b"],

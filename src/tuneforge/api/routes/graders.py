@@ -20,11 +20,11 @@ TENANT = Depends(deps.tenant)
 @router.post("/run", response_model=GraderRunResult)
 def run_grader(body: GraderRunBody, tenant: Tenant = TENANT, platform: Platform = Depends(deps.platform)) -> Any:
     """Score one model sample against one item with a grader: the reward and OpenAI's metadata."""
-    return graders.run(platform.settings, body.grader, body.model_sample, body.item)
+    return graders.run(platform, tenant, body.grader, body.model_sample, body.item)
 
 
 @router.post("/validate", response_model=GraderValidateResult)
 def validate_grader(body: GraderValidateBody, tenant: Tenant = TENANT,
                     platform: Platform = Depends(deps.platform)) -> Any:
     """Check a grader without running it: the grader back, or a 400 naming the field."""
-    return graders.validate(platform.settings, body.grader)
+    return graders.validate(platform, tenant, body.grader)

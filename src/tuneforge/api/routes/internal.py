@@ -1,4 +1,5 @@
-"""/internal/v1 — reports from trainer attempts, authenticated by job token."""
+"""/internal/v1 — reports from trainer attempts, their credentials and their graders' judges, authenticated
+by job token."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query
 
 from tuneforge.api import deps
 from tuneforge.api.schemas.base import ObjectRoute
-from tuneforge.api.schemas.internal import AttemptCredentials, ReportAnswer
+from tuneforge.api.schemas.internal import AttemptCredentials, JudgeAnswer, ReportAnswer
 from tuneforge.db import Session
 from tuneforge.domain import reports as domain_reports
 from tuneforge.domain.errors import ApiError, invalid
@@ -32,6 +33,20 @@ def credentials(
     """The secrets and operator endpoints the attempt's eval config names, for that attempt only."""
     job, current = reports.authorize(session, job_id, attempt, authorization)
     return reports.credentials(session, platform, job, current)
+
+
+@router.post("/judge", response_model=JudgeAnswer)
+def judge(
+    job_id: str,
+    body: dict[str, Any] = Body(...),
+    authorization: str | None = Header(default=None),
+    session: Session = deps.SESSION,
+    platform: Platform = Depends(deps.platform),
+) -> dict:
+    """The answers of the judge the job's model grader names, to the attempt's conversations
+    (services/serving/judges.py; the tokens are metered to the job)."""
+    job, attempt = reports.authorize(session, job_id, _attempt_number(body), authorization)
+    return reports.judge(session, platform, job, attempt, body)
 
 
 @router.post("/{kind}", response_model=ReportAnswer)

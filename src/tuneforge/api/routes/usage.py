@@ -1,4 +1,4 @@
-"""/v1/usage — the calling tenant's metered GPU time in a month, job by job (extension)."""
+"""/v1/usage — the calling tenant's metered GPU time in a month, job by job, and its metered tokens (extension)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def get_usage(month: str | None = Query(None, pattern=MONTH_PATTERN, description
               session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     """GPU-seconds per job in `month` (YYYY-MM, UTC; default this month): attempts from launch to end,
     queue time free, platform failures refunded; totals in GPU-hours against the tenant's allowance;
-    `storage`: what it keeps now against its storage quotas."""
+    `storage`: what it keeps now against its storage quotas; `tokens`: the tokens its graders' judges spent,
+    per kind, model and job, at the price per million of each kind."""
     now = time.time()
     month = usage.parse_month(month) if month is not None else usage.current_month(now)
     rows = usage.jobs_usage(session, tenant.tenant_id, month, now)
@@ -52,4 +53,5 @@ def get_usage(month: str | None = Query(None, pattern=MONTH_PATTERN, description
         "has_more": False,
         "totals": quotas.month_totals(session, tenant, month, now),
         "storage": quotas.storage_standing(session, platform.settings, platform.store, tenant, now),
+        "tokens": usage.tokens_usage(session, platform.settings, tenant.tenant_id, month),
     }

@@ -23,3 +23,8 @@ class ReportAnswer(ApiObject):
     applied: int | None = None
     recovered_steps: Any = None
     ok: bool | None = None
+
+
+class JudgeAnswer(ApiObject):
+    replies: list[dict[str, Any]] = Field(description="Per conversation, in order: {text, tokens, completion_tokens, "
+                                                      "refused}, or {error}: why the judge did not answer it.")

@@ -23,9 +23,23 @@ class JobUsage(ApiObject):
     saving: Number
 
 
+class TokenUsage(ApiObject):
+    object: Literal["usage.tokens"]
+    kind: str = Field(description="judge.served, judge.operator or judge.tenant: who answered the graders' judges.")
+    model: str
+    job_id: str | None = Field(description="The job that spent them; null: graders/run.")
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cost: Number = Field(description="The tokens at their kind's price per million (price_per_million_tokens).")
+
+
 class UsageReport(ApiObject):
     object: Literal["list"]
     data: list[JobUsage]
     has_more: bool
     totals: dict[str, Any] = Field(description="The month's GPU-hours against the tenant's allowance.")
     storage: dict[str, Any] = Field(description="What the tenant keeps now against its storage quotas.")
+    tokens: list[TokenUsage] = Field(description="Tokens metered beside GPU time in the month (model graders' "
+                                                 "judges), per kind, model and job.")

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
-from tuneforge.db.tables import Attempt, Job, JobEvent, Tenant
+from tuneforge.db.tables import Attempt, Job, JobEvent, MeteredTokens, Tenant
 from tuneforge.domain.status import AttemptStatus, JobStatus
 
 _IN_CHUNK = 1000  # ids per IN (...) list: far below SQLite's and PostgreSQL's parameter limits
@@ -92,3 +92,22 @@ def gpu_seconds_by_status(session: Session, now: float) -> dict[str, float]:
     held = func.sum(Attempt.gpus * (func.coalesce(Attempt.ended_at, now) - Attempt.started_at))
     return {status: max(0.0, float(total or 0.0)) for status, total in
             session.execute(select(Attempt.status, held).group_by(Attempt.status))}
+
+
+def add_tokens(session: Session, row: MeteredTokens) -> None:
+    session.add(row)
+
+
+def tokens_between(session: Session, tenant_id: str, start: float,
+                   end: float) -> list[tuple[str, str, str | None, int, int, int]]:
+    """(kind, model, job_id, requests, prompt tokens, completion tokens) of the tenant's metered
+    tokens in [start, end), summed per kind, model and job."""
+    rows = session.execute(
+        select(MeteredTokens.kind, MeteredTokens.model, MeteredTokens.job_id, func.sum(MeteredTokens.requests),
+               func.sum(MeteredTokens.prompt_tokens), func.sum(MeteredTokens.completion_tokens))
+        .where(MeteredTokens.tenant_id == tenant_id, MeteredTokens.created_at >= start,
+               MeteredTokens.created_at < end)
+        .group_by(MeteredTokens.kind, MeteredTokens.model, MeteredTokens.job_id)
+        .order_by(MeteredTokens.kind, MeteredTokens.model, MeteredTokens.job_id))
+    return [(kind, model, job_id, int(requests), int(prompt), int(completion))
+            for kind, model, job_id, requests, prompt, completion in rows]

@@ -17,6 +17,10 @@ once instead of being retried, and its text is the tenant's model's.
 
 Months are calendar months in UTC. An attempt that spans a month boundary is
 split at it, so each month holds exactly the GPU-time spent within it.
+
+Tokens are metered beside GPU time where a tenant spends them on something
+else: the judges its model graders ask (`meter_tokens`, one row per batch).
+Each kind has its price per million tokens (`price_per_million_tokens`).
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import usage as usage_repo
 from tuneforge.db.repos import webhooks as webhook_repo
-from tuneforge.db.tables import Attempt
+from tuneforge.db.tables import Attempt, MeteredTokens
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.services.context import Platform
 
 REFUNDED_FAILURE_CLASSES = frozenset({"platform"})
+TOKEN_KINDS = ("judge.served", "judge.operator", "judge.tenant")
 _ACTIVE = tuple(status.value for status in ATTEMPT_ACTIVE)
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 
@@ -236,3 +241,24 @@ def counters(session: Session, now: float) -> dict[str, dict[str, float]]:
     deliveries.update({status: float(count) for status, count in webhook_repo.deliveries_by_status(session).items()})
     return {"gpu_seconds": gpu_seconds, "webhook_deliveries": deliveries}
 
+
+
+# ---- tokens ------------------------------------------------------------------------
+def meter_tokens(session: Session, tenant_id: str, job_id: str | None, kind: str, model: str, *, requests: int,
+                 prompt_tokens: int, completion_tokens: int, now: float) -> None:
+    """One batch of tokens the tenant spent (`kind`: one of TOKEN_KINDS)."""
+    assert kind in TOKEN_KINDS, kind
+    usage_repo.add_tokens(session, MeteredTokens(
+        tenant_id=tenant_id, job_id=job_id, kind=kind, model=model[:256], requests=requests,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, created_at=int(now)))
+
+
+def tokens_usage(session: Session, settings: Any, tenant_id: str, month: str) -> list[dict[str, Any]]:
+    """The tenant's metered tokens in `month`, per kind, model and job, each with its cost."""
+    start, end = month_bounds(month)
+    prices = settings.price_per_million_tokens
+    return [{"object": "usage.tokens", "kind": kind, "model": model, "job_id": job_id, "requests": requests,
+             "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+             "cost": round((prompt + completion) / 1e6 * float(prices.get(kind, 0.0)), 6)}
+            for kind, model, job_id, requests, prompt, completion
+            in usage_repo.tokens_between(session, tenant_id, start, end)]

@@ -99,17 +99,15 @@ def credentials_for(session: Session, settings: Settings, sealer: Sealer, job: J
 
 
 def _grader_judges(job: Job, settings: Settings) -> set[str]:
-    """The operator endpoints the job's grader (a reinforcement job's) uses: the judges it names,
-    and the embeddings endpoint when it computes cosine similarity."""
+    """The operator endpoint the job's grader (a reinforcement job's) reads itself: the embeddings
+    endpoint when it computes cosine similarity (its judges are asked by the control plane)."""
     raw = job.resolved.hyperparameters.method_options.get("grader") if job.resolved is not None else None
-    if not raw:
+    if not raw or not settings.grader_embeddings:
         return set()
-    from tuneforge.eval.judges import judged_models, uses_cosine
+    from tuneforge.eval.judges import uses_cosine
     from tuneforge.graders.check import parse
 
-    grader = parse(raw, "grader")
-    cosine = {settings.grader_embeddings} if settings.grader_embeddings and uses_cosine(grader) else set()
-    return judged_models(grader) | cosine
+    return {settings.grader_embeddings} if uses_cosine(parse(raw, "grader")) else set()
 
 
 def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRequest) -> ResolvedEval:

@@ -3,7 +3,9 @@
 Both take OpenAI's grader object. `validate` answers the grader back once it
 parses and checks (`graders/check.py`); `run` scores one model sample against
 one item and answers OpenAI's result (reward, sub_rewards, metadata with the
-error flags). Python graders run in the sandbox (`graders/sandbox.py`) and
+error flags). Model graders' judges are asked through services/serving/judges.py
+(the tenant's, the operator's or this platform's models; tokens metered to the
+tenant). Python graders run in the sandbox (`graders/sandbox.py`) and
 only there: on a host that cannot sandbox they are refused (400 naming
 `grader.source`). A process runs at most `grader_sandboxes` of them at once;
 one more is answered 429 with Retry-After. Routes are synchronous, so all of
@@ -19,13 +21,16 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid, rate_limited
 from tuneforge.domain.graders import has_type
 from tuneforge.domain.job_config import JobRequest
-from tuneforge.eval.judges import EndpointJudge, embeddings_for
+from tuneforge.eval.judges import embeddings_for
 from tuneforge.graders import check, sandbox, score
-from tuneforge.graders.score import GradingTools
+from tuneforge.graders.score import GradingTools, Judge
 from tuneforge.graders.templates import Sample
+from tuneforge.services.context import Platform
+from tuneforge.services.serving.judges import TenantJudges
 from tuneforge.settings import Settings
 
 RETRY_AFTER_S = 2.0
@@ -34,15 +39,19 @@ _slots_lock = threading.Lock()
 _slots_held: dict[int, int] = {}  # id(settings) -> sandboxes running for it in this process
 
 
-def tools_for(settings: Settings) -> GradingTools:
-    """What graders may use on this host: the sandbox where it works, the operator's endpoints as
-    judges and the one it names for embeddings (`eval/judges.py`; without it cosine is refused)."""
-    judge = EndpointJudge(settings.eval_endpoints) if settings.eval_endpoints else None
+def tools_for(settings: Settings, judge: Judge | None) -> GradingTools:
+    """What graders may use on this host: the sandbox where it works, `judge` for model graders
+    (services/serving/judges.py) and the embeddings endpoint the operator names (without it cosine
+    is refused)."""
     embeddings = embeddings_for(settings.grader_embeddings, settings.eval_endpoints)
-    if sandbox.available(settings.grader_python) is not None:
-        return GradingTools(judge=judge, embeddings=embeddings)
-    return GradingTools(python=partial(_sandbox, python=settings.grader_python, timeout_s=settings.grader_timeout_s),
-                        judge=judge, embeddings=embeddings)
+    python = None
+    if sandbox.available(settings.grader_python) is None:
+        python = partial(_sandbox, python=settings.grader_python, timeout_s=settings.grader_timeout_s)
+    return GradingTools(python=python, judge=judge, embeddings=embeddings)
+
+
+def tenant_judges(platform: Platform, tenant: Tenant) -> TenantJudges:
+    return TenantJudges(platform, tenant.tenant_id, tenant.tier, tenant_name=tenant.name)
 
 
 def _sandbox(source: str, *, python: str, timeout_s: float) -> sandbox.PythonSandbox:
@@ -81,16 +90,17 @@ def required_fields(request: JobRequest, requested: Any) -> tuple[str, ...]:
     return tuple(sorted(check.item_fields(check.parse(raw, grader_prefix(request)))))
 
 
-def check_job(settings: Settings, request: JobRequest, requested: Any) -> None:
-    """A job whose method takes a grader: the grader parses and can run here (a 400 naming the field),
-    and what the method's options need of the rest of the request holds."""
+def check_job(settings: Settings, request: JobRequest, requested: Any, judge: Judge) -> None:
+    """A job whose method takes a grader: the grader parses and can run here, its judges for this
+    tenant (`judge`: their check), and what the method's options need of the rest of the request
+    holds; a 400 naming the field otherwise."""
     raw = getattr(requested, "grader", None)
     if raw is None:
         return
     prefix = grader_prefix(request)
     grader = check.parse(raw, prefix)
     with _slot(settings, grader):
-        check.check(grader, tools_for(settings), prefix)
+        check.check(grader, tools_for(settings, judge), prefix)
     kl_coef = getattr(requested, "kl_coef", "auto")
     if kl_coef not in ("auto", None, 0, 0.0) and request.training_type_kind == "full":
         param = f"method.{request.method_type}.hyperparameters.kl_coef"
@@ -112,14 +122,15 @@ def check_response_format(raw: Any, param: str) -> None:
                       "\"schema\": {...}}} or {\"type\": \"json_object\"}", param=param)
 
 
-def validate(settings: Settings, raw_grader: Any) -> dict[str, Any]:
+def validate(platform: Platform, tenant: Tenant, raw_grader: Any) -> dict[str, Any]:
     grader = check.parse(raw_grader, "grader")
-    with _slot(settings, grader):
-        check.check(grader, tools_for(settings), "grader")
+    with _slot(platform.settings, grader):
+        check.check(grader, tools_for(platform.settings, tenant_judges(platform, tenant)), "grader")
     return {"grader": grader.model_dump(mode="json", exclude_none=True)}
 
 
-def run(settings: Settings, raw_grader: Any, model_sample: str, item: Any) -> dict[str, Any]:
+def run(platform: Platform, tenant: Tenant, raw_grader: Any, model_sample: str, item: Any) -> dict[str, Any]:
+    """One sample scored; a model grader's judge tokens are metered to the tenant (no job)."""
     grader = check.parse(raw_grader, "grader")
     if item is None:
         item = {}
@@ -131,8 +142,8 @@ def run(settings: Settings, raw_grader: Any, model_sample: str, item: Any) -> di
     if missing:
         raise invalid(f"item has no field {missing[0]!r}, which the grader reads as {{{{item.{missing[0]}}}}}",
                       param=f"item.{missing[0]}")
-    tools = tools_for(settings)
-    with _slot(settings, grader):
+    tools = tools_for(platform.settings, tenant_judges(platform, tenant))
+    with _slot(platform.settings, grader):
         check.check(grader, tools, "grader")
         result = score.score_batch(grader, [Sample.from_text(model_sample)], [item], tools)[0]
     return score.result_json(grader, result)

@@ -37,6 +37,7 @@ from tuneforge.registry import parents
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import DataCheckFailed
 from tuneforge.services.serving import base_models
+from tuneforge.services.serving.judges import JudgeCheck
 from tuneforge.services.tenancy import quotas
 from tuneforge.services.training import artifacts, estimates, evaluation, graders, integrations
 from tuneforge.services.training.planning import check_strategy, plan_job
@@ -120,7 +121,6 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
         raise invalid("metadata may hold at most 16 keys", param="metadata")
     requested = hyperparams.requested_hyperparameters(request)
     hyperparams.check_static(requested, method)
-    graders.check_job(settings, request, requested)
     if request.training_type is not None:
         hyperparams.resolve_lora(request.training_type)
     resources = request.resources
@@ -155,6 +155,8 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
         validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1,
                                  method)
     evaluation.check_request(session, settings, tenant.tenant_id, request)
+    graders.check_job(settings, request, hyperparams.requested_hyperparameters(request),
+                      JudgeCheck(session, settings, tenant.tenant_id, tenant.name))
     integrations.check_secrets(session, settings, tenant.tenant_id, request)
     if request.lock is not None:
         _check_lock(request, base, training, validation)

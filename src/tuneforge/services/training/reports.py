@@ -82,6 +82,52 @@ def credentials(session: Session, platform: Any, job: Job, attempt: Attempt) -> 
             "tracking": integrations.access_for(session, platform.settings, platform.sealer, job)}
 
 
+MAX_JUDGED = 512  # conversations in one judge request
+MAX_JUDGED_CHARS = 262_144  # of one message
+_JUDGED_ROLES = ("system", "developer", "user", "assistant")
+
+
+def judge(session: Session, platform: Any, job: Job, attempt: Attempt, body: Any) -> dict:
+    """The answers the judge of the job's model grader `grader` (a sub-grader's name) gives the
+    current attempt's conversations: who judges, and with what sampling, is the job's grader's
+    (services/serving/judges.py), never the trainer's; the tokens are metered to the job."""
+    from tuneforge.domain.graders import judges
+    from tuneforge.graders.check import parse
+    from tuneforge.graders.score import JudgeError, judge_schema
+    from tuneforge.services.serving.judges import TenantJudges
+
+    _require_current(job, attempt)
+    raw = job.resolved.hyperparameters.method_options.get("grader") if job.resolved is not None else None
+    name = body.get("grader") if isinstance(body, dict) else None
+    grader = judges(parse(raw, "grader")).get(name) if raw and isinstance(name, str) else None
+    if grader is None:
+        raise invalid("grader must name one of the job's model graders", param="grader")
+    conversations = _conversations(body.get("conversations"))
+    tenant = tenant_repo.by_id(session, job.tenant_id)
+    tier, tenant_name, job_id = (tenant.tier if tenant else "default"), (tenant.name if tenant else ""), job.job_id
+    session.commit()  # the job's row is not held while the judge answers
+    sampling = grader.sampling_params.model_dump(exclude_none=True) if grader.sampling_params else {}
+    replies = TenantJudges(platform, job.tenant_id, tier, tenant_name=tenant_name, job_id=job_id).complete_many(
+        grader, conversations, sampling=sampling, schema=judge_schema(grader))
+    return {"replies": [{"error": str(reply)} if isinstance(reply, JudgeError) else
+                        {"text": reply.text, "tokens": reply.tokens, "completion_tokens": reply.completion_tokens,
+                         "refused": reply.refused} for reply in replies]}
+
+
+def _conversations(raw: Any) -> list[list[dict[str, str]]]:
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_JUDGED:
+        raise invalid(f"conversations must be a list of 1 to {MAX_JUDGED} conversations", param="conversations")
+    checked = []
+    for index, conversation in enumerate(raw):
+        if not isinstance(conversation, list) or not 1 <= len(conversation) <= 64 or not all(
+                isinstance(m, dict) and m.get("role") in _JUDGED_ROLES and isinstance(m.get("content"), str)
+                and len(m["content"]) <= MAX_JUDGED_CHARS for m in conversation):
+            raise invalid(f"conversations[{index}] must be 1 to 64 messages of a role and a text of at most "
+                          f"{MAX_JUDGED_CHARS} characters", param=f"conversations[{index}]")
+        checked.append([{"role": m["role"], "content": m["content"]} for m in conversation])
+    return checked
+
+
 def refused(job: Job, attempt: Attempt, kind: str, error: ApiError) -> ApiError:
     """`error` (a 4xx refusing a report of the current attempt) logged for the operator with its
     reason under a new error id, and the same error naming that id for the trainer's log."""

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.graders import has_type
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
-from tuneforge.eval.judges import EndpointJudge, embeddings_for, uses_cosine
+from tuneforge.eval.judges import embeddings_for, uses_cosine
 from tuneforge.graders import check, score
 from tuneforge.graders.templates import Sample
 from tuneforge.methods.reinforcement import ReinforcementOptions
@@ -308,11 +308,12 @@ def _eos_ids(tokenizer: Any) -> set[int]:
 
 
 def default_tools(spec: Any, grader: Any) -> score.GradingTools:
-    """What the grader uses in the trainer: the sandbox (python graders) and the operator's endpoints
-    it names as judges, fetched from the control plane with the job token (model graders)."""
+    """What the grader uses in the trainer: the sandbox (python graders), the judges its model graders
+    name, asked through the control plane (train/judges.py), and the operator's embeddings endpoint
+    fetched from the control plane with the job token (cosine)."""
     from functools import partial
 
-    python = None
+    python = judge = embeddings = None
     if has_type(grader, "python"):
         from tuneforge.graders import sandbox
 
@@ -320,13 +321,14 @@ def default_tools(spec: Any, grader: Any) -> score.GradingTools:
             raise RuntimeError("python graders need the sandbox (bubblewrap) on the trainer's host")
         limits = replace(sandbox.SandboxLimits(), wall_time_s=spec.grader_timeout_s)
         python = partial(sandbox.PythonSandbox, python=spec.grader_python, limits=limits)
-    judge = embeddings = None
-    if has_type(grader, "score_model") or has_type(grader, "label_model") or uses_cosine(grader):
+    if has_type(grader, "score_model") or has_type(grader, "label_model"):
+        from tuneforge.train.judges import ControlPlaneJudge
+
+        judge = ControlPlaneJudge(spec, grader)
+    if uses_cosine(grader):
         from tuneforge.train import credentials
 
-        endpoints = credentials.fetch(spec).endpoints
-        judge = EndpointJudge(endpoints)
-        embeddings = embeddings_for(spec.grader_embeddings, endpoints)
+        embeddings = embeddings_for(spec.grader_embeddings, credentials.fetch(spec).endpoints)
     return score.GradingTools(python=python, judge=judge, embeddings=embeddings)
 
 
