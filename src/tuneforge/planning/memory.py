@@ -65,7 +65,8 @@ class MemoryEstimate:
     overhead: int  # runtime: CUDA context or CPU runtime, QLoRA dequantization, FSDP gathers
     parameters: int  # of the base model
     trainable_parameters: int
-    rollout: int = 0  # sampling before the step (reinforcement): key/value cache, last logits, one layer's work
+    rollout: int = 0  # sampling before the step (reinforcement): key/value cache, last logits, one layer's work,
+    # and a LoRA model's merged copy of its adapted weights
 
 
     @property
@@ -290,8 +291,24 @@ def estimate(
         activations=math.ceil(activations), logits=math.ceil(logits), backward=math.ceil(backward),
         optimizer_step=math.ceil(step_scratch), overhead=math.ceil(overhead),
         parameters=P, trainable_parameters=N,
-        rollout=rollout_bytes(shape, rollout_sequences, rollout_tokens, weight_bytes=a),
+        rollout=rollout_bytes(shape, rollout_sequences, rollout_tokens, weight_bytes=a)
+        + merged_adapter_bytes(shape, training_type=training_type, weight_bytes=a, shards=shards,
+                               sampling=rollout_sequences > 0),
     )
+
+
+def merged_adapter_bytes(shape: ModelShape, *, training_type: str, weight_bytes: int, shards: int,
+                         sampling: bool) -> int:
+    """The copy of the adapted weights a LoRA model samples through (train/sampling.py's
+    `merged_adapter`): the linear layers' weights, when they fit `MERGED_ADAPTER_BYTES` and are not
+    sharded; 0 otherwise (the model samples through its adapters)."""
+    if not sampling or training_type != "lora" or shards > 1:
+        return 0
+    copied = shape.linear_parameters() * weight_bytes
+    return copied if copied <= MERGED_ADAPTER_BYTES else 0
+
+
+MERGED_ADAPTER_BYTES = 2 << 30  # the most a LoRA model's merged copy for sampling may take
 
 
 def rollout_bytes(shape: ModelShape, sequences: int, tokens: int, *, weight_bytes: int) -> int:

@@ -427,3 +427,69 @@ def test_rollouts_sampled_over_the_cache_draw_what_a_full_recompute_would(arch: 
         for row, prompt in enumerate(prompts):
             alone = model(input_ids=torch.tensor([prompt])).logits[0, -1]
             assert torch.allclose(torch.softmax(alone, -1), torch.softmax(padded[row, -1], -1), atol=1e-4), row
+
+
+def _lora_of(arch: str, arch_model_dir) -> tuple[Any, Any]:
+    """The arch's model under a LoRA adapter on every linear layer, its B matrices drawn (not 0)."""
+    from peft import LoraConfig, get_peft_model
+
+    from tuneforge.train.model import load_base_model
+
+    torch.manual_seed(0)
+    base, tokenizer = load_base_model(arch_model_dir(arch), torch.device("cpu"))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear"))
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.05)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_reinforcement_loss_with_each_prompt_computed_once_equals_the_full_pass(arch: str, arch_model_dir) -> None:
+    """Log-probabilities and gradients of a chunk of groups (prompts of different lengths, completions
+    ending early) with each group's prompt computed once, against every row computed whole."""
+    from tuneforge.train.objectives import reinforcement as rl
+
+    model, tokenizer = _lora_of(arch, arch_model_dir)
+    model.train()
+    prompts = [tokenizer("the quick brown fox jumps")["input_ids"], tokenizer("hello")["input_ids"]]
+    completions = [[5, 9, 11, 3], [7], [12, 13, 14, 15, 16, 17], [8, 8]]
+    chunk = [rl.Rollout(prompts[row // 2], completion, 0.5 - row / 4, 0.1)
+             for row, completion in enumerate(completions)]
+    pad = tokenizer.pad_token_id
+    batch = rl._batch(chunk, pad, torch.device("cpu"))
+    outcomes = {}
+    for shared in (None, rl._Shared(chunk, 2, pad)):
+        model.zero_grad()
+        logps = rl._token_logps(model, batch, shared)
+        logps.sum().backward()
+        outcomes[shared is None] = (logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                                     if p.grad is not None})
+    (whole, whole_grads), (once, once_grads) = outcomes[True], outcomes[False]
+    assert torch.allclose(whole, once, atol=2e-5), (whole - once).abs().max()
+    assert int((once != 0).sum()) == sum(len(c) for c in completions)
+    assert whole_grads.keys() == once_grads.keys() and whole_grads
+    assert all(torch.allclose(whole_grads[n], once_grads[n], atol=2e-5, rtol=1e-3) for n in whole_grads)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rollouts_through_the_merged_adapter_draw_what_the_adapter_does_and_leave_the_weights(
+        arch: str, arch_model_dir, monkeypatch) -> None:
+    from tuneforge.train import sampling
+
+    model, tokenizer = _lora_of(arch, arch_model_dir)
+    model.eval()
+    before = {name: (parameter, parameter.detach().clone()) for name, parameter in model.named_parameters()}
+    # qwen3_moe's experts are adapted as parameters (not linear layers): it samples through its adapters
+    assert bool(sampling._mergeable(model)) == (arch != "qwen3_moe")
+    prompts = [tokenizer("the quick brown fox jumps")["input_ids"]] * 2 + [tokenizer("hello")["input_ids"]] * 2
+    options = dict(max_new_tokens=8, temperature=1.0, eos_ids={tokenizer.eos_token_id}, pad_id=tokenizer.pad_token_id,
+                   device=torch.device("cpu"))
+    merged = sampling.sample(model, prompts, generator=torch.Generator().manual_seed(5), **options)
+    after = dict(model.named_parameters())
+    assert all(after[name] is parameter and torch.equal(parameter, value)
+               for name, (parameter, value) in before.items())
+    monkeypatch.setattr(sampling, "MERGED_COPY_BYTES", 0)  # no room for the copy: the adapters sample as they are
+    assert sampling._mergeable(model) == []
+    unmerged = sampling.sample(model, prompts, generator=torch.Generator().manual_seed(5), **options)
+    assert merged.token_ids == unmerged.token_ids and any(len(ids) > 1 for ids in merged.token_ids)

@@ -165,7 +165,7 @@ def test_the_objective_refuses_data_without_the_fields_its_grader_reads(tmp_path
 
 
 def test_the_memory_model_counts_the_rollouts_key_value_cache() -> None:
-    from tuneforge.planning.memory import GIB, ModelShape, estimate, rollout_bytes
+    from tuneforge.planning.memory import GIB, MERGED_ADAPTER_BYTES, ModelShape, estimate, rollout_bytes
 
     llama_7b = ModelShape.from_config({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
                                        "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -184,6 +184,18 @@ def test_the_memory_model_counts_the_rollouts_key_value_cache() -> None:
     # sampling happens between steps, when the activations are gone: it is the peak when it is the largest
     assert with_rollouts.rollout == held and with_rollouts.total_bytes == resident + held > without.total_bytes
     assert rollout_bytes(llama_7b, 0, 1024, weight_bytes=2) == 0
+    # a model whose linear weights fit MERGED_ADAPTER_BYTES samples through a merged copy of them: counted
+    small = ModelShape.from_config({"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+                                    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                                    "vocab_size": 151936})
+    copy = small.linear_parameters() * 2
+    assert 0 < copy <= MERGED_ADAPTER_BYTES
+    lora = estimate(small, training_type="lora", micro_batch_size=1, seq_len=512, rollout_sequences=16,
+                    rollout_tokens=512)
+    assert lora.rollout == rollout_bytes(small, 16, 512, weight_bytes=2) + copy
+    for other in ({"training_type": "full"}, {"training_type": "lora", "shards": 2}):
+        assert estimate(small, micro_batch_size=1, seq_len=512, rollout_sequences=16, rollout_tokens=512,
+                        **other).rollout == rollout_bytes(small, 16, 512, weight_bytes=2), other
 
 
 def test_a_response_format_makes_every_sample_one_json_object(tmp_path: Path, tiny_model_dir: Path) -> None:

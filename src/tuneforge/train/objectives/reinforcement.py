@@ -202,7 +202,8 @@ class ReinforcementObjective:
 
     def forward(self, run: Any, chunk: list[Rollout]) -> Scores:
         batch = _batch(chunk, self.pad_id, run.device)
-        logps = _token_logps(run.model, batch)
+        shared = _Shared(chunk, self.options.group_size, self.pad_id)
+        logps = _token_logps(run.model, batch, shared)
         mask = batch.targets_mask
         advantages = torch.tensor([rollout.advantage for rollout in chunk], dtype=logps.dtype,
                                   device=logps.device).unsqueeze(1)
@@ -213,7 +214,7 @@ class ReinforcementObjective:
         training = torch.is_grad_enabled()  # (validation scores without gradients and reports its own figures)
         metrics: dict[str, float] = {}
         if self.options.kl_coef > 0:
-            kl = _k3(run.model, batch, logps)
+            kl = _k3(run.model, batch, logps, shared)
             token_losses = token_losses + self.options.kl_coef * kl
             if training:
                 metrics["kl"] = float(((kl * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum())
@@ -255,33 +256,98 @@ def _batch(chunk: list[Rollout], pad_id: int, device: torch.device) -> _Batch:
     return _Batch(ids, attention, ids[:, 1:], targets_mask.to(device))
 
 
-def _token_logps(model: Any, batch: _Batch) -> torch.Tensor:
+@dataclass(frozen=True)
+class _Shared:
+    """A chunk's rollouts, in groups of `group` rows sharing their prompt."""
+
+    chunk: list[Rollout]
+    group: int
+    pad_id: int
+
+
+def _token_logps(model: Any, batch: _Batch, shared: _Shared | None = None) -> torch.Tensor:
     """log pi(next token), (rows, width - 1): at the completion's positions, 0 elsewhere. The output
     layer runs on the completion's positions only (`train/fused_loss.py`'s hidden states): a prompt's
     logits, rows x prompt x vocab of them, are never made. Where the model post-processes its logits
-    in a way the fused path does not reproduce, every position's logits are computed."""
+    in a way the fused path does not reproduce, every position's logits are computed. With `shared`,
+    each group's prompt is computed once (`_shared_prompts`)."""
     from tuneforge.train import fused_loss
 
     head = fused_loss.head_of(model)
     if head is None:
         logits = model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1].float()
         return -F.cross_entropy(logits.transpose(1, 2), batch.targets, reduction="none") * batch.targets_mask
-    with fused_loss.hidden_states_instead_of_logits(model) as captured:
-        model(input_ids=batch.ids, attention_mask=batch.attention)
     chosen = batch.targets_mask.bool()
-    logits, _ = fused_loss.final_logits(captured[0][:, :-1][chosen], head)
+    hidden = _shared_prompts(model, batch, shared) if shared is not None and shared.group > 1 else None
+    if hidden is None:
+        with fused_loss.hidden_states_instead_of_logits(model) as captured:
+            model(input_ids=batch.ids, attention_mask=batch.attention)
+        hidden = captured[0][:, :-1][chosen]
+    logits, _ = fused_loss.final_logits(hidden, head)
     logps = torch.zeros(batch.targets.shape, dtype=logits.dtype, device=logits.device)
     return logps.masked_scatter(chosen, -F.cross_entropy(logits, batch.targets[chosen], reduction="none"))
 
 
-def _k3(model: Any, batch: _Batch, logps: torch.Tensor) -> torch.Tensor:
+def _shared_prompts(model: Any, batch: _Batch, shared: _Shared) -> torch.Tensor | None:
+    """The final hidden states that predict each completion token, in the order of the batch's
+    completion positions, with each group's prompt computed once: its forward pass (gradients
+    kept) fills a cache whose keys and values are repeated for its `group` rows, and the
+    completions run on it with their own positions. About half of every row is the prompt, so
+    this drops (group - 1) / group of those tokens from the forward and backward passes; the
+    result is the full pass's up to float rounding. None where it does not apply (rows not in
+    groups of one prompt, gradient checkpointing, a cache that cannot be repeated): the caller
+    runs the full pass."""
+    from tuneforge.train import fused_loss
+    from tuneforge.train.distributed import unwrap
+
+    chunk, group, pad_id = shared.chunk, shared.group, shared.pad_id
+    groups = [chunk[start:start + group] for start in range(0, len(chunk), group)]
+    if len(chunk) % group or any(row.prompt_ids != rows[0].prompt_ids for rows in groups for row in rows) \
+            or getattr(unwrap(model), "is_gradient_checkpointing", False):
+        return None
+    device = batch.ids.device
+    width = max(len(rows[0].prompt_ids) for rows in groups)
+    prompt_ids = torch.full((len(groups), width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(groups), width), dtype=torch.long)
+    for index, rows in enumerate(groups):  # left-padded, as the sampler's: a completion follows its prompt
+        prompt_ids[index, width - len(rows[0].prompt_ids):] = torch.tensor(rows[0].prompt_ids)  # in the cache
+        prompt_mask[index, width - len(rows[0].prompt_ids):] = 1  # (sliding windows count cache slots)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    with fused_loss.hidden_states_instead_of_logits(model) as captured:
+        output = model(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True,
+                       position_ids=(prompt_mask.cumsum(dim=1) - 1).clamp(min=0))
+    cache = getattr(output, "past_key_values", None)
+    if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+        return None
+    cache.batch_repeat_interleave(group)
+    lengths = torch.tensor([len(row.prompt_ids) for row in chunk], device=device)
+    longest = max(len(row.completion_ids) for row in chunk)
+    fed = max(1, longest - 1)  # the last completion token predicts nothing
+    ids = torch.full((len(chunk), fed), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(chunk), fed), dtype=torch.long)
+    for row, rollout in enumerate(chunk):
+        tokens = rollout.completion_ids[:fed]
+        ids[row, :len(tokens)] = torch.tensor(tokens)
+        mask[row, :len(tokens)] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = lengths.unsqueeze(1) + torch.arange(fed, device=device).unsqueeze(0)
+    with fused_loss.hidden_states_instead_of_logits(model) as completed:
+        model(input_ids=ids, attention_mask=torch.cat([prompt_mask.repeat_interleave(group, dim=0), mask], dim=1),
+              position_ids=positions, past_key_values=cache, use_cache=True)
+    last = captured[0][:, -1]
+    hidden = torch.cat([last.repeat_interleave(group, dim=0).unsqueeze(1), completed[0]], dim=1)
+    counts = torch.tensor([len(row.completion_ids) for row in chunk], device=device)
+    return hidden[torch.arange(hidden.shape[1], device=device).unsqueeze(0) < counts.unsqueeze(1)]
+
+
+def _k3(model: Any, batch: _Batch, logps: torch.Tensor, shared: _Shared | None = None) -> torch.Tensor:
     """exp(ref - p) - (ref - p) - 1 per token, ref from the base model (the adapter turned off)."""
     disable = getattr(model, "disable_adapter", None)
     if disable is None:
         raise UserInputError("unsupported_kl", "kl_coef needs a LoRA job: the base model is the adapter turned off",
                              param="method.reinforcement.hyperparameters.kl_coef")
     with torch.no_grad(), disable():
-        reference = _token_logps(model, batch)
+        reference = _token_logps(model, batch, shared)
     delta = reference - logps
     return torch.exp(delta) - delta - 1
 
