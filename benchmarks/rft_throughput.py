@@ -88,8 +88,12 @@ Where the two sides differ, and why:
 - tuneforge runs with its defaults otherwise (`packing` on, which has it
   register its variable-length attention; rollouts pass a padding mask, which
   that attention hands to transformers' SDPA). TRL samples with
-  transformers' `generate` (no vLLM on a CPU), tuneforge with its own batched
-  KV-cache sampler (`train/sampling.py`).
+  transformers' `generate` (no vLLM on a CPU) through the LoRA layers,
+  drawing with `torch.multinomial`; tuneforge with its own batched KV-cache
+  sampler (`train/sampling.py`: a group's prompt prefilled once, the adapter
+  folded into a copy of the weights, a draw as argmax p / E with
+  E = -log U, the same distribution). Its loss computes each group's prompt
+  once (`train/objectives/reinforcement.py`); TRL's computes every row whole.
 
     python benchmarks/rft_throughput.py                      # 3 seeds, ~6 min on 2 quiet CPU cores
     python benchmarks/rft_throughput.py --seeds 0 --steps 6  # a quick look
