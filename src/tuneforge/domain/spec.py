@@ -113,6 +113,7 @@ class JobSpec:
     grader_python: str = "/usr/bin/python3"  # the interpreter python graders run with, in the sandbox (operator's)
     grader_embeddings: str = ""  # the operator's endpoint (by name) answering the cosine metric; "": none
     grader_timeout_s: float = 5.0  # wall time of a python grader on one sample (operator's)
+    rollout_vllm_memory: float = 0.0  # GPU memory fraction for reinforcement rollouts on vLLM; 0: the trainer's
     distributed_strategy: str = ""  # several GPUs: "ddp" or "fsdp" (train/distributed.py); "": by training type
     cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
     eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none

@@ -58,6 +58,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         fused_loss=settings.fused_loss,
         grader_python=settings.grader_python,
         grader_timeout_s=settings.grader_timeout_s,
+        rollout_vllm_memory=settings.rft_vllm_gpu_memory,
         grader_embeddings=settings.grader_embeddings or "",
         eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
         init_adapter_prefix=(job.parent or {}).get("adapter_prefix", ""),

@@ -123,6 +123,11 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
     grader_timeout_s: float = Field(
         default=5.0, gt=0.0, le=600.0,
         description="Wall time a python grader may take on one sample before it scores 0 (timed out).")
+    rft_vllm_gpu_memory: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="Reinforcement rollouts on vLLM: the fraction of a GPU trainer's memory given to an in-process "
+                    "vLLM engine for the base model (LoRA jobs on one process, where the vllm package is installed; "
+                    "train/vllm_rollouts.py). 0: the trainer samples itself.")
     grader_sandboxes: int = Field(
         default=4, ge=1, le=256,
         description="Python-grader sandboxes one API process runs at once for /v1/fine_tuning/alpha/graders "

@@ -35,6 +35,7 @@ share of samples whose reward is at least 0.5.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -55,6 +56,8 @@ from tuneforge.methods.reinforcement import ReinforcementOptions
 from tuneforge.modeling.errors import UserInputError
 from tuneforge.train import pairs, sampling
 from tuneforge.train.objective import Scores, StepContext
+
+log = logging.getLogger(__name__)
 
 GRADER_WORKERS = 4
 MAX_VALIDATION_PROMPTS = 64
@@ -92,6 +95,7 @@ class ReinforcementObjective:
         self.failing_steps = 0
         self.eos_ids: set[int] = set()
         self.pad_id = 0
+        self.vllm: Any = None  # rollouts on vLLM (train/vllm_rollouts.py), where the operator enabled them
 
     # -- data ---------------------------------------------------------------------------------
 
@@ -115,6 +119,7 @@ class ReinforcementObjective:
     def prepare(self, run: Any) -> None:
         if self.tools is None:
             self.tools = default_tools(run.spec, self.grader)
+        self.vllm = _vllm_rollouts(run, self.options)
 
     def validate_every(self, total_steps: int) -> int:
         """Steps between validations: `eval_interval`, else a tenth of the steps."""
@@ -129,10 +134,16 @@ class ReinforcementObjective:
         else:
             group = self.options.group_size
         prompts = [example.prompt_ids for example in examples for _ in range(group)]
-        completions = sampling.sample(context.model, prompts, max_new_tokens=self.options.completion_tokens,
-                                      temperature=self.options.temperature, eos_ids=self.eos_ids,
-                                      pad_id=self.pad_id, generator=context.generator, device=context.device,
-                                      json_tokenizer=context.tokenizer if self.options.response_format else None)
+        if self.vllm is not None:
+            completions = self.vllm.sample(context.model, prompts, max_new_tokens=self.options.completion_tokens,
+                                           temperature=self.options.temperature, eos_ids=self.eos_ids,
+                                           generator=context.generator)
+        else:
+            completions = sampling.sample(
+                context.model, prompts, max_new_tokens=self.options.completion_tokens,
+                temperature=self.options.temperature, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                generator=context.generator, device=context.device,
+                json_tokenizer=context.tokenizer if self.options.response_format else None)
         texts = [context.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions.token_ids]
         items = [example.item for example in examples for _ in range(group)]
         results = self._grade(texts, items)
@@ -396,6 +407,28 @@ def default_tools(spec: Any, grader: Any) -> score.GradingTools:
 
         embeddings = embeddings_for(spec.grader_embeddings, credentials.fetch(spec).endpoints)
     return score.GradingTools(python=python, judge=judge, embeddings=embeddings)
+
+
+def _vllm_rollouts(run: Any, options: ReinforcementOptions) -> Any:
+    """The attempt's vLLM rollouts where they apply (train/vllm_rollouts.py), else None (logged)."""
+    from tuneforge.train import vllm_rollouts
+
+    why = vllm_rollouts.unavailable(run.spec, run.device, world_size=run.dist.world,
+                                    response_format=options.response_format is not None)
+    if why is not None:
+        if run.spec.rollout_vllm_memory > 0:
+            log.info("rollouts are sampled by the trainer, not vLLM: %s", why)
+        return None
+    import tempfile
+    from pathlib import Path
+
+    from tuneforge.storage.model_cache import fetch_base_model
+
+    base_dir = fetch_base_model(run.store, run.spec.base_model, Path(run.spec.cache_dir) if run.spec.cache_dir
+                                else None)
+    return vllm_rollouts.VllmRollouts(run.spec, base_dir, Path(tempfile.mkdtemp(prefix="tuneforge-rollouts-")),
+                                      lora_rank=run.spec.lora.rank,
+                                      max_model_len=run.spec.hyperparameters.max_seq_length)
 
 
 def build(options: ReinforcementOptions) -> ReinforcementObjective:
