@@ -196,18 +196,13 @@ def estimate(
     if gradient_checkpointing is None:
         gradient_checkpointing = training_type == "qlora"
 
-    a = weight_bytes
-    h, i, L = shape.hidden_size, shape.intermediate_size, shape.num_hidden_layers
-    H, head_dim = shape.num_attention_heads, shape.dim_per_head
-    q, kv = shape.q_dim, shape.kv_dim
+    a, h = weight_bytes, shape.hidden_size
     B, S = micro_batch_size, seq_len
     T = B * S
     P = shape.parameters()
     full = training_type == "full"
-    adapter = not full
-    targets = lora_target_names(lora_targets, shape) if adapter else []
+    targets = lora_target_names(lora_targets, shape) if not full else []
     N = P if full else shape.lora_parameters(lora_rank, targets)
-    mixed = a < 4
 
     # experts are one tensor per kind and layer (all experts' gate+up, all experts' down)
     expert_stack = shape.num_experts * (len(shape.mlp_roles) - 1) * shape.expert_intermediate_size * h
@@ -216,7 +211,46 @@ def estimate(
         shape, training_type=training_type, weight_bytes=a, trainable=N, optimizer=optimizer, device=device,
         targets=targets, lora_rank=lora_rank, expert_stack=expert_stack)
 
-    # -- activations, per token -------------------------------------------------------------
+    activations, backward = _activations(
+        shape, training_type=training_type, weight_bytes=a, targets=targets, micro_batch_size=B, seq_len=S,
+        attention=attention, lora_rank=lora_rank, lora_dropout=lora_dropout,
+        gradient_checkpointing=gradient_checkpointing)
+    logits = LOSS_BYTES_PER_LOGIT * T * shape.vocab_size
+
+    # -- runtime ---------------------------------------------------------------------------
+    overhead = RUNTIME_OVERHEAD_BYTES[device]
+    if training_type == "qlora":
+        overhead += max(shape.largest_linear(), expert_stack) * a
+    if shards > 1:
+        largest_layer = shape.layer_parameters(moe=shape.moe_layers > 0)
+        per_layer_weights = largest_layer * (NF4_BYTES_PER_PARAM if training_type == "qlora" else a)
+        overhead += 2 * int(per_layer_weights)
+        weights, gradients = weights / shards, gradients / shards
+        optimizer_bytes, step_scratch = optimizer_bytes / shards, step_scratch / shards
+
+    return MemoryEstimate(
+        weights=math.ceil(weights), gradients=math.ceil(gradients), optimizer=math.ceil(optimizer_bytes),
+        activations=math.ceil(activations), logits=math.ceil(logits), backward=math.ceil(backward),
+        optimizer_step=math.ceil(step_scratch), overhead=math.ceil(overhead),
+        parameters=P, trainable_parameters=N,
+        rollout=rollout_bytes(shape, rollout_sequences, rollout_tokens, weight_bytes=a)
+        + merged_adapter_bytes(shape, training_type=training_type, weight_bytes=a, shards=shards,
+                               sampling=rollout_sequences > 0),
+    )
+
+
+def _activations(shape: ModelShape, *, training_type: str, weight_bytes: int, targets: list[str],
+                 micro_batch_size: int, seq_len: int, attention: str, lora_rank: int, lora_dropout: float,
+                 gradient_checkpointing: bool) -> tuple[float, float]:
+    """(activations, backward) of `estimate` (the rules in its docstring)."""
+    a, full = weight_bytes, training_type == "full"
+    adapter, mixed = not full, a < 4
+    h, i, L = shape.hidden_size, shape.intermediate_size, shape.num_hidden_layers
+    H, head_dim = shape.num_attention_heads, shape.dim_per_head
+    q, kv = shape.q_dim, shape.kv_dim
+    B, S = micro_batch_size, seq_len
+    T = B * S
+
     kv_saved = kv if attention == "flash" else q  # a mask makes sdpa repeat keys/values to every head
     # fp32 inputs of the layer's norms; the normalized products when the norms train
     norms = shape.norms_per_layer * (4 * h + (a * h if full else 0))
@@ -270,31 +304,11 @@ def estimate(
         activations = T * (L * a * h + model_level) + mask_bytes
     else:
         activations = T * (shape.dense_layers * dense_layer + shape.moe_layers * moe_layer + model_level) + mask_bytes
-    logits = LOSS_BYTES_PER_LOGIT * T * shape.vocab_size
     # gradients in flight through a layer's backward (the MLP's three i-wide ones, two for a plain
     # MLP, and two h-wide), and with checkpointing the layer's activations, recomputed just before
     backward = T * ((mlp_factor * a * mlp_width + 2 * a * h) + (per_layer if gradient_checkpointing else 0))
 
-    # -- runtime ---------------------------------------------------------------------------
-    overhead = RUNTIME_OVERHEAD_BYTES[device]
-    if training_type == "qlora":
-        overhead += max(shape.largest_linear(), expert_stack) * a
-    if shards > 1:
-        largest_layer = shape.layer_parameters(moe=shape.moe_layers > 0)
-        per_layer_weights = largest_layer * (NF4_BYTES_PER_PARAM if training_type == "qlora" else a)
-        overhead += 2 * int(per_layer_weights)
-        weights, gradients = weights / shards, gradients / shards
-        optimizer_bytes, step_scratch = optimizer_bytes / shards, step_scratch / shards
-
-    return MemoryEstimate(
-        weights=math.ceil(weights), gradients=math.ceil(gradients), optimizer=math.ceil(optimizer_bytes),
-        activations=math.ceil(activations), logits=math.ceil(logits), backward=math.ceil(backward),
-        optimizer_step=math.ceil(step_scratch), overhead=math.ceil(overhead),
-        parameters=P, trainable_parameters=N,
-        rollout=rollout_bytes(shape, rollout_sequences, rollout_tokens, weight_bytes=a)
-        + merged_adapter_bytes(shape, training_type=training_type, weight_bytes=a, shards=shards,
-                               sampling=rollout_sequences > 0),
-    )
+    return activations, backward
 
 
 def merged_adapter_bytes(shape: ModelShape, *, training_type: str, weight_bytes: int, shards: int,
