@@ -53,7 +53,7 @@ def test_an_rft_job_raises_the_held_out_reward(running, tmp_path):
     job = sdk.fine_tuning.jobs.create(
         model="tiny-chat", training_file=training, validation_file=held_out, seed=0,
         method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
-            "n_epochs": 8, "batch_size": 4, "learning_rate": 1e-2, "samples_per_prompt": 8,
+            "n_epochs": 8, "batch_size": 4, "learning_rate": 5e-3, "samples_per_prompt": 8,
             "max_completion_tokens": 16, "eval_interval": 4}}},
         extra_body={"eval": {"golden": False, "safety": False, "gates": [
             {"metric": "validation.reward", "op": ">=", "threshold": 0.1, "relative_to_base": True}]}},
