@@ -215,7 +215,9 @@ class JudgeCheck:
 
     def complete_many(self, grader: Any, conversations: list[list[dict[str, str]]], *,
                       sampling: Mapping[str, Any], schema: Mapping[str, Any]) -> list[JudgeReply | JudgeError]:
-        raise NotImplementedError("a JudgeCheck only checks")
+        """At creation nothing is judged: every conversation's answer is this error (a job's judges
+        are asked by its trainer through the control plane, `TenantJudges`)."""
+        return [JudgeError("judges are asked when the job trains, not when it is created") for _ in conversations]
 
 
 def check_judge(session: Session, settings: Settings, tenant_id: str, tenant_name: str, grader: Any,
