@@ -108,6 +108,23 @@ def read_machine_cpu_s() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / _CLK_TCK, steal / _CLK_TCK
 
 
+def isolated_child_env(side_dir: Path, threads: int, *, cpu_only: bool,
+                       extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a measured side's child runs with: ours without tuneforge's, Hugging Face's
+    or the thread pools' settings, each side its own (empty, offline) Hugging Face caches, `threads`
+    threads; `cpu_only`: no GPU visible."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFORGE_", "HF_", "OMP_", "MKL_"))}
+    env.update({
+        "HF_HOME": str(side_dir / "hf-home"),
+        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1", **(extra or {}),
+    })
+    if cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
 def run_measured(argv: list[str], env: dict[str, str], log_path: Path, what: str) -> tuple[float, object]:
     """Run `argv` to its end, its output into `log_path`: (wall seconds, its `resource` usage as
     `os.wait4` gives it: CPU times, peak RSS). A non-zero exit raises with the log's tail."""

@@ -108,7 +108,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -466,14 +465,9 @@ def child_main(side: str, cfg: Config) -> None:
 
 
 def child_env(cfg: Config, side_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEFORGE_", "HF_", "OMP_", "MKL_"))}
-    env.update({
-        "HF_HOME": str(side_dir / "hf-home"),  # each side its own (empty) Hugging Face caches
-        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(cfg.threads), "MKL_NUM_THREADS": str(cfg.threads),
-        "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO_SRC),
-    })
-    return env
+    from harness import isolated_child_env
+
+    return isolated_child_env(side_dir, cfg.threads, cpu_only=True, extra={"PYTHONPATH": str(REPO_SRC)})
 
 
 def run_child(side: str, cfg: Config) -> dict[str, Any]:
