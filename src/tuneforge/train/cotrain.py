@@ -1,0 +1,505 @@
+"""Co-training: one frozen base in memory, many LoRA models (of any rank, of any tenant) trained
+through it together.
+
+`SharedBase` holds the base once and hosts adapters by name. A forward hook on every linear layer
+an adapter may adapt adds, for each contiguous run of rows of the batch, that run's own adapter:
+
+    y[s:e] = base(x)[s:e] + ((x[s:e] @ A^T) @ B^T) * alpha / rank
+
+so a batch mixing rows of many models is one pass through the base, and one backward pass over
+the sum of every request's loss leaves in each adapter's gradient exactly the gradient of its own
+requests' loss: the losses are sums (never means over the batch), a row's activations depend only
+on its own adapter, and the base is frozen. Padding is on the right under an attention mask, so a
+row's positions see only its own tokens. The only difference from training a model alone is the
+order of floating-point additions inside batched matrix products.
+
+Gradients accumulate over `forward_backward` calls until the model's `optim_step` (AdamW, the
+model's own optimizer and hyperparameters, optional gradient-norm clipping), which clears them.
+A model's state (`state_bytes`) is its adapter and its optimizer; loading it back and taking the
+same steps gives the same numbers, bit for bit on the same device and batch composition.
+
+Loss functions (token-level sums, no normalisation; lp = the model's log-probability of a target):
+  cross_entropy        -sum(lp * weights)                weights any real number
+  importance_sampling  -sum(exp(lp - logprobs) * advantages)
+  ppo                  -sum(min(r * A, clamp(r, lo, hi) * A)),  r = exp(lp - logprobs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+LORA_ALPHA = 32.0
+LOSS_FUNCTIONS = ("cross_entropy", "importance_sampling", "ppo")
+LOSS_INPUTS = {
+    "cross_entropy": ("target_tokens", "weights"),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+}
+MAX_RANK = 128
+_ATTENTION_WORDS = ("attn", "attention")
+_MLP_WORDS = ("mlp", "feed_forward", "ffn")
+
+
+class RequestError(Exception):
+    """One request cannot run as given: its own failure (`category` user), never its cycle's."""
+
+    def __init__(self, message: str, category: str = "user") -> None:
+        super().__init__(message)
+        self.message = message
+        self.category = category
+
+
+@dataclass(frozen=True)
+class LoraShape:
+    rank: int
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+    seed: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "train_attn": self.train_attn, "train_mlp": self.train_mlp,
+                "train_unembed": self.train_unembed, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass
+class Datum:
+    tokens: list[int]
+    inputs: dict[str, torch.Tensor]  # by key: target_tokens (int64), weights / logprobs / advantages (float32)
+
+
+@dataclass
+class ForwardBackward:
+    model: str
+    data: list[Datum]
+    loss_fn: str = "cross_entropy"
+    config: dict[str, float] = field(default_factory=dict)
+    forward_only: bool = False
+
+    def tokens(self) -> int:
+        return sum(len(datum.tokens) for datum in self.data)
+
+
+@dataclass
+class ForwardBackwardResult:
+    logprobs: list[torch.Tensor]  # per datum, the shape of its target_tokens
+    elementwise_loss: list[torch.Tensor]
+    metrics: dict[str, float]
+
+
+@dataclass
+class Sampled:
+    tokens: list[int]
+    logprobs: list[float]
+    stopped: bool  # ended by a stop token or string (else by max_tokens)
+
+
+@dataclass
+class SampleResult:
+    sequences: list[Sampled]
+    prompt_logprobs: list[float] | None  # len(prompt), NaN at 0
+
+
+class Adapter:
+    """One hosted LoRA model: A [rank, in] and B [out, rank] per adapted layer, and its AdamW."""
+
+    def __init__(self, shape: LoraShape, layers: list[tuple[str, torch.nn.Linear]]) -> None:
+        self.shape = shape
+        self.scaling = LORA_ALPHA / shape.rank
+        generator = torch.Generator().manual_seed(shape.seed if shape.seed is not None else 0)
+        self.weights: dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
+        for path, linear in layers:  # A as PEFT starts it (Kaiming uniform), B zero: the base at step 0
+            weight = linear.weight
+            a = torch.empty(shape.rank, linear.in_features, dtype=torch.float32)
+            torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+            b = torch.zeros(linear.out_features, shape.rank, dtype=torch.float32)
+            self.weights[path] = (torch.nn.Parameter(a.to(weight.device)), torch.nn.Parameter(b.to(weight.device)))
+        self.optimizer: torch.optim.AdamW | None = None
+        self.steps = 0
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [param for pair in self.weights.values() for param in pair]
+
+    def delta(self, path: str, x: torch.Tensor) -> torch.Tensor | None:
+        pair = self.weights.get(path)
+        if pair is None:
+            return None
+        a, b = pair
+        return ((x.to(a.dtype) @ a.T) @ b.T) * self.scaling
+
+    def step(self, params: AdamParams) -> dict[str, float]:
+        parameters = self.parameters()
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(parameters, lr=params.learning_rate)
+        for group in self.optimizer.param_groups:
+            group.update(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
+                         weight_decay=params.weight_decay)
+        grads = [param.grad for param in parameters if param.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
+            if grads else 0.0
+        if params.grad_clip_norm > 0 and grads:
+            torch.nn.utils.clip_grad_norm_(parameters, params.grad_clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm:mean": norm, "learning_rate:mean": params.learning_rate}
+
+    def peft_weights(self) -> dict[str, torch.Tensor]:
+        """The adapter under PEFT's names, to load with `PeftModel.from_pretrained` on the base."""
+        out: dict[str, torch.Tensor] = {}
+        for path, (a, b) in self.weights.items():
+            out[f"base_model.model.{path}.lora_A.weight"] = a.detach().cpu().contiguous()
+            out[f"base_model.model.{path}.lora_B.weight"] = b.detach().cpu().contiguous()
+        return out
+
+    def peft_config(self, base_model: str) -> dict[str, Any]:
+        targets = sorted({path.rsplit(".", 1)[-1] for path in self.weights})
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.shape.rank, "lora_alpha": LORA_ALPHA,
+                "lora_dropout": 0.0, "bias": "none", "target_modules": targets,
+                "base_model_name_or_path": base_model, "inference_mode": True}
+
+    def state_bytes(self, with_optimizer: bool = True) -> bytes:
+        """Adapter weights, shape, step count and (optionally) the optimizer: exact resume."""
+        state = {"shape": self.shape.to_json(), "steps": self.steps,
+                 "weights": {path: (a.detach().cpu(), b.detach().cpu()) for path, (a, b) in self.weights.items()},
+                 "optimizer": self.optimizer.state_dict() if with_optimizer and self.optimizer is not None else None}
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        return buffer.getvalue()
+
+
+def read_state(data: bytes) -> dict[str, Any]:
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "shape" not in state or "weights" not in state:
+        raise RequestError("the checkpoint is not a training state")
+    return state
+
+
+def shape_of_state(state: dict[str, Any]) -> LoraShape:
+    return LoraShape(**state["shape"])
+
+
+class SharedBase:
+    """The base model once; adapters hosted by name; batched passes over rows of many adapters."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
+        model.requires_grad_(False)
+        model.eval()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.adapters: dict[str, Adapter] = {}
+        self._runs: list[tuple[int, int, Adapter | None]] | None = None
+        self._kinds: dict[str, str] = {}
+        unembed = model.get_output_embeddings()
+        for path, module in model.named_modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            kind = _kind(path, module is unembed)
+            if kind is None:
+                continue
+            self._kinds[path] = kind
+            module.register_forward_hook(self._hook(path))
+
+    # hosting ---------------------------------------------------------------------------------------
+    def host(self, name: str, shape: LoraShape) -> Adapter:
+        if not 1 <= shape.rank <= MAX_RANK:
+            raise RequestError(f"lora_config.rank must be between 1 and {MAX_RANK}")
+        wanted = {"attn": shape.train_attn, "mlp": shape.train_mlp, "unembed": shape.train_unembed}
+        layers = [(path, module) for path, module in self.model.named_modules()
+                  if path in self._kinds and wanted[self._kinds[path]]]
+        if not layers:
+            raise RequestError("lora_config trains no layer: set one of train_attn, train_mlp, train_unembed")
+        adapter = Adapter(shape, layers)
+        self.adapters[name] = adapter
+        return adapter
+
+    def drop(self, name: str) -> None:
+        self.adapters.pop(name, None)
+
+    def load_state(self, name: str, data: bytes, *, with_optimizer: bool) -> Adapter:
+        state = read_state(data)
+        adapter = self.host(name, shape_of_state(state))
+        if set(state["weights"]) != set(adapter.weights):
+            raise RequestError("the checkpoint's adapter does not fit this base model")
+        with torch.no_grad():
+            for path, (a, b) in state["weights"].items():
+                own_a, own_b = adapter.weights[path]
+                if own_a.shape != a.shape or own_b.shape != b.shape:
+                    raise RequestError("the checkpoint's adapter does not fit this base model")
+                own_a.copy_(a)
+                own_b.copy_(b)
+        adapter.steps = int(state.get("steps", 0))
+        if with_optimizer and state.get("optimizer") is not None:
+            adapter.optimizer = torch.optim.AdamW(adapter.parameters())
+            adapter.optimizer.load_state_dict(state["optimizer"])
+        return adapter
+
+    # the adapters' hook --------------------------------------------------------------------------------
+    def _hook(self, path: str) -> Any:
+        def add(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+            runs = self._runs
+            if not runs:
+                return output
+            x = inputs[0]
+            pieces: list[torch.Tensor] = []
+            touched = False
+            for start, end, adapter in runs:
+                delta = adapter.delta(path, x[start:end]) if adapter is not None else None
+                if delta is None:
+                    pieces.append(torch.zeros_like(output[start:end]))
+                else:
+                    touched = True
+                    pieces.append(delta.to(output.dtype))
+            if not touched:
+                return output
+            return output + (pieces[0] if len(pieces) == 1 else torch.cat(pieces))
+        return add
+
+    @contextlib.contextmanager
+    def _with_runs(self, runs: list[tuple[int, int, Adapter | None]]) -> Iterator[None]:
+        self._runs = runs
+        try:
+            yield
+        finally:
+            self._runs = None
+
+    # forward / backward -------------------------------------------------------------------------------
+    def check(self, request: ForwardBackward) -> None:
+        """Every way a request can be wrong, found before it joins a batch."""
+        if request.model not in self.adapters:
+            raise RequestError(f"model {request.model} is not hosted")
+        if request.loss_fn not in LOSS_FUNCTIONS:
+            raise RequestError(f"loss_fn {request.loss_fn!r} is not supported here; use one of "
+                               f"{', '.join(LOSS_FUNCTIONS)}")
+        if not request.data:
+            raise RequestError("data is empty")
+        for index, datum in enumerate(request.data):
+            where = f"data[{index}]"
+            if not datum.tokens:
+                raise RequestError(f"{where}.model_input is empty")
+            if min(datum.tokens) < 0 or max(datum.tokens) >= self.vocab_size:
+                raise RequestError(f"{where}.model_input has a token outside the vocabulary (0..{self.vocab_size - 1})")
+            for key in LOSS_INPUTS[request.loss_fn]:
+                if key == "weights" and key not in datum.inputs:
+                    continue  # cross_entropy without weights: every target counts once
+                if key not in datum.inputs:
+                    raise RequestError(f"{where}.loss_fn_inputs.{key} is required by {request.loss_fn}")
+            targets = datum.inputs["target_tokens"]
+            if targets.dim() not in (1, 2) or targets.shape[0] != len(datum.tokens):
+                raise RequestError(f"{where}.loss_fn_inputs.target_tokens must have shape ({len(datum.tokens)},) "
+                                   f"or ({len(datum.tokens)}, K); got {tuple(targets.shape)}")
+            if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= self.vocab_size):
+                raise RequestError(f"{where}.loss_fn_inputs.target_tokens has a token outside the vocabulary")
+            for key, value in datum.inputs.items():
+                if key != "target_tokens" and key in LOSS_INPUTS[request.loss_fn] and value.shape != targets.shape:
+                    raise RequestError(f"{where}.loss_fn_inputs.{key} must have the shape of target_tokens "
+                                       f"{tuple(targets.shape)}; got {tuple(value.shape)}")
+                if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                    raise RequestError(f"{where}.loss_fn_inputs.{key} has a value that is not finite")
+
+    def forward_backward(self, requests: Sequence[ForwardBackward]) -> list[ForwardBackwardResult | RequestError]:
+        """One batched pass for all `requests` (each checked first; a wrong one fails alone). Where the
+        batch as a whole fails, each request is run alone, so that only the failing one fails."""
+        results: list[ForwardBackwardResult | RequestError | None] = [None] * len(requests)
+        runnable: list[int] = []
+        for index, request in enumerate(requests):
+            try:
+                self.check(request)
+                runnable.append(index)
+            except RequestError as exc:
+                results[index] = exc
+        if runnable:
+            try:
+                for index, result in zip(runnable, self._pass([requests[i] for i in runnable])):
+                    results[index] = result
+            except Exception as exc:  # noqa: BLE001 - a batch-wide failure: find whose it was
+                if len(runnable) == 1:
+                    results[runnable[0]] = RequestError(f"the pass failed: {type(exc).__name__}", "server")
+                else:
+                    for index in runnable:
+                        results[index] = self.forward_backward([requests[index]])[0]
+        return [result for result in results if result is not None]
+
+    def _pass(self, requests: Sequence[ForwardBackward]) -> list[ForwardBackwardResult]:
+        rows = [(request, datum) for request in requests for datum in request.data]
+        width = max(len(datum.tokens) for _request, datum in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for row, (_request, datum) in enumerate(rows):
+            ids[row, :len(datum.tokens)] = torch.tensor(datum.tokens)
+            mask[row, :len(datum.tokens)] = 1
+        runs: list[tuple[int, int, Adapter | None]] = []
+        start = 0
+        for request in requests:  # a request's rows are contiguous: one run each
+            runs.append((start, start + len(request.data), self.adapters[request.model]))
+            start += len(request.data)
+        trains = any(not request.forward_only for request in requests)
+        with torch.enable_grad() if trains else torch.no_grad(), self._with_runs(runs):
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            results: list[ForwardBackwardResult] = []
+            total: torch.Tensor | None = None
+            row = 0
+            for request in requests:
+                logprobs, losses, loss_sum = [], [], None
+                for datum in request.data:
+                    lp, loss = self._datum_loss(request, datum, logits[row, :len(datum.tokens)])
+                    logprobs.append(lp.detach().cpu())
+                    losses.append(loss.detach().cpu())
+                    loss_sum = loss.sum() if loss_sum is None else loss_sum + loss.sum()
+                    row += 1
+                assert loss_sum is not None
+                if not request.forward_only:
+                    total = loss_sum if total is None else total + loss_sum
+                results.append(ForwardBackwardResult(logprobs, losses, {"loss:sum": float(loss_sum.detach())}))
+            if total is not None:
+                total.backward()
+        return results
+
+    def _datum_loss(self, request: ForwardBackward, datum: Datum,
+                    logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        targets = datum.inputs["target_tokens"].to(self.device).long()
+        logsumexp = torch.logsumexp(logits.float(), dim=-1)  # [positions]
+        if targets.dim() == 1:
+            lp = logits.float().gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
+        else:
+            lp = logits.float().gather(-1, targets) - logsumexp.unsqueeze(-1)
+        inputs = {key: value.to(self.device).float() for key, value in datum.inputs.items() if key != "target_tokens"}
+        if request.loss_fn == "cross_entropy":
+            weights = inputs.get("weights", torch.ones_like(lp))
+            return lp, -lp * weights
+        ratio = torch.exp(lp - inputs["logprobs"])
+        advantages = inputs["advantages"]
+        if request.loss_fn == "importance_sampling":
+            return lp, -ratio * advantages
+        low = float(request.config.get("clip_low_threshold", 0.8))
+        high = float(request.config.get("clip_high_threshold", 1.2))
+        return lp, -torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+
+    def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise RequestError(f"model {name} is not hosted")
+        if not params.learning_rate >= 0 or not math.isfinite(params.learning_rate):
+            raise RequestError("adam_params.learning_rate must be a finite number >= 0")
+        if not (0 <= params.beta1 < 1 and 0 <= params.beta2 < 1):
+            raise RequestError("adam_params.beta1 and beta2 must be in [0, 1)")
+        return adapter.step(params)
+
+    # sampling --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, name: str | None, prompt: list[int], *, num_samples: int, max_tokens: int,
+               temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
+               stop: list[str] | list[int] | None = None, seed: int | None = None,
+               prompt_logprobs: bool = False) -> SampleResult:
+        """`num_samples` completions of `prompt` by the model `name` (None: the base), one batch over
+        a key/value cache. Each sampled token's log-probability is the model's own (temperature 1,
+        before top-k/top-p), the number `forward` gives for that token. `stop`: None stops at the
+        end-of-sequence token, a list of token ids or of strings stops there (the stop included),
+        [] never stops. The same request with the same `seed` gives the same completions."""
+        if not prompt or min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise RequestError("prompt is empty or has a token outside the vocabulary")
+        adapter = None
+        if name is not None:
+            adapter = self.adapters.get(name)
+            if adapter is None:
+                raise RequestError(f"model {name} is not hosted")
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+        stop_ids, stop_texts = _stops(stop, self.tokenizer)
+        ids = torch.tensor([prompt] * num_samples, dtype=torch.long, device=self.device)
+        with self._with_runs([(0, num_samples, adapter)]):
+            out = self.model(input_ids=ids, use_cache=True)
+            cache = out.past_key_values
+            prompt_lp: list[float] | None = None
+            if prompt_logprobs:
+                row = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
+                values = row.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()
+                prompt_lp = [math.nan, *values]
+            logits = out.logits[:, -1].float()
+            written: list[list[int]] = [[] for _ in range(num_samples)]
+            logprobs: list[list[float]] = [[] for _ in range(num_samples)]
+            done = [False] * num_samples
+            stopped = [False] * num_samples
+            for _ in range(max_tokens):
+                own = torch.log_softmax(logits, dim=-1)
+                chosen = _draw(logits, temperature, top_k, top_p, generator)
+                chosen_lp = own.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
+                for row, token in enumerate(chosen.tolist()):
+                    if done[row]:
+                        continue
+                    written[row].append(token)
+                    logprobs[row].append(chosen_lp[row])
+                    if token in stop_ids or (stop_texts and _ends_with_stop(written[row], stop_texts, self.tokenizer)):
+                        done[row] = stopped[row] = True
+                if all(done):
+                    break
+                out = self.model(input_ids=chosen.unsqueeze(-1), past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                logits = out.logits[:, -1].float()
+        return SampleResult([Sampled(written[i], logprobs[i], stopped[i]) for i in range(num_samples)], prompt_lp)
+
+
+def _kind(path: str, is_unembed: bool) -> str | None:
+    if is_unembed:
+        return "unembed"
+    lowered = path.lower()
+    if any(word in lowered for word in _ATTENTION_WORDS):
+        return "attn"
+    if any(word in lowered for word in _MLP_WORDS):
+        return "mlp"
+    return None
+
+
+def _stops(stop: list[str] | list[int] | None, tokenizer: Any) -> tuple[set[int], list[str]]:
+    if stop is None:
+        eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+        return ({int(eos)} if eos is not None else set()), []
+    ids = {int(item) for item in stop if isinstance(item, int)}
+    texts = [item for item in stop if isinstance(item, str) and item]
+    if texts and tokenizer is None:
+        raise RequestError("stop strings need the base model's tokenizer")
+    return ids, texts
+
+
+def _ends_with_stop(tokens: list[int], texts: list[str], tokenizer: Any) -> bool:
+    tail = tokenizer.decode(tokens[-32:], skip_special_tokens=False)
+    longest = max(len(text) for text in texts)
+    window = tail[-(longest + 16):]
+    return any(text in window for text in texts)
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+          generator: torch.Generator) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    scaled = logits / temperature
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, -math.inf)
+    if 0 < top_p < 1:
+        ordered, order = torch.sort(scaled, dim=-1, descending=True)
+        cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
+        cut = cumulative - torch.softmax(ordered, dim=-1) >= top_p  # keep the smallest set reaching top_p
+        ordered = ordered.masked_fill(cut, -math.inf)
+        scaled = torch.full_like(scaled, -math.inf).scatter(-1, order, ordered)
+    probs = torch.softmax(scaled, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
