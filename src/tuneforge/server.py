@@ -131,6 +131,7 @@ class ControlPlane:
         if self.scheduler:
             self.scheduler.stop()
         self.webhooks.stop()
+        self.app.state.training_api.close()  # the co-training workers this process started
         # open event streams end now (clients resume with Last-Event-ID) rather than hold the shutdown
         self.platform.streams.close()
         self.server.should_exit = True

@@ -28,6 +28,7 @@ from tuneforge.api.routes import (
     models,
     secrets,
     sweeps,
+    tinker,
     traffic,
     uploads,
     usage,
@@ -35,6 +36,7 @@ from tuneforge.api.routes import (
 )
 from tuneforge.prometheus import RequestMetrics
 from tuneforge.services.context import Platform
+from tuneforge.services.training_api import TrainingApiHost
 from tuneforge.settings import Settings
 
 
@@ -59,7 +61,7 @@ def _telemetry(enabled: bool) -> dict:
 # routes before it was a third of its CPU).
 _ROUTERS = (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
             jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
-            secrets.router, traffic.router, sweeps.router, graders.router)
+            secrets.router, traffic.router, sweeps.router, graders.router, tinker.router, tinker.internal)
 _shared: list[BaseRoute] = []
 _shared_lock = threading.Lock()
 
@@ -95,6 +97,7 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app.state.job_bodies = JobBodies(platform)
     app.state.event_pages = EventPages(platform)
     app.state.rate_limiter = RequestLimiter.from_settings(platform.settings) if rate_limiter is None else rate_limiter
+    app.state.training_api = TrainingApiHost(platform)
     app.state.egress_resolver = None  # how tenant-supplied hosts are resolved: None, the system's resolver
     errors.install(app)
     docs.install(app, platform.settings.docs_access, bool(platform.settings.admin_api_key))

@@ -37,6 +37,10 @@ Audience = Literal["public", "tenant", "admin", "trainer"]
 ADMIN_PREFIX = "/v1/admin"
 TENANT_PREFIX = "/v1/"
 TRAINER_PREFIX = "/internal/"
+# the training API (Tinker's wire): its SDK sends the tenant's key as `X-API-Key: tml-<key>`
+TRAINING_API_PREFIX = "/tinker/"
+TRAINING_API_KEY_PREFIX = "tml-"
+_POOL_PATH = re.compile(r"^/internal/v1/pools/([^/]+)/")
 _TRAINER_PATH = re.compile(r"^/internal/v1/jobs/([^/]+)/")
 # Retry-After of the 503 when the database was too busy to check a credential
 CHECK_FAILED_RETRY_AFTER_S = 1.0
@@ -45,7 +49,7 @@ CHECK_FAILED_RETRY_AFTER_S = 1.0
 def audience(path: str) -> Audience:
     if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
         return "admin"
-    if path.startswith(TENANT_PREFIX):
+    if path.startswith(TENANT_PREFIX) or path.startswith(TRAINING_API_PREFIX):
         return "tenant"
     if path.startswith(TRAINER_PREFIX):
         return "trainer"
@@ -53,9 +57,22 @@ def audience(path: str) -> Audience:
 
 
 def authorization_of(scope: MutableMapping[str, Any]) -> str | None:
-    for name, value in scope.get("headers", ()):
+    """The request's credentials as an Authorization header's value. On the training API, whose SDK
+    sends `X-API-Key: tml-<key>`, that key (its `tml-` dropped) as a bearer token."""
+    headers = scope.get("headers", ())
+    for name, value in headers:
         if name.lower() == b"authorization":
             return value.decode("latin-1")
+    if scope.get("path", "").startswith(TRAINING_API_PREFIX):
+        return training_api_authorization(headers)
+    return None
+
+
+def training_api_authorization(headers: Any) -> str | None:
+    for name, value in headers:
+        if name.lower() == b"x-api-key":
+            key = value.decode("latin-1").strip()
+            return f"Bearer {key[len(TRAINING_API_KEY_PREFIX):] if key.startswith(TRAINING_API_KEY_PREFIX) else key}"
     return None
 
 
@@ -85,6 +102,11 @@ async def check(scope: MutableMapping[str, Any], who: Audience) -> Caller | None
                 raise refusal
             return None
         if who == "trainer":
+            pool = _POOL_PATH.match(scope["path"])
+            if pool is not None:
+                scheme, _, token = (authorization or "").partition(" ")
+                state.training_api.check_pool(pool.group(1), token.strip())
+                return None
             match = _TRAINER_PATH.match(scope["path"])
             if match is None:
                 raise unauthorized("invalid job token", code="invalid_job_token")

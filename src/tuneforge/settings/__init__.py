@@ -128,6 +128,27 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
         description="Reinforcement rollouts on vLLM: the fraction of a GPU trainer's memory given to an in-process "
                     "vLLM engine for the base model (LoRA jobs on one process, where the vllm package is installed; "
                     "train/vllm_rollouts.py). 0: the trainer samples itself.")
+    training_api_models_per_tenant: int = Field(
+        default=8, ge=1, le=1024,
+        description="Training-API models (LoRA training clients of /tinker) one tenant may hold at once; one more "
+                    "answers 429 with Retry-After.")
+    training_api_queued_per_tenant: int = Field(
+        default=256, ge=1, le=100_000,
+        description="Training-API requests of one tenant waiting or running at once (forward_backward, optim_step, "
+                    "sample, ...); one more answers 429 with Retry-After.")
+    training_api_cycle_tokens: int = Field(
+        default=32_768, ge=256,
+        description="Tokens one co-training cycle passes through a shared base at most (every tenant's "
+                    "forward_backward requests together; a single larger request runs alone). Tenants share a cycle "
+                    "round-robin, so one tenant's large batch cannot starve another's.")
+    training_api_idle_s: float = Field(
+        default=900.0, gt=0.0,
+        description="A training-API model without a request for this long is released from its worker (its weights "
+                    "and optimizer are kept in the object store; its next request brings it back).")
+    training_api_pool_device: str = Field(
+        default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="Where the training API's co-training workers run: auto (a GPU when there is one), cpu, cuda, "
+                    "cuda:N.")
     grader_sandboxes: int = Field(
         default=4, ge=1, le=256,
         description="Python-grader sandboxes one API process runs at once for /v1/fine_tuning/alpha/graders "

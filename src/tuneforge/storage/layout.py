@@ -242,3 +242,18 @@ def artifact_cache_dir(cache_dir: Path, artifact_prefix: str) -> Path:
 def hub_cache_dir(cache_dir: Path) -> Path:
     """Downloads from the Hugging Face hub when a base model is registered by its hub id."""
     return Path(cache_dir) / "hub"
+
+
+def training_runs_prefix(tenant_id: str) -> str:
+    """The tenant's training-API runs (models trained through /tinker), one folder each."""
+    return f"{tenant_prefix(tenant_id)}/training-runs"
+
+
+def training_run_key(tenant_id: str, run_id: str) -> str:
+    """The run's record (its id, base model, LoRA shape, times) as JSON."""
+    return f"{training_runs_prefix(tenant_id)}/{_part(run_id)}/run.json"
+
+
+def training_checkpoint_prefix(tenant_id: str, run_id: str, kind: str, name: str) -> str:
+    """One saved checkpoint of a run: `kind` weights (training state) or sampler_weights."""
+    return f"{training_runs_prefix(tenant_id)}/{_part(run_id)}/{_part(kind)}/{_part(name)}"

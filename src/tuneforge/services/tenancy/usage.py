@@ -43,7 +43,9 @@ from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
 from tuneforge.services.context import Platform
 
 REFUNDED_FAILURE_CLASSES = frozenset({"platform"})
-TOKEN_KINDS = ("judge.served", "judge.operator", "judge.tenant")
+# training.train: tokens through forward_backward of the training API; training.sample: its samples
+# (prompt tokens prefilled, completion tokens sampled)
+TOKEN_KINDS = ("judge.served", "judge.operator", "judge.tenant", "training.train", "training.sample")
 _ACTIVE = tuple(status.value for status in ATTEMPT_ACTIVE)
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 

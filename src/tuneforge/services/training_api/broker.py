@@ -1,0 +1,434 @@
+"""The training API's state in the control plane: sessions, models, sampling sessions, futures, and
+the queue each co-training worker takes its cycles from.
+
+Every request a tenant submits (create_model, forward_backward, optim_step, save/load, sample)
+becomes an `Op` with a future. The ops of one model run strictly in its `seq_id` order (the SDK
+numbers them; early arrivals wait in a buffer, a gap older than `GAP_S` is skipped, a resent
+`seq_id` gets the same future). A model's next op is *ready* once the one before it finished.
+
+A worker (one per base model: `pools.py`) asks for work; it gets one cycle: at most one ready op
+per model, the forward_backward ops chosen round-robin over tenants up to the cycle's token budget
+(`training_api_cycle_tokens`), so that a tenant's large batch cannot starve another's. It sends
+the cycle's results with its next request for work. One op's failure is that op's future's error.
+
+All of this state lives in the API process's event loop (every method here runs on it); what must
+outlast the process (run records, checkpoints) is in the object store (`runs.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import logging
+import secrets
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneforge.domain.errors import ApiError, invalid, not_found, rate_limited, unauthorized
+
+log = logging.getLogger(__name__)
+
+GAP_S = 5.0  # a missing seq_id this old is skipped: the ops after it run
+RESULT_TTL_S = 3600.0  # a finished future stays retrievable this long
+WORK_WAIT_S = 20.0  # a worker's request for work is held this long when there is none
+RETRY_AFTER_S = 2.0
+PROTO = "application/x-protobuf"
+FB_KINDS = ("forward_backward",)
+
+
+@dataclass
+class Future:
+    request_id: str
+    tenant: str
+    kind: str
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    content_type: str = "application/json"
+    body: bytes | dict | None = None
+    error: str | None = None
+    category: str = "user"
+    finished_at: float | None = None
+
+    def resolve(self, body: bytes | dict, content_type: str = "application/json") -> None:
+        self.body, self.content_type, self.finished_at = body, content_type, time.monotonic()
+        self.done.set()
+
+    def fail(self, message: str, category: str = "user") -> None:
+        self.error, self.category, self.finished_at = message, category, time.monotonic()
+        self.done.set()
+
+
+@dataclass
+class Op:
+    op_id: str
+    tenant: str
+    kind: str
+    model: str | None  # the training model (ordering) or sampler it acts on
+    payload: dict[str, Any]
+    future: Future
+    tokens: int = 0
+    # run on the control plane when the worker's result comes back (e.g. write a checkpoint)
+    after: Callable[[Op, dict[str, Any]], Awaitable[None]] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {"op_id": self.op_id, "kind": self.kind, "model": self.model, **self.payload}
+
+
+@dataclass
+class Session:
+    session_id: str
+    tenant: str
+    created: float
+    tags: list[str]
+    user_metadata: dict[str, str]
+    finished: bool = False
+    last_seen: float = 0.0
+    models: list[str] = field(default_factory=list)
+    samplers: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Model:
+    model_id: str
+    tenant: str
+    session_id: str
+    base: str
+    shape: dict[str, Any]
+    created: float
+    user_metadata: dict[str, str] = field(default_factory=dict)
+    next_seq: int = 1
+    buffered: dict[int, Op] = field(default_factory=dict)
+    buffered_since: float | None = None
+    ready: deque[Op] = field(default_factory=deque)
+    running: Op | None = None
+    seen: dict[int, Future] = field(default_factory=dict)
+    last_request: float = 0.0
+    last_checkpoint: dict[str, Any] | None = None
+    last_sampler_checkpoint: dict[str, Any] | None = None
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    tenant: str
+    session_id: str
+    base: str
+    model_path: str | None
+    hosted_as: str | None  # the adapter name the worker holds it under (None: the base alone)
+    seen: dict[int, tuple[Future, list[str]]] = field(default_factory=dict)
+
+
+@dataclass
+class Pool:
+    pool_id: str
+    base: str
+    token: str
+    ops: deque[Op] = field(default_factory=deque)  # ready ops of samplers and model-less work
+    running: dict[str, Op] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    last_seen: float = 0.0
+
+
+class Broker:
+    def __init__(self, *, cycle_tokens: int, models_per_tenant: int, queued_per_tenant: int,
+                 launch: Callable[[Pool], None]) -> None:
+        self.cycle_tokens = cycle_tokens
+        self.models_per_tenant = models_per_tenant
+        self.queued_per_tenant = queued_per_tenant
+        self._launch = launch
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, Model] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.futures: dict[str, Future] = {}
+        self.pools: dict[str, Pool] = {}  # by base model name
+        self._ids = itertools.count(1)
+        self._queued: dict[str, int] = {}  # per tenant: ops submitted and not finished
+        self.closed = False  # the process is stopping: workers are told to stop
+
+    def close(self) -> None:
+        self.closed = True
+        for pool in self.pools.values():
+            pool.wake.set()
+
+    # ids and lookups (another tenant's object is not found, never forbidden) ------------------------
+    def _request_id(self) -> str:
+        return f"req-{uuid.uuid4().hex[:16]}-{next(self._ids)}"
+
+    def session(self, tenant: str, session_id: str) -> Session:
+        found = self.sessions.get(session_id)
+        if found is None or found.tenant != tenant:
+            raise not_found(f"session {session_id} not found", "session_id")
+        return found
+
+    def model(self, tenant: str, model_id: str) -> Model:
+        found = self.models.get(model_id)
+        if found is None or found.tenant != tenant:
+            raise not_found(f"model {model_id} not found", "model_id")
+        return found
+
+    def sampler(self, tenant: str, sampler_id: str) -> Sampler:
+        found = self.samplers.get(sampler_id)
+        if found is None or found.tenant != tenant:
+            raise not_found(f"sampling session {sampler_id} not found", "sampling_session_id")
+        return found
+
+    def future(self, tenant: str, request_id: str) -> Future:
+        found = self.futures.get(request_id)
+        if found is None or found.tenant != tenant:
+            raise not_found(f"request {request_id} not found", "request_id")
+        return found
+
+    # sessions ------------------------------------------------------------------------------------------
+    def create_session(self, tenant: str, tags: list[str], user_metadata: dict[str, str]) -> Session:
+        self._expire()
+        session = Session(str(uuid.uuid4()), tenant, time.time(), tags, user_metadata, last_seen=time.monotonic())
+        self.sessions[session.session_id] = session
+        return session
+
+    def heartbeat(self, tenant: str, session_id: str) -> None:
+        session = self.session(tenant, session_id)
+        if session.finished:
+            raise ApiError(410, f"session {session_id} has finished", code="session_finished")
+        session.last_seen = time.monotonic()
+
+    def finish(self, tenant: str, session_id: str) -> None:
+        self.session(tenant, session_id).finished = True
+
+    # models --------------------------------------------------------------------------------------------
+    def new_model(self, tenant: str, session_id: str, model_seq_id: int, base: str, shape: dict[str, Any],
+                  user_metadata: dict[str, str]) -> Model:
+        session = self.session(tenant, session_id)
+        if session.finished:
+            raise ApiError(410, f"session {session_id} has finished", code="session_finished")
+        model_id = f"{session_id}:train:{model_seq_id}"
+        if model_id in self.models:
+            raise invalid(f"model_seq_id {model_seq_id} is already used in this session", "model_seq_id")
+        held = sum(1 for model in self.models.values() if model.tenant == tenant)
+        if held >= self.models_per_tenant:
+            raise rate_limited(f"this tenant holds {held} training-API models, its limit; close a session or wait "
+                               "for one to be released", code="too_many_models", retry_after=30.0)
+        model = Model(model_id, tenant, session_id, base, shape, time.time(), user_metadata,
+                      last_request=time.monotonic())
+        self.models[model_id] = model
+        session.models.append(model_id)
+        return model
+
+    def forget_model(self, model_id: str) -> None:
+        model = self.models.pop(model_id, None)
+        if model is not None:
+            session = self.sessions.get(model.session_id)
+            if session is not None and model_id in session.models:
+                session.models.remove(model_id)
+
+    def _admit(self, tenant: str) -> None:
+        if self._queued.get(tenant, 0) >= self.queued_per_tenant:
+            raise rate_limited(f"this tenant has {self.queued_per_tenant} training-API requests waiting or running, "
+                               "its limit; retry when some have finished", code="too_many_requests",
+                               retry_after=RETRY_AFTER_S)
+
+    def op(self, tenant: str, kind: str, model: str | None, payload: dict[str, Any], *, tokens: int = 0,
+           after: Callable[[Op, dict[str, Any]], Awaitable[None]] | None = None) -> Op:
+        self._admit(tenant)
+        request_id = self._request_id()
+        future = Future(request_id, tenant, kind)
+        self.futures[request_id] = future
+        self._queued[tenant] = self._queued.get(tenant, 0) + 1
+        return Op(request_id, tenant, kind, model, payload, future, tokens, after)
+
+    def submit(self, model: Model, seq_id: int | None, op: Op) -> Future:
+        """`op` as `model`'s request `seq_id` (None: runs next, e.g. the op that creates the model)."""
+        model.last_request = time.monotonic()
+        if seq_id is None:
+            model.ready.append(op)
+        else:
+            model.seen[seq_id] = op.future
+            if seq_id < model.next_seq or seq_id == model.next_seq:
+                model.ready.append(op)
+                model.next_seq = max(model.next_seq, seq_id + 1)
+                self._drain(model)
+            else:
+                model.buffered[seq_id] = op
+                if model.buffered_since is None:
+                    model.buffered_since = time.monotonic()
+        self._wake(model.base)
+        return op.future
+
+    def resent(self, model: Model, seq_id: int) -> Future | None:
+        """The future of a request the client sends again with the same seq_id (its retry)."""
+        return model.seen.get(seq_id)
+
+    def _drain(self, model: Model) -> None:
+        while model.next_seq in model.buffered:
+            model.ready.append(model.buffered.pop(model.next_seq))
+            model.next_seq += 1
+        model.buffered_since = time.monotonic() if model.buffered else None
+
+    def _skip_gaps(self) -> None:
+        now = time.monotonic()
+        for model in self.models.values():
+            if model.buffered and model.buffered_since is not None and now - model.buffered_since >= GAP_S:
+                model.next_seq = min(model.buffered)
+                self._drain(model)
+
+    def submit_to_pool(self, base: str, op: Op) -> Future:
+        self._pool(base).ops.append(op)
+        self._wake(base)
+        return op.future
+
+    # samplers ------------------------------------------------------------------------------------------
+    def new_sampler(self, tenant: str, session_id: str, seq_id: int, base: str, model_path: str | None,
+                    hosted_as: str | None) -> Sampler:
+        session = self.session(tenant, session_id)
+        sampler_id = f"{session_id}:sample:{seq_id}"
+        if sampler_id in self.samplers:
+            raise invalid(f"sampling_session_seq_id {seq_id} is already used in this session",
+                          "sampling_session_seq_id")
+        sampler = Sampler(sampler_id, tenant, session_id, base, model_path, hosted_as)
+        self.samplers[sampler_id] = sampler
+        session.samplers.append(sampler_id)
+        return sampler
+
+    # futures -------------------------------------------------------------------------------------------
+    async def wait(self, future: Future, timeout_s: float) -> bool:
+        if future.done.is_set():
+            return True
+        try:
+            await asyncio.wait_for(future.done.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for request_id in [rid for rid, fut in self.futures.items()
+                           if fut.finished_at is not None and now - fut.finished_at > RESULT_TTL_S]:
+            del self.futures[request_id]
+
+    # the workers' side ---------------------------------------------------------------------------------
+    def _pool(self, base: str) -> Pool:
+        pool = self.pools.get(base)
+        if pool is None:
+            pool = Pool(f"pool-{uuid.uuid4().hex[:12]}", base, secrets.token_urlsafe(32))
+            self.pools[base] = pool
+            self._launch(pool)
+        return pool
+
+    def pool_by_id(self, pool_id: str, token: str) -> Pool:
+        for pool in self.pools.values():
+            if pool.pool_id == pool_id and secrets.compare_digest(pool.token.encode(), token.encode()):
+                return pool
+        raise unauthorized("invalid pool token", code="invalid_pool_token")
+
+    def _wake(self, base: str) -> None:
+        pool = self.pools.get(base)
+        if pool is not None:
+            pool.wake.set()
+        else:
+            self._pool(base)
+
+    def cycle(self, pool: Pool) -> list[Op]:
+        """The next cycle's ops: every ready op of a model not running one, forward_backward ops taken
+        round-robin by tenant within the token budget (one at least), the pool's own ops."""
+        self._skip_gaps()
+        heads = [model for model in self.models.values()
+                 if model.base == pool.base and model.running is None and model.ready]
+        chosen: list[Op] = []
+        by_tenant: dict[str, deque[Model]] = {}
+        for model in heads:
+            if model.ready[0].kind in FB_KINDS:
+                by_tenant.setdefault(model.tenant, deque()).append(model)
+            else:
+                chosen.append(model.ready.popleft())
+        budget = self.cycle_tokens
+        taken = 0
+        tenants = deque(sorted(by_tenant))
+        while tenants:
+            tenant = tenants.popleft()
+            queue = by_tenant[tenant]
+            op = queue[0].ready[0]
+            if taken and taken + op.tokens > budget:
+                continue  # this tenant's next op waits for the next cycle; others may still fit
+            chosen.append(queue.popleft().ready.popleft())
+            taken += op.tokens
+            if queue:
+                tenants.append(tenant)
+        while pool.ops:
+            chosen.append(pool.ops.popleft())
+        for op in chosen:
+            pool.running[op.op_id] = op
+            model = self.models.get(op.model or "")
+            if model is not None and op.kind != "sample":
+                model.running = op
+        return chosen
+
+    async def work(self, pool: Pool, results: list[dict[str, Any]]) -> list[Op]:
+        """A worker's results of its last cycle in, its next cycle out (held up to WORK_WAIT_S)."""
+        pool.last_seen = time.monotonic()
+        for result in results:
+            await self._finish(pool, result)
+        deadline = time.monotonic() + WORK_WAIT_S
+        while not self.closed:
+            pool.wake.clear()
+            ops = self.cycle(pool)
+            if ops:
+                return ops
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(pool.wake.wait(), min(remaining, GAP_S))
+            except asyncio.TimeoutError:
+                pass
+        return []
+
+    async def _finish(self, pool: Pool, result: dict[str, Any]) -> None:
+        op = pool.running.pop(str(result.get("op_id")), None)
+        if op is None:
+            return
+        model = self.models.get(op.model or "")
+        if model is not None and model.running is op:
+            model.running = None
+        self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+        try:
+            if not result.get("ok"):
+                op.future.fail(str(result.get("error") or "the request failed"),
+                               str(result.get("category") or "server"))
+            elif op.after is not None:
+                await op.after(op, result)
+            elif result.get("proto") is not None:
+                op.future.resolve(base64.b64decode(result["proto"]), PROTO)
+            else:
+                op.future.resolve(result.get("json") or {})
+        except ApiError as exc:
+            op.future.fail(exc.message, "user")
+        except Exception:  # noqa: BLE001 - the platform's fault, logged with the op's id
+            log.exception("training API: finishing op %s (%s) failed", op.op_id, op.kind)
+            op.future.fail(f"the request could not be completed (request {op.op_id})", "server")
+        if not op.future.done.is_set():
+            op.future.fail("the request produced no result", "server")
+        pool.wake.set()
+
+    def worker_lost(self, pool: Pool, why: str) -> None:
+        """The pool's worker is gone: what it was running fails (the platform's fault); the models it
+        hosted must be loaded again from their checkpoints before their next request."""
+        for op in list(pool.running.values()):
+            op.future.fail(f"the training worker stopped ({why}); retry the request", "server")
+            self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+            model = self.models.get(op.model or "")
+            if model is not None:
+                model.running = None
+        pool.running.clear()
+        self.pools.pop(pool.base, None)
+        for model_id in [m.model_id for m in self.models.values() if m.base == pool.base]:
+            model = self.models[model_id]
+            for op in [*model.ready, *model.buffered.values()]:
+                op.future.fail(f"the training worker stopped ({why}); the model's state since its last "
+                               "checkpoint is lost: load it from a checkpoint", "server")
+                self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+            self.forget_model(model_id)
+        for sampler_id in [s.sampler_id for s in self.samplers.values() if s.base == pool.base]:
+            self.samplers.pop(sampler_id, None)

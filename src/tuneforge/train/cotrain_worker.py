@@ -1,0 +1,211 @@
+"""The co-training worker: `python -m tuneforge.train.cotrain_worker` with its spec (JSON) on stdin.
+
+It loads one base model once and then, cycle after cycle, asks the control plane for work
+(`POST /internal/v1/pools/{pool}/work`, with the pool's token), runs it on the `SharedBase`
+(train/cotrain.py) and sends the results with its next request:
+
+1. models created or loaded (a checkpoint's state comes inside the op: a worker reads no object
+   of any tenant itself),
+2. every forward_backward of the cycle in one batched pass through the base,
+3. optimizer steps, each model's own,
+4. saves (the state goes back to the control plane, which writes it), sampler snapshots, samples.
+
+The spec: {"pool_id", "token", "callback_url", "base_dir", "base_name", "device"}.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from tuneforge.domain import tinker_wire as wire
+from tuneforge.train.cotrain import (
+    AdamParams,
+    Datum,
+    ForwardBackward,
+    LoraShape,
+    RequestError,
+    SharedBase,
+)
+
+log = logging.getLogger("tuneforge.cotrain_worker")
+RETRY_S = 1.0
+GIVE_UP_S = 120.0  # the control plane unreachable this long: the worker exits (its pool is restarted)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _datum(item: wire.Datum, where: str) -> Datum:
+    if item.other_chunks:
+        raise RequestError(f"{where}.model_input: only encoded_text chunks are served here (no images)")
+    inputs: dict[str, torch.Tensor] = {}
+    for key, tensor in item.inputs.items():
+        if key == "target_tokens":
+            inputs[key] = torch.tensor(tensor.values, dtype=torch.long).reshape(tensor.shape)
+        else:  # weights, advantages, logprobs...: real numbers whatever dtype the client declared
+            inputs[key] = torch.tensor(tensor.values, dtype=torch.float32).reshape(tensor.shape)
+    return Datum(list(item.tokens), inputs)
+
+
+class Worker:
+    def __init__(self, base: SharedBase, spec: dict[str, Any]) -> None:
+        self.base = base
+        self.spec = spec
+
+    def run_cycle(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        results: dict[str, dict[str, Any]] = {}
+        order = {"create": 0, "load": 0, "forward_backward": 1, "optim_step": 2, "save": 3, "snapshot": 3,
+                 "drop": 4, "sample": 5}
+        fbs: list[tuple[dict[str, Any], ForwardBackward]] = []
+        for op in sorted(ops, key=lambda op: order.get(op["kind"], 9)):
+            try:
+                if op["kind"] == "forward_backward":
+                    fbs.append((op, self._forward_backward(op)))
+                    continue
+                if fbs:
+                    self._run_fbs(fbs, results)
+                    fbs = []
+                results[op["op_id"]] = {"ok": True, **self._one(op)}
+            except RequestError as exc:
+                results[op["op_id"]] = {"ok": False, "error": exc.message, "category": exc.category}
+            except Exception as exc:  # noqa: BLE001 - the platform's fault: this op fails, the worker goes on
+                log.exception("op %s (%s) failed", op.get("op_id"), op.get("kind"))
+                results[op["op_id"]] = {"ok": False, "category": "server",
+                                        "error": f"the worker failed on this request ({type(exc).__name__})"}
+        if fbs:
+            self._run_fbs(fbs, results)
+        return [{"op_id": op["op_id"], **results[op["op_id"]]} for op in ops if op["op_id"] in results]
+
+    def _forward_backward(self, op: dict[str, Any]) -> ForwardBackward:
+        try:
+            request = wire.decode_forward_backward(base64.b64decode(op["body"]))
+        except wire.WireError as exc:
+            raise RequestError(f"the forward_backward body is not a valid message: {exc}") from exc
+        data = [_datum(item, f"data[{index}]") for index, item in enumerate(request.data)]
+        return ForwardBackward(op["model"], data, request.loss_fn, dict(request.loss_fn_config), request.forward_only)
+
+    def _run_fbs(self, fbs: list[tuple[dict[str, Any], ForwardBackward]], results: dict[str, dict[str, Any]]) -> None:
+        outcomes = self.base.forward_backward([request for _op, request in fbs])
+        for (op, _request), outcome in zip(fbs, outcomes):
+            if isinstance(outcome, RequestError):
+                results[op["op_id"]] = {"ok": False, "error": outcome.message, "category": outcome.category}
+                continue
+            fields = {
+                "logprobs": wire.OutputField([lp.reshape(-1).tolist() for lp in outcome.logprobs],
+                                             list(outcome.logprobs[0].shape[1:])),
+                "elementwise_loss": wire.OutputField([loss.reshape(-1).tolist() for loss in outcome.elementwise_loss],
+                                                     list(outcome.elementwise_loss[0].shape[1:])),
+            }
+            metrics = {**outcome.metrics, "ntokens:sum": float(sum(len(d.tokens) for d in _request.data))}
+            results[op["op_id"]] = {"ok": True, "proto": _b64(wire.encode_forward_backward_output(fields, metrics)),
+                                    "tokens": sum(len(d.tokens) for d in _request.data)}
+
+    def _one(self, op: dict[str, Any]) -> dict[str, Any]:
+        kind, name = op["kind"], op["model"]
+        if kind == "create":
+            shape = LoraShape(**op["shape"])
+            self.base.host(name, shape)
+            return {"json": {"model_id": name}}
+        if kind == "load":
+            adapter = self.base.load_state(name, base64.b64decode(op["state"]), with_optimizer=bool(op["optimizer"]))
+            return {"json": {"model_id": name, "shape": adapter.shape.to_json()}}
+        if kind == "optim_step":
+            params = AdamParams(**op["adam"])
+            metrics = self.base.optim_step(name, params)
+            return {"json": {"metrics": metrics}}
+        if kind == "save":
+            adapter = self.base.adapters.get(name)
+            if adapter is None:
+                raise RequestError(f"model {name} is not hosted")
+            out: dict[str, Any] = {"state": _b64(adapter.state_bytes(with_optimizer=True))}
+            if op.get("peft"):
+                import safetensors.torch
+
+                out["peft_weights"] = _b64(safetensors.torch.save(adapter.peft_weights()))
+                out["peft_config"] = adapter.peft_config(self.spec.get("base_source") or self.spec["base_name"])
+            return out
+        if kind == "snapshot":  # a frozen copy of a model's current weights, sampled under another name
+            adapter = self.base.adapters.get(name)
+            if adapter is None:
+                raise RequestError(f"model {name} is not hosted")
+            self.base.load_state(op["as"], adapter.state_bytes(with_optimizer=False), with_optimizer=False)
+            return {"json": {}}
+        if kind == "drop":
+            self.base.drop(name)
+            return {"json": {}}
+        if kind == "sample":
+            return self._sample(op)
+        raise RequestError(f"unknown operation {kind}")
+
+    def _sample(self, op: dict[str, Any]) -> dict[str, Any]:
+        params = op["sampling_params"]
+        result = self.base.sample(
+            op["model"], op["prompt"], num_samples=op["num_samples"], max_tokens=params["max_tokens"],
+            temperature=params["temperature"], top_k=params["top_k"], top_p=params["top_p"], stop=params["stop"],
+            seed=params.get("seed"), prompt_logprobs=op["prompt_logprobs"])
+        sequences = [wire.SampledSequence(s.tokens, s.logprobs, s.stopped) for s in result.sequences]
+        body = wire.encode_sample_response(sequences, result.prompt_logprobs)
+        generated = sum(len(s.tokens) for s in result.sequences)
+        return {"proto": _b64(body), "tokens": generated, "prefill": len(op["prompt"])}
+
+
+def serve(spec: dict[str, Any], base: SharedBase) -> None:
+    worker = Worker(base, spec)
+    url = f"{spec['callback_url'].rstrip('/')}/internal/v1/pools/{spec['pool_id']}/work"
+    headers = {"Authorization": f"Bearer {spec['token']}"}
+    results: list[dict[str, Any]] = []
+    failing_since: float | None = None
+    with httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0)) as client:
+        while True:
+            try:
+                reply = client.post(url, json={"results": results}, headers=headers)
+            except httpx.HTTPError as exc:
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > GIVE_UP_S:
+                    log.error("the control plane is unreachable (%r): exiting", exc)
+                    return
+                time.sleep(RETRY_S)
+                continue
+            if reply.status_code in (401, 404, 410):
+                log.info("the control plane ended this pool (%s): exiting", reply.status_code)
+                return
+            if reply.status_code != 200:
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > GIVE_UP_S:
+                    return
+                time.sleep(RETRY_S)
+                continue
+            failing_since = None
+            body = reply.json()
+            if body.get("stop"):
+                return
+            results = worker.run_cycle(body.get("ops") or [])
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s cotrain %(levelname)s %(message)s")
+    spec = json.loads(sys.stdin.read())
+    from tuneforge.modeling.base import load_base_model
+
+    device_name = spec.get("device") or "auto"
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device_name)
+    model, tokenizer = load_base_model(Path(spec["base_dir"]), device)
+    torch.manual_seed(0)
+    serve(spec, SharedBase(model, tokenizer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

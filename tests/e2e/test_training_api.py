@@ -1,0 +1,125 @@
+"""The official `tinker` SDK, unchanged, against a live control plane on 127.0.0.1: a supervised
+loop learns, a saved state resumes exactly, a sampler of the trained weights differs from the
+base's, an RL step runs, and two tenants training side by side on one base stay apart."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+BASE = "tiny-chat"
+ADAM = types.AdamParams(learning_rate=2e-2)
+
+
+@pytest.fixture
+def sdk(running, monkeypatch):
+    monkeypatch.setenv("TINKER_BASE_URL", f"{running.url}/tinker")
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+
+    def client(key: str):
+        monkeypatch.setenv("TINKER_API_KEY", f"tml-{key}")
+        return tinker.ServiceClient()
+
+    return client
+
+
+def supervised(tokens: list[int]) -> types.Datum:
+    """Next-token prediction over `tokens`: the input all but the last, targets shifted by one."""
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+
+
+DATA = [supervised([5 + i, 9, 14, 3 + i, 22, 7, 30 + i, 11]) for i in range(4)]
+
+
+def step(client, data=DATA) -> float:
+    result = client.forward_backward(data, "cross_entropy").result()
+    client.optim_step(ADAM).result()
+    return result.metrics["loss:sum"]
+
+
+def test_a_supervised_loop_learns_resumes_exactly_and_samples_its_own_weights(sdk, running) -> None:
+    service = sdk(running.key_a)
+    training = service.create_lora_training_client(base_model=BASE, rank=8, seed=3).result()
+    assert training.get_info().model_data.model_name == BASE
+    losses = [step(training) for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0], losses
+
+    path = training.save_state("after-30").result().path
+    assert path == f"tinker://{training.model_id}/weights/after-30"
+    uninterrupted = [step(training) for _ in range(2)]
+
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    assert resumed.model_id != training.model_id
+    assert [step(resumed) for _ in range(2)] == pytest.approx(uninterrupted, rel=1e-6)
+
+    # the trained weights sample differently from the base, with a logprob per token
+    prompt = types.ModelInput.from_ints([5, 9, 14, 3])
+    params = types.SamplingParams(max_tokens=6, seed=11, temperature=1.0, stop=[])
+    sampler = training.save_weights_and_get_sampling_client().result()
+    base_sampler = service.create_sampling_client(base_model=BASE)
+    trained = sampler.sample(prompt, 2, params).result()
+    base = base_sampler.sample(prompt, 2, params).result()
+    assert [s.tokens for s in sampler.sample(prompt, 2, params).result().sequences] == \
+        [s.tokens for s in trained.sequences]  # the same seed: the same samples
+    assert [len(s.tokens) for s in trained.sequences] == [6, 6]
+    assert all(len(s.logprobs) == 6 and all(lp <= 0 for lp in s.logprobs) for s in trained.sequences)
+    assert [s.logprobs for s in trained.sequences] != [s.logprobs for s in base.sequences]
+    # the trained model learned DATA's continuation: after 5 9 14 3 comes 22 far likelier than in the base
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints([5, 9, 14, 3, 22])).result()
+    base_scored = base_sampler.compute_logprobs(types.ModelInput.from_ints([5, 9, 14, 3, 22])).result()
+    assert scored[0] is None and scored[-1] > base_scored[-1] + 1.0
+
+    # an RL step: importance sampling on sampled tokens with their sampler logprobs
+    sequence = trained.sequences[0]
+    tokens = [5, 9, 14, 3, *sequence.tokens]
+    rl = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                     loss_fn_inputs={"target_tokens": tokens[1:],
+                                     "logprobs": [0.0] * 3 + list(sequence.logprobs),
+                                     "advantages": [0.0] * 3 + [1.0] * len(sequence.tokens)})
+    out = training.forward_backward([rl], "importance_sampling").result()
+    assert math.isfinite(out.metrics["loss:sum"])
+    assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == len(tokens) - 1
+    training.optim_step(ADAM).result()
+
+    # a loss the SDK names but this platform does not serve: a clear 400 naming it
+    with pytest.raises(tinker.BadRequestError, match="dro"):
+        training.forward_backward(DATA, "dro").result()
+
+
+def test_two_tenants_train_on_one_base_apart_and_each_is_metered_for_its_own_tokens(sdk, running) -> None:
+    alice_service = sdk(running.key_a)
+    alice = alice_service.create_lora_training_client(base_model=BASE, rank=8, seed=1).result()
+    probe = [supervised([40, 41, 42, 43, 44, 45])]
+    before = alice.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+
+    bob_service = sdk(running.key_b)
+    bob = bob_service.create_lora_training_client(base_model=BASE, rank=16, seed=2).result()
+    for _ in range(3):  # both models' requests share the worker's cycles
+        alice_future = alice.forward_backward(probe, "cross_entropy")
+        step(bob)
+        alice_future.result()
+    after = alice.forward(probe, "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert after == before  # bob's steps changed nothing of alice's model (she took no optimizer step)
+
+    path = alice.save_state("mine").result().path
+    with pytest.raises(tinker.NotFoundError):  # bob can neither load nor sample alice's checkpoint
+        bob_service.create_training_client_from_state(path).result()
+    with pytest.raises(tinker.NotFoundError):
+        bob_service.create_sampling_client(model_path=path).result()
+    with pytest.raises(tinker.NotFoundError):  # nor drive her model
+        bob_service.create_rest_client().get_training_run(alice.model_id).result()
+
+    def trained_tokens(key: str) -> dict[str, int]:
+        rows = httpx.get(f"{running.url}/v1/usage", headers={"Authorization": f"Bearer {key}"}).json()["tokens"]
+        return {row["job_id"]: row["prompt_tokens"] for row in rows if row["kind"] == "training.train"}
+
+    bob_tokens = sum(len(d.model_input.to_ints()) for d in DATA) * 3
+    alice_tokens = len(probe[0].model_input.to_ints()) * 3
+    assert trained_tokens(running.key_b) == {bob.model_id: bob_tokens}
+    assert trained_tokens(running.key_a) == {alice.model_id: alice_tokens}  # forward passes are not billed
