@@ -5,6 +5,8 @@ base's, an RL step runs, and two tenants training side by side on one base stay 
 from __future__ import annotations
 
 import math
+import signal
+import time
 
 import httpx
 import pytest
@@ -123,3 +125,55 @@ def test_two_tenants_train_on_one_base_apart_and_each_is_metered_for_its_own_tok
     alice_tokens = len(probe[0].model_input.to_ints()) * 3
     assert trained_tokens(running.key_b) == {bob.model_id: bob_tokens}
     assert trained_tokens(running.key_a) == {alice.model_id: alice_tokens}  # forward passes are not billed
+
+
+def _workers(running) -> dict:
+    return running.plane.app.state.training_api._pools.processes
+
+
+def _wait_for(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_preempted_worker_hands_back_every_models_state_and_the_next_one_goes_on_exactly(sdk, running) -> None:
+    service = sdk(running.key_a)
+    training = service.create_lora_training_client(base_model=BASE, rank=8, seed=5).result()
+    for _ in range(5):
+        step(training)
+    path = training.save_state("before").result().path
+    (process,) = _workers(running).values()
+    process.send_signal(signal.SIGTERM)  # as a scheduler preempting it would
+    process.wait(60)
+    _wait_for(lambda: not _workers(running))
+    preempted = [step(training) for _ in range(2)]  # a new worker loads the kept state first
+    assert len(_workers(running)) == 1 and next(iter(_workers(running).values())).pid != process.pid
+
+    reference = service.create_training_client_from_state_with_optimizer(path).result()
+    assert [step(reference) for _ in range(2)] == pytest.approx(preempted, rel=1e-6)
+
+
+def test_an_idle_model_is_released_its_worker_stops_and_both_come_back_where_they_were(
+        tmp_path, database_url, tiny_model_dir, monkeypatch) -> None:
+    from tests.e2e.conftest import start_plane
+
+    world = start_plane(tmp_path, database_url, tiny_model_dir, training_api_idle_s=1.0)
+    try:
+        monkeypatch.setenv("TINKER_BASE_URL", f"{world.url}/tinker")
+        monkeypatch.setenv("TINKER_API_KEY", f"tml-{world.key_a}")
+        monkeypatch.setenv("TINKER_TELEMETRY", "0")
+        service = tinker.ServiceClient()
+        training = service.create_lora_training_client(base_model=BASE, rank=8, seed=6).result()
+        for _ in range(4):
+            step(training)
+        path = training.save_state("before-idle").result().path
+        _wait_for(lambda: not _workers(world), 30.0)  # released, then the idle worker stopped
+        broker = world.plane.app.state.training_api.api().broker
+        assert broker.models[training.model_id].state_key is not None
+        after_idle = [step(training) for _ in range(2)]
+        reference = service.create_training_client_from_state_with_optimizer(path).result()
+        assert [step(reference) for _ in range(2)] == pytest.approx(after_idle, rel=1e-6)
+    finally:
+        world.close()

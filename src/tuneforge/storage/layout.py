@@ -257,3 +257,9 @@ def training_run_key(tenant_id: str, run_id: str) -> str:
 def training_checkpoint_prefix(tenant_id: str, run_id: str, kind: str, name: str) -> str:
     """One saved checkpoint of a run: `kind` weights (training state) or sampler_weights."""
     return f"{training_runs_prefix(tenant_id)}/{_part(run_id)}/{_part(kind)}/{_part(name)}"
+
+
+def training_state_key(tenant_id: str, name: str) -> str:
+    """Where a training-API model's (or sampler's) state is kept while no worker holds it: released
+    when idle, or its worker preempted."""
+    return f"{training_runs_prefix(tenant_id)}/_kept/{_part(name)}.pt"

@@ -175,9 +175,15 @@ class Adapter:
                 "lora_dropout": 0.0, "bias": "none", "target_modules": targets,
                 "base_model_name_or_path": base_model, "inference_mode": True}
 
-    def state_bytes(self, with_optimizer: bool = True) -> bytes:
-        """Adapter weights, shape, step count and (optionally) the optimizer: exact resume."""
-        state = {"shape": self.shape.to_json(), "steps": self.steps,
+    def state_bytes(self, with_optimizer: bool = True, with_gradients: bool = False) -> bytes:
+        """Adapter weights, shape, step count and (optionally) the optimizer: exact resume. With the
+        gradients accumulated since the last step too when a worker lets the model go between a
+        forward_backward and its optim_step (idle release, preemption)."""
+        grads = None
+        if with_gradients:
+            grads = {path: tuple(None if p.grad is None else p.grad.detach().cpu() for p in pair)
+                     for path, pair in self.weights.items()}
+        state = {"shape": self.shape.to_json(), "steps": self.steps, "gradients": grads,
                  "weights": {path: (a.detach().cpu(), b.detach().cpu()) for path, (a, b) in self.weights.items()},
                  "optimizer": self.optimizer.state_dict() if with_optimizer and self.optimizer is not None else None}
         buffer = io.BytesIO()
@@ -248,6 +254,9 @@ class SharedBase:
                 own_a.copy_(a)
                 own_b.copy_(b)
         adapter.steps = int(state.get("steps", 0))
+        for path, grads in (state.get("gradients") or {}).items():
+            for param, grad in zip(adapter.weights[path], grads):
+                param.grad = None if grad is None else grad.to(param.device).clone()
         if with_optimizer and state.get("optimizer") is not None:
             adapter.optimizer = torch.optim.AdamW(adapter.parameters())
             adapter.optimizer.load_state_dict(state["optimizer"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -65,10 +66,11 @@ class Worker:
     def run_cycle(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
         results: dict[str, dict[str, Any]] = {}
         order = {"create": 0, "load": 0, "forward_backward": 1, "optim_step": 2, "save": 3, "snapshot": 3,
-                 "drop": 4, "sample": 5}
+                 "release": 4, "drop": 4, "sample": 5}
         fbs: list[tuple[dict[str, Any], ForwardBackward]] = []
         for op in sorted(ops, key=lambda op: order.get(op["kind"], 9)):
             try:
+                self._restore(op)
                 if op["kind"] == "forward_backward":
                     fbs.append((op, self._forward_backward(op)))
                     continue
@@ -84,7 +86,20 @@ class Worker:
                                         "error": f"the worker failed on this request ({type(exc).__name__})"}
         if fbs:
             self._run_fbs(fbs, results)
-        return [{"op_id": op["op_id"], **results[op["op_id"]]} for op in ops if op["op_id"] in results]
+        return [{"op_id": op["op_id"], **results[op["op_id"]], "hosted": op.get("model") in self.base.adapters}
+                for op in ops if op["op_id"] in results]
+
+    def _restore(self, op: dict[str, Any]) -> None:
+        """Load the kept state an op carries for a model this worker does not hold yet."""
+        restore = op.pop("restore", None)
+        if restore is not None and op.get("model") and op["model"] not in self.base.adapters:
+            self.base.load_state(op["model"], base64.b64decode(restore["state"]),
+                                 with_optimizer=bool(restore.get("optimizer", True)))
+
+    def states(self) -> dict[str, str]:
+        """Every hosted model's state (weights and optimizer), to be kept when this worker stops."""
+        return {name: _b64(adapter.state_bytes(with_optimizer=True, with_gradients=True))
+                for name, adapter in self.base.adapters.items()}
 
     def _forward_backward(self, op: dict[str, Any]) -> ForwardBackward:
         try:
@@ -143,6 +158,13 @@ class Worker:
         if kind == "drop":
             self.base.drop(name)
             return {"json": {}}
+        if kind == "release":  # idle: its state goes to the control plane, which keeps it
+            adapter = self.base.adapters.get(name)
+            if adapter is None:
+                raise RequestError(f"model {name} is not hosted")
+            state = _b64(adapter.state_bytes(with_optimizer=True, with_gradients=True))
+            self.base.drop(name)
+            return {"state": state}
         if kind == "sample":
             return self._sample(op)
         raise RequestError(f"unknown operation {kind}")
@@ -159,16 +181,40 @@ class Worker:
         return {"proto": _b64(body), "tokens": generated, "prefill": len(op["prompt"])}
 
 
+class _Stop(Exception):
+    pass
+
+
 def serve(spec: dict[str, Any], base: SharedBase) -> None:
+    """Cycles until the control plane says stop. On SIGTERM (preemption) the cycle under way
+    finishes, then its results and the state of every hosted model go back in one last request."""
     worker = Worker(base, spec)
     url = f"{spec['callback_url'].rstrip('/')}/internal/v1/pools/{spec['pool_id']}/work"
     headers = {"Authorization": f"Bearer {spec['token']}"}
     results: list[dict[str, Any]] = []
     failing_since: float | None = None
+    stopping = {"asked": False, "polling": False}
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        stopping["asked"] = True
+        if stopping["polling"]:  # waiting for work: stop waiting (what was sent was received)
+            raise _Stop
+
+    signal.signal(signal.SIGTERM, on_term)
     with httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0)) as client:
         while True:
+            if stopping["asked"]:
+                _hand_back(client, url, headers, results, worker)
+                return
             try:
-                reply = client.post(url, json={"results": results}, headers=headers)
+                stopping["polling"] = True
+                try:
+                    reply = client.post(url, json={"results": results}, headers=headers)
+                finally:
+                    stopping["polling"] = False
+            except _Stop:
+                _hand_back(client, url, headers, [], worker)
+                return
             except httpx.HTTPError as exc:
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since > GIVE_UP_S:
@@ -190,6 +236,20 @@ def serve(spec: dict[str, Any], base: SharedBase) -> None:
             if body.get("stop"):
                 return
             results = worker.run_cycle(body.get("ops") or [])
+
+
+def _hand_back(_client: httpx.Client, url: str, headers: dict[str, str], results: list[dict[str, Any]],
+               worker: Worker) -> None:
+    body = {"results": results, "stopping": True, "states": worker.states()}
+    with httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0)) as fresh:  # the other may be mid-request
+        for _attempt in range(5):
+            try:
+                if fresh.post(url, json=body, headers=headers).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(RETRY_S)
+    log.error("could not hand back the hosted models' state: they resume from their last checkpoints")
 
 
 def main() -> int:

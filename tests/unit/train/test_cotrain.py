@@ -203,3 +203,20 @@ def test_sampling_is_seeded_reports_the_models_logprobs_and_stops_where_asked(ti
     stopped = base.sample("tenant-a:m0", prompt, num_samples=1, max_tokens=6, seed=7, stop=[stop_token])
     assert stopped.sequences[0].stopped and stopped.sequences[0].tokens[-1] == stop_token
     assert stopped.sequences[0].tokens == free.tokens[:free.tokens.index(stop_token) + 1]
+
+
+def test_a_state_kept_between_forward_backward_and_optim_step_keeps_the_gradients(tiny) -> None:
+    data = MODELS["tenant-a:m0"][2]
+    base = fresh(tiny)
+    host_all(base, ["tenant-a:m0"])
+    base.forward_backward([ForwardBackward("tenant-a:m0", data)])
+    kept = base.adapters["tenant-a:m0"].state_bytes(with_gradients=True)
+    base.optim_step("tenant-a:m0", AdamParams(learning_rate=1e-2))
+    stepped = [param.detach().clone() for param in base.adapters["tenant-a:m0"].parameters()]
+
+    other = fresh(tiny)
+    other.load_state("again", kept, with_optimizer=True)
+    other.optim_step("again", AdamParams(learning_rate=1e-2))
+    assert all(torch.equal(a, b) for a, b in zip(stepped, other.adapters["again"].parameters()))
+    # without the gradients the step would have done nothing to B (zero at the start)
+    assert any(float(p.abs().max()) > 0 for p in stepped[1::2])

@@ -237,8 +237,4 @@ async def pool_work(pool_id: str, request: Request) -> Any:
     authorization = request.headers.get("authorization") or ""
     training = request.app.state.training_api.api()
     pool = training.broker.pool_by_id(pool_id, authorization.partition(" ")[2].strip())
-    body = await body_of(request)
-    ops = await training.broker.work(pool, list(body.get("results") or []))
-    if training.broker.closed:
-        return {"stop": True, "ops": []}
-    return {"ops": [op.wire() for op in ops]}
+    return await training.work(pool, await body_of(request))

@@ -29,6 +29,7 @@ class TrainingApiHost:
                             queued_per_tenant=settings.training_api_queued_per_tenant, launch=pools.launch)
             pools.broker = broker
             self._pools, self._api = pools, TrainingApi(self.platform, broker)
+            self._housekeeping = self._loop.create_task(self._api.housekeeping())
         return self._api
 
     def check_pool(self, pool_id: str, token: str) -> None:

@@ -77,6 +77,10 @@ class Op:
     def wire(self) -> dict[str, Any]:
         return {"op_id": self.op_id, "kind": self.kind, "model": self.model, **self.payload}
 
+    def request_id_counted(self) -> bool:
+        """A tenant's request (counted against its queue limit), not the platform's own op."""
+        return bool(self.future.request_id)
+
 
 @dataclass
 class Session:
@@ -109,6 +113,9 @@ class Model:
     last_request: float = 0.0
     last_checkpoint: dict[str, Any] | None = None
     last_sampler_checkpoint: dict[str, Any] | None = None
+    hosted: bool = False  # the worker holds it now
+    state_key: str | None = None  # where its state was kept when its worker let it go (idle, preempted)
+    last_served: float = 0.0  # when a cycle last took one of its ops (fair turns)
 
 
 @dataclass
@@ -120,6 +127,7 @@ class Sampler:
     model_path: str | None
     hosted_as: str | None  # the adapter name the worker holds it under (None: the base alone)
     seen: dict[int, tuple[Future, list[str]]] = field(default_factory=dict)
+    state_key: str | None = None  # a checkpoint's state (model_path) or where the worker's copy was kept
 
 
 @dataclass
@@ -131,6 +139,8 @@ class Pool:
     running: dict[str, Op] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     last_seen: float = 0.0
+    last_busy: float = field(default_factory=time.monotonic)
+    stop: bool = False  # the worker is told to stop at its next request (idle)
 
 
 class Broker:
@@ -147,6 +157,7 @@ class Broker:
         self.pools: dict[str, Pool] = {}  # by base model name
         self._ids = itertools.count(1)
         self._queued: dict[str, int] = {}  # per tenant: ops submitted and not finished
+        self._served: dict[str, float] = {}  # per tenant: when a cycle last took one of its ops
         self.closed = False  # the process is stopping: workers are told to stop
 
     def close(self) -> None:
@@ -184,7 +195,7 @@ class Broker:
 
     # sessions ------------------------------------------------------------------------------------------
     def create_session(self, tenant: str, tags: list[str], user_metadata: dict[str, str]) -> Session:
-        self._expire()
+        self.expire()
         session = Session(str(uuid.uuid4()), tenant, time.time(), tags, user_metadata, last_seen=time.monotonic())
         self.sessions[session.session_id] = session
         return session
@@ -207,7 +218,7 @@ class Broker:
         model_id = f"{session_id}:train:{model_seq_id}"
         if model_id in self.models:
             raise invalid(f"model_seq_id {model_seq_id} is already used in this session", "model_seq_id")
-        held = sum(1 for model in self.models.values() if model.tenant == tenant)
+        held = sum(1 for model in self.models.values() if model.tenant == tenant and self._holds(model))
         if held >= self.models_per_tenant:
             raise rate_limited(f"this tenant holds {held} training-API models, its limit; close a session or wait "
                                "for one to be released", code="too_many_models", retry_after=30.0)
@@ -216,6 +227,14 @@ class Broker:
         self.models[model_id] = model
         session.models.append(model_id)
         return model
+
+    def _holds(self, model: Model) -> bool:
+        """Whether a model counts against its tenant's limit: one of a finished session, or released
+        when idle with nothing waiting, does not (its state is kept; its next request brings it back)."""
+        session = self.sessions.get(model.session_id)
+        if session is None or session.finished:
+            return False
+        return model.hosted or bool(model.ready or model.buffered or model.running) or model.state_key is None
 
     def forget_model(self, model_id: str) -> None:
         model = self.models.pop(model_id, None)
@@ -246,7 +265,12 @@ class Broker:
             model.ready.append(op)
         else:
             model.seen[seq_id] = op.future
-            if seq_id < model.next_seq or seq_id == model.next_seq:
+            if seq_id < model.next_seq:  # its turn was skipped (a gap timed out): running it now reorders
+                op.future.fail(f"request seq_id {seq_id} arrived after later requests of this model ran",
+                               "user")
+                self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+                return op.future
+            if seq_id == model.next_seq:
                 model.ready.append(op)
                 model.next_seq = max(model.next_seq, seq_id + 1)
                 self._drain(model)
@@ -302,7 +326,7 @@ class Broker:
             return False
         return True
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         now = time.monotonic()
         for request_id in [rid for rid, fut in self.futures.items()
                            if fut.finished_at is not None and now - fut.finished_at > RESULT_TTL_S]:
@@ -333,9 +357,12 @@ class Broker:
     def cycle(self, pool: Pool) -> list[Op]:
         """The next cycle's ops: every ready op of a model not running one, forward_backward ops taken
         round-robin by tenant within the token budget (one at least), the pool's own ops."""
+        if self.pools.get(pool.base) is not pool:
+            return []  # a pool whose worker is gone (a request of it still held) takes nothing
         self._skip_gaps()
-        heads = [model for model in self.models.values()
-                 if model.base == pool.base and model.running is None and model.ready]
+        heads = sorted((model for model in self.models.values()
+                        if model.base == pool.base and model.running is None and model.ready),
+                       key=lambda model: model.last_served)  # the longest unserved first
         chosen: list[Op] = []
         by_tenant: dict[str, deque[Model]] = {}
         for model in heads:
@@ -344,16 +371,22 @@ class Broker:
             else:
                 chosen.append(model.ready.popleft())
         budget = self.cycle_tokens
-        taken = 0
-        tenants = deque(sorted(by_tenant))
+        taken, count = 0, 0
+        # tenants in turn, the one served longest ago first: each cycle starts with another tenant
+        tenants = deque(sorted(by_tenant, key=lambda tenant: self._served.get(tenant, 0.0)))
+        now = time.monotonic()
         while tenants:
             tenant = tenants.popleft()
             queue = by_tenant[tenant]
             op = queue[0].ready[0]
-            if taken and taken + op.tokens > budget:
+            if count and taken + op.tokens > budget:
                 continue  # this tenant's next op waits for the next cycle; others may still fit
-            chosen.append(queue.popleft().ready.popleft())
+            served = queue.popleft()
+            chosen.append(served.ready.popleft())
+            served.last_served = now
+            self._served[tenant] = now + count * 1e-9  # ties broken by the order served
             taken += op.tokens
+            count += 1
             if queue:
                 tenants.append(tenant)
         while pool.ops:
@@ -363,15 +396,64 @@ class Broker:
             model = self.models.get(op.model or "")
             if model is not None and op.kind != "sample":
                 model.running = op
+            self._restore_with(op)
+        if chosen:
+            pool.last_busy = time.monotonic()
         return chosen
+
+    def _restore_with(self, op: Op) -> None:
+        """An op for a model or sampler the worker does not hold carries where its state is: the
+        worker loads it first (the control plane reads it into the op: `service.prepare`)."""
+        if op.kind in ("create", "load"):
+            return
+        model = self.models.get(op.model or "")
+        if model is not None and not model.hosted and model.state_key:
+            op.payload["restore_key"] = model.state_key
+        sampler = self.samplers.get(op.model or "")
+        if sampler is not None and sampler.state_key and op.kind == "sample":
+            op.payload["restore_key"] = sampler.state_key
+
+    def hosted(self, name: str | None, held: bool) -> None:
+        """The worker says whether it holds `name` after an op."""
+        model = self.models.get(name or "")
+        if model is not None:
+            model.hosted = held
+            if held:
+                model.state_key = None  # the kept state is now behind the worker's: never go back to it
+
+    def release_idle(self, idle_s: float) -> list[Op]:
+        """Ops that let go of models idle for `idle_s` (their state kept in the store), and the pools
+        idle that long told to stop."""
+        now = time.monotonic()
+        released = []
+        for model in self.models.values():
+            if (model.hosted and model.running is None and not model.ready and not model.buffered
+                    and now - model.last_request >= idle_s):
+                op = Op(f"release-{uuid.uuid4().hex[:12]}", model.tenant, "release", model.model_id, {},
+                        Future("", model.tenant, "release"))
+                model.ready.append(op)
+                released.append(op)
+                self._wake(model.base)
+        for pool in list(self.pools.values()):
+            busy = any(m.base == pool.base and (m.hosted or m.ready or m.running) for m in self.models.values())
+            if not busy and not pool.ops and not pool.running and now - pool.last_busy >= idle_s:
+                pool.stop = True
+                pool.wake.set()
+        return released
 
     async def work(self, pool: Pool, results: list[dict[str, Any]]) -> list[Op]:
         """A worker's results of its last cycle in, its next cycle out (held up to WORK_WAIT_S)."""
+        await self.report(pool, results)
+        return await self.next_cycle(pool)
+
+    async def report(self, pool: Pool, results: list[dict[str, Any]]) -> None:
         pool.last_seen = time.monotonic()
         for result in results:
             await self._finish(pool, result)
+
+    async def next_cycle(self, pool: Pool) -> list[Op]:
         deadline = time.monotonic() + WORK_WAIT_S
-        while not self.closed:
+        while not self.closed and not pool.stop and self.pools.get(pool.base) is pool:
             pool.wake.clear()
             ops = self.cycle(pool)
             if ops:
@@ -392,7 +474,11 @@ class Broker:
         model = self.models.get(op.model or "")
         if model is not None and model.running is op:
             model.running = None
-        self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+            model.last_request = time.monotonic()  # idle counts from the last op's end, not its start
+        if "hosted" in result:
+            self.hosted(op.model, bool(result["hosted"]))
+        if op.request_id_counted():
+            self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
         try:
             if not result.get("ok"):
                 op.future.fail(str(result.get("error") or "the request failed"),
@@ -413,22 +499,36 @@ class Broker:
         pool.wake.set()
 
     def worker_lost(self, pool: Pool, why: str) -> None:
-        """The pool's worker is gone: what it was running fails (the platform's fault); the models it
-        hosted must be loaded again from their checkpoints before their next request."""
+        """The pool's worker is gone. What it was running fails (the platform's fault, the client may
+        retry). Its models are kept: one whose state was kept (idle release, preemption) is loaded
+        from it by the next worker before its next op; one without any kept state cannot go on, so
+        its waiting ops fail, saying to load it from a checkpoint. A pool with work waiting starts
+        again."""
         for op in list(pool.running.values()):
             op.future.fail(f"the training worker stopped ({why}); retry the request", "server")
-            self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+            if op.request_id_counted():
+                self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
             model = self.models.get(op.model or "")
-            if model is not None:
+            if model is not None and model.running is op:
                 model.running = None
         pool.running.clear()
-        self.pools.pop(pool.base, None)
-        for model_id in [m.model_id for m in self.models.values() if m.base == pool.base]:
-            model = self.models[model_id]
+        if self.pools.get(pool.base) is pool:
+            del self.pools[pool.base]
+        for model in [m for m in self.models.values() if m.base == pool.base]:
+            model.hosted = False
+            if model.state_key:
+                continue
             for op in [*model.ready, *model.buffered.values()]:
-                op.future.fail(f"the training worker stopped ({why}); the model's state since its last "
-                               "checkpoint is lost: load it from a checkpoint", "server")
-                self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
-            self.forget_model(model_id)
-        for sampler_id in [s.sampler_id for s in self.samplers.values() if s.base == pool.base]:
-            self.samplers.pop(sampler_id, None)
+                if op.kind in ("create", "load"):
+                    continue  # the model is (re)made by its op: nothing was lost
+                op.future.fail(f"the training worker stopped ({why}) before this model's state was kept; "
+                               "load it from a checkpoint", "server")
+                if op.request_id_counted():
+                    self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+                model.ready = deque(o for o in model.ready if o is not op)
+                model.buffered = {k: o for k, o in model.buffered.items() if o is not op}
+        if not self.closed and (any(m.base == pool.base and m.ready for m in self.models.values()) or pool.ops):
+            replacement = self._pool(pool.base)
+            replacement.ops.extend(pool.ops)
+            replacement.wake.set()
+

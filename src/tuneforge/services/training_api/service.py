@@ -11,6 +11,7 @@ looked up under the caller's own prefix only, so another tenant's path is simply
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -356,6 +357,62 @@ class TrainingApi:
                               completion=int(result.get("tokens", 0)))
             op.future.resolve(base64.b64decode(result["proto"]), "application/x-protobuf")
         return meter
+
+    # the workers' side ----------------------------------------------------------------------------------
+    async def work(self, pool: Any, body: dict[str, Any]) -> dict[str, Any]:
+        """A worker's request: its last cycle's results (and, when it is stopping, the state of every
+        model it holds, kept so that the next worker goes on from there), its next cycle back."""
+        await self.broker.report(pool, list(body.get("results") or []))
+        states = body.get("states") or {}
+        if states:
+            await self._keep(states)
+        if body.get("stopping") or self.broker.closed:
+            return {"stop": True, "ops": []}
+        ops = await self.broker.next_cycle(pool)
+        if not ops and (pool.stop or self.broker.closed):
+            return {"stop": True, "ops": []}
+        await self._prepare(ops)
+        return {"ops": [op.wire() for op in ops]}
+
+    async def _keep(self, states: dict[str, str]) -> None:
+        store = self.platform.store
+        for name, encoded in states.items():
+            model = self.broker.models.get(name)
+            sampler = self.broker.samplers.get(name)
+            owner = model or sampler
+            if owner is None:
+                continue
+            key = layout.training_state_key(owner.tenant, name)
+            await run_in_threadpool(store.put_bytes, key, base64.b64decode(encoded))
+            owner.state_key = key
+            if model is not None:
+                model.hosted = False
+
+    async def _prepare(self, ops: list[Op]) -> None:
+        """Ops that must first load a kept state get its bytes (a worker reads no tenant's objects)."""
+        for op in ops:
+            key = op.payload.pop("restore_key", None)
+            if key is None:
+                continue
+            try:
+                state = await run_in_threadpool(self.platform.store.get_bytes, key)
+            except (FileNotFoundError, KeyError):
+                continue  # the op fails in the worker: its model is not there
+            op.payload["restore"] = {"state": base64.b64encode(state).decode(), "optimizer": True}
+
+    async def housekeeping(self, every_s: float = 10.0) -> None:
+        """Forever, on the event loop: models idle past `training_api_idle_s` are released (their state
+        kept), pools idle that long stop, finished futures expire."""
+        idle_s = self.platform.settings.training_api_idle_s
+        while not self.broker.closed:
+            await asyncio.sleep(min(every_s, idle_s / 2))
+            for op in self.broker.release_idle(idle_s):
+                op.after = self._released
+            self.broker.expire()
+
+    async def _released(self, op: Op, result: dict[str, Any]) -> None:
+        await self._keep({str(op.model): result["state"]})
+        op.future.resolve({})
 
     # REST ----------------------------------------------------------------------------------------------
     async def weights_info(self, tenant: str, tinker_path: Any) -> dict[str, Any]:
