@@ -128,14 +128,15 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
         description="Reinforcement rollouts on vLLM: the fraction of a GPU trainer's memory given to an in-process "
                     "vLLM engine for the base model (LoRA jobs on one process, where the vllm package is installed; "
                     "train/vllm_rollouts.py). 0: the trainer samples itself.")
-    training_api_models_per_tenant: int = Field(
-        default=8, ge=1, le=1024,
-        description="Training-API models (LoRA training clients of /tinker) one tenant may hold at once; one more "
-                    "answers 429 with Retry-After.")
-    training_api_queued_per_tenant: int = Field(
-        default=256, ge=1, le=100_000,
+    training_api_models_per_tenant: dict[str, int] = Field(
+        default_factory=lambda: {"free": 2, "standard": 8, "premium": 32},
+        description="Training-API models (LoRA training clients of /tinker) one tenant may hold at once, by tier "
+                    "(JSON); one more answers 429 with Retry-After. A model of a finished session, or released "
+                    "when idle, does not count.")
+    training_api_queued_per_tenant: dict[str, int] = Field(
+        default_factory=lambda: {"free": 64, "standard": 256, "premium": 1024},
         description="Training-API requests of one tenant waiting or running at once (forward_backward, optim_step, "
-                    "sample, ...); one more answers 429 with Retry-After.")
+                    "sample, ...), by tier (JSON); one more answers 429 with Retry-After.")
     training_api_cycle_tokens: int = Field(
         default=32_768, ge=256,
         description="Tokens one co-training cycle passes through a shared base at most (every tenant's "

@@ -792,3 +792,29 @@ def test_finished_futures_are_forgotten_after_their_ttl(clock: Clock):
         assert old.op_id not in broker.futures and fresh.op_id in broker.futures
 
     run(scenario())
+
+
+def test_the_limits_are_the_callers_tiers() -> None:
+    async def scenario() -> None:
+        broker = Broker(cycle_tokens=1500, models_per_tenant={"free": 1, "premium": 3},
+                        queued_per_tenant={"free": 2, "premium": 5}, launch=lambda pool: None)
+        broker.tiers.update({"poor": "free", "rich": "premium"})
+        new_model(broker, "poor")
+        with pytest.raises(ApiError) as refused:
+            new_model(broker, "poor", model_seq_id=1)
+        assert refused.value.status_code == 429 and refused.value.retry_after
+        rich = [new_model(broker, "rich", model_seq_id=index) for index in range(3)]
+        with pytest.raises(ApiError):
+            new_model(broker, "rich", model_seq_id=3)
+        for _ in range(5):
+            broker.op("rich", "optim_step", rich[0].model_id, {})
+        with pytest.raises(ApiError) as queued:
+            broker.op("rich", "optim_step", rich[0].model_id, {})
+        assert queued.value.status_code == 429 and "5 training-API requests" in queued.value.message
+        broker.tiers["unknown-tier-tenant"] = "enterprise"  # a tier the limits do not name: the free one's
+        broker.op("unknown-tier-tenant", "optim_step", None, {})
+        broker.op("unknown-tier-tenant", "optim_step", None, {})
+        with pytest.raises(ApiError):
+            broker.op("unknown-tier-tenant", "optim_step", None, {})
+
+    run(scenario())

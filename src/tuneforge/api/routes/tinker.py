@@ -35,6 +35,7 @@ async def tenant(request: Request) -> AsyncIterator[str]:
     """The caller's tenant id, admitted by its tier's request limits (the key: `X-API-Key: tml-<key>`)."""
     authorization = credentials.authorization_of(request.scope)
     async with deps.admitted_caller(request.app.state, request.scope, authorization) as found:
+        request.app.state.training_api.api().broker.tiers[found.tenant_id] = found.tier
         yield found.tenant_id
 
 

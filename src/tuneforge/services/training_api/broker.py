@@ -144,8 +144,8 @@ class Pool:
 
 
 class Broker:
-    def __init__(self, *, cycle_tokens: int, models_per_tenant: int, queued_per_tenant: int,
-                 launch: Callable[[Pool], None]) -> None:
+    def __init__(self, *, cycle_tokens: int, models_per_tenant: int | dict[str, int],
+                 queued_per_tenant: int | dict[str, int], launch: Callable[[Pool], None]) -> None:
         self.cycle_tokens = cycle_tokens
         self.models_per_tenant = models_per_tenant
         self.queued_per_tenant = queued_per_tenant
@@ -158,7 +158,14 @@ class Broker:
         self._ids = itertools.count(1)
         self._queued: dict[str, int] = {}  # per tenant: ops submitted and not finished
         self._served: dict[str, float] = {}  # per tenant: when a cycle last took one of its ops
+        self.tiers: dict[str, str] = {}  # per tenant: its tier, as its last request showed it
         self.closed = False  # the process is stopping: workers are told to stop
+
+    def _limit(self, limits: int | dict[str, int], tenant: str) -> int:
+        if isinstance(limits, int):
+            return limits
+        tier = self.tiers.get(tenant, "free")
+        return limits.get(tier, limits.get("free", min(limits.values(), default=1)))
 
     def close(self) -> None:
         self.closed = True
@@ -219,7 +226,7 @@ class Broker:
         if model_id in self.models:
             raise invalid(f"model_seq_id {model_seq_id} is already used in this session", "model_seq_id")
         held = sum(1 for model in self.models.values() if model.tenant == tenant and self._holds(model))
-        if held >= self.models_per_tenant:
+        if held >= self._limit(self.models_per_tenant, tenant):
             raise rate_limited(f"this tenant holds {held} training-API models, its limit; close a session or wait "
                                "for one to be released", code="too_many_models", retry_after=30.0)
         model = Model(model_id, tenant, session_id, base, shape, time.time(), user_metadata,
@@ -244,8 +251,9 @@ class Broker:
                 session.models.remove(model_id)
 
     def _admit(self, tenant: str) -> None:
-        if self._queued.get(tenant, 0) >= self.queued_per_tenant:
-            raise rate_limited(f"this tenant has {self.queued_per_tenant} training-API requests waiting or running, "
+        limit = self._limit(self.queued_per_tenant, tenant)
+        if self._queued.get(tenant, 0) >= limit:
+            raise rate_limited(f"this tenant has {limit} training-API requests waiting or running, "
                                "its limit; retry when some have finished", code="too_many_requests",
                                retry_after=RETRY_AFTER_S)
 
