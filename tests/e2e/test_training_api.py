@@ -177,3 +177,23 @@ def test_an_idle_model_is_released_its_worker_stops_and_both_come_back_where_the
         assert [step(reference) for _ in range(2)] == pytest.approx(after_idle, rel=1e-6)
     finally:
         world.close()
+
+
+def test_forward_backward_custom_runs_its_loss_on_the_client_and_trains_through_weighted_cross_entropy(
+        sdk, running) -> None:
+    import torch
+
+    training = sdk(running.key_a).create_lora_training_client(base_model=BASE, rank=8, seed=9).result()
+
+    def squared(data, logprobs_list):  # any differentiable function of the target logprobs
+        loss = sum((lp ** 2).sum() for lp in logprobs_list)
+        return loss, {"squares:sum": float(loss)}
+
+    first = training.forward_backward_custom(DATA, squared).result()
+    expected = sum(float((torch.tensor(out["logprobs"].tolist()) ** 2).sum())
+                   for out in training.forward(DATA, "cross_entropy").result().loss_fn_outputs)
+    assert first.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4)
+    assert first.metrics["squares:sum"] == pytest.approx(expected, rel=1e-4)
+    training.optim_step(ADAM).result()
+    second = training.forward_backward_custom(DATA, squared).result()
+    assert second.metrics["loss:sum"] < first.metrics["loss:sum"]  # the step followed the custom loss down
