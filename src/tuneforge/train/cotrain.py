@@ -43,6 +43,7 @@ LOSS_INPUTS = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
 }
 MAX_RANK = 128
+MAX_SAMPLE_BATCH_TOKENS = 1 << 20  # the rows x positions one sample request may hold in its key/value cache
 _ATTENTION_WORDS = ("attn", "attention")
 _MLP_WORDS = ("mlp", "feed_forward", "ffn")
 
@@ -205,13 +206,15 @@ def shape_of_state(state: dict[str, Any]) -> LoraShape:
 class SharedBase:
     """The base model once; adapters hosted by name; batched passes over rows of many adapters."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None, *, max_pass_tokens: int = 16384) -> None:
         model.requires_grad_(False)
+        self.max_pass_tokens = max_pass_tokens  # rows x padded width of one pass through the base
         model.eval()
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self.adapters: dict[str, Adapter] = {}
         self._runs: list[tuple[int, int, Adapter | None]] | None = None
         self._kinds: dict[str, str] = {}
@@ -305,6 +308,9 @@ class SharedBase:
             where = f"data[{index}]"
             if not datum.tokens:
                 raise RequestError(f"{where}.model_input is empty")
+            if self.context is not None and len(datum.tokens) > self.context:
+                raise RequestError(f"{where}.model_input has {len(datum.tokens)} tokens, more than the base's "
+                                   f"context of {self.context}")
             if min(datum.tokens) < 0 or max(datum.tokens) >= self.vocab_size:
                 raise RequestError(f"{where}.model_input has a token outside the vocabulary (0..{self.vocab_size - 1})")
             for key in LOSS_INPUTS[request.loss_fn]:
@@ -349,39 +355,59 @@ class SharedBase:
         return [result for result in results if result is not None]
 
     def _pass(self, requests: Sequence[ForwardBackward]) -> list[ForwardBackwardResult]:
-        rows = [(request, datum) for request in requests for datum in request.data]
-        width = max(len(datum.tokens) for _request, datum in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for row, (_request, datum) in enumerate(rows):
+        """The requests' rows in passes of at most `max_pass_tokens` (rows x padded width), each pass
+        mixing whatever models its rows belong to; the gradients of the passes add up, as the
+        losses are sums. A request's results are its rows' in order."""
+        rows = [(index, datum) for index, request in enumerate(requests) for datum in request.data]
+        logprobs: list[list[torch.Tensor]] = [[] for _ in requests]
+        losses: list[list[torch.Tensor]] = [[] for _ in requests]
+        sums = [0.0] * len(requests)
+        for part in self._parts(rows):
+            self._part_pass(requests, part, logprobs, losses, sums)
+        return [ForwardBackwardResult(logprobs[i], losses[i], {"loss:sum": sums[i]}) for i in range(len(requests))]
+
+    def _parts(self, rows: list[tuple[int, Datum]]) -> Iterator[list[tuple[int, Datum]]]:
+        part: list[tuple[int, Datum]] = []
+        width = 0
+        for row in rows:
+            wider = max(width, len(row[1].tokens))
+            if part and wider * (len(part) + 1) > self.max_pass_tokens:
+                yield part
+                part, wider = [], len(row[1].tokens)
+            part.append(row)
+            width = wider
+        if part:
+            yield part
+
+    def _part_pass(self, requests: Sequence[ForwardBackward], part: list[tuple[int, Datum]],
+                   logprobs: list[list[torch.Tensor]], losses: list[list[torch.Tensor]], sums: list[float]) -> None:
+        width = max(len(datum.tokens) for _index, datum in part)
+        ids = torch.zeros(len(part), width, dtype=torch.long)
+        mask = torch.zeros(len(part), width, dtype=torch.long)
+        for row, (_index, datum) in enumerate(part):
             ids[row, :len(datum.tokens)] = torch.tensor(datum.tokens)
             mask[row, :len(datum.tokens)] = 1
         runs: list[tuple[int, int, Adapter | None]] = []
-        start = 0
-        for request in requests:  # a request's rows are contiguous: one run each
-            runs.append((start, start + len(request.data), self.adapters[request.model]))
-            start += len(request.data)
-        trains = any(not request.forward_only for request in requests)
+        for row, (index, _datum) in enumerate(part):  # a request's rows are contiguous: one run each
+            if runs and part[runs[-1][0]][0] == index:
+                runs[-1] = (runs[-1][0], row + 1, runs[-1][2])
+            else:
+                runs.append((row, row + 1, self.adapters[requests[index].model]))
+        trains = any(not requests[index].forward_only for index, _datum in part)
         with torch.enable_grad() if trains else torch.no_grad(), self._with_runs(runs):
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            results: list[ForwardBackwardResult] = []
             total: torch.Tensor | None = None
-            row = 0
-            for request in requests:
-                logprobs, losses, loss_sum = [], [], None
-                for datum in request.data:
-                    lp, loss = self._datum_loss(request, datum, logits[row, :len(datum.tokens)])
-                    logprobs.append(lp.detach().cpu())
-                    losses.append(loss.detach().cpu())
-                    loss_sum = loss.sum() if loss_sum is None else loss_sum + loss.sum()
-                    row += 1
-                assert loss_sum is not None
+            for row, (index, datum) in enumerate(part):
+                request = requests[index]
+                lp, loss = self._datum_loss(request, datum, logits[row, :len(datum.tokens)])
+                logprobs[index].append(lp.detach().cpu())
+                losses[index].append(loss.detach().cpu())
+                summed = loss.sum()
+                sums[index] += float(summed.detach())
                 if not request.forward_only:
-                    total = loss_sum if total is None else total + loss_sum
-                results.append(ForwardBackwardResult(logprobs, losses, {"loss:sum": float(loss_sum.detach())}))
+                    total = summed if total is None else total + summed
             if total is not None:
                 total.backward()
-        return results
 
     def _datum_loss(self, request: ForwardBackward, datum: Datum,
                     logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -426,6 +452,12 @@ class SharedBase:
         [] never stops. The same request with the same `seed` gives the same completions."""
         if not prompt or min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise RequestError("prompt is empty or has a token outside the vocabulary")
+        if self.context is not None and len(prompt) + max_tokens > self.context:
+            raise RequestError(f"the prompt's {len(prompt)} tokens and max_tokens {max_tokens} exceed the base's "
+                               f"context of {self.context}")
+        if num_samples * (len(prompt) + max_tokens) > MAX_SAMPLE_BATCH_TOKENS:
+            raise RequestError(f"num_samples x (prompt + max_tokens) is over {MAX_SAMPLE_BATCH_TOKENS} tokens; "
+                               "ask for fewer samples per request")
         adapter = None
         if name is not None:
             adapter = self.adapters.get(name)

@@ -10,7 +10,7 @@ It loads one base model once and then, cycle after cycle, asks the control plane
 3. optimizer steps, each model's own,
 4. saves (the state goes back to the control plane, which writes it), sampler snapshots, samples.
 
-The spec: {"pool_id", "token", "callback_url", "base_dir", "base_name", "device"}.
+The spec: {"pool_id", "token", "callback_url", "base_dir", "base_name", "device", "max_pass_tokens"}.
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ def main() -> int:
     device = torch.device(device_name)
     model, tokenizer = load_base_model(Path(spec["base_dir"]), device)
     torch.manual_seed(0)
-    serve(spec, SharedBase(model, tokenizer))
+    serve(spec, SharedBase(model, tokenizer, max_pass_tokens=int(spec.get("max_pass_tokens") or 16384)))
     return 0
 
 

@@ -220,3 +220,28 @@ def test_a_state_kept_between_forward_backward_and_optim_step_keeps_the_gradient
     assert all(torch.equal(a, b) for a, b in zip(stepped, other.adapters["again"].parameters()))
     # without the gradients the step would have done nothing to B (zero at the start)
     assert any(float(p.abs().max()) > 0 for p in stepped[1::2])
+
+
+def test_requests_larger_than_one_pass_run_in_parts_with_the_same_gradients(tiny) -> None:
+    names = list(MODELS)
+    whole = fresh(tiny)
+    host_all(whole, names)
+    whole.forward_backward([ForwardBackward(name, MODELS[name][2]) for name in names])
+    parts = fresh(tiny)
+    parts.max_pass_tokens = 12  # every pass one or two rows: five passes instead of one
+    host_all(parts, names)
+    results = parts.forward_backward([ForwardBackward(name, MODELS[name][2]) for name in names])
+    assert all(not isinstance(result, RequestError) for result in results)
+    for name in names:
+        for one, split in zip(grads(whole, name), grads(parts, name)):
+            assert float((one - split).abs().max()) <= GRAD_RTOL * max(float(one.abs().max()), 1e-8)
+
+
+def test_a_datum_longer_than_the_bases_context_is_refused(tiny) -> None:
+    base = fresh(tiny)
+    host_all(base, ["tenant-a:m0"])
+    assert base.context is not None
+    (result,) = base.forward_backward([ForwardBackward("tenant-a:m0", [datum([1] * (base.context + 1))])])
+    assert isinstance(result, RequestError) and "more than the base's context" in result.message
+    with pytest.raises(RequestError, match="exceed the base's context"):
+        base.sample("tenant-a:m0", [1, 2], num_samples=1, max_tokens=base.context)

@@ -37,7 +37,8 @@ class LocalPools:
             base_dir = self._base_dir(pool.base)
             settings = self.platform.settings
             spec = {"pool_id": pool.pool_id, "token": pool.token, "callback_url": settings.resolved_public_url,
-                    "base_dir": str(base_dir), "base_name": pool.base, "device": settings.training_api_pool_device}
+                    "base_dir": str(base_dir), "base_name": pool.base, "device": settings.training_api_pool_device,
+                    "max_pass_tokens": settings.training_api_cycle_tokens}
             env = child_env({**settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false"})
             process = subprocess.Popen([sys.executable, "-m", "tuneforge.train.cotrain_worker"], stdin=subprocess.PIPE,
                                        env=env, start_new_session=True)
