@@ -14,6 +14,8 @@ import pytest
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
+pytestmark = pytest.mark.sqlite_pass_only  # its database work (metering) is covered on both backends elsewhere
+
 BASE = "tiny-chat"
 ADAM = types.AdamParams(learning_rate=2e-2)
 
@@ -119,6 +121,7 @@ def test_two_tenants_train_on_one_base_apart_and_each_is_metered_for_its_own_tok
 
     def trained_tokens(key: str) -> dict[str, int]:
         rows = httpx.get(f"{running.url}/v1/usage", headers={"Authorization": f"Bearer {key}"}).json()["tokens"]
+        assert all(row["device_seconds"] > 0 for row in rows if row["kind"] == "training.train")  # its share
         return {row["job_id"]: row["prompt_tokens"] for row in rows if row["kind"] == "training.train"}
 
     bob_tokens = sum(len(d.model_input.to_ints()) for d in DATA) * 3

@@ -371,6 +371,8 @@ class MeteredTokens(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # the share of a shared device's time these tokens took (training API cycles); None: not on ours
+    device_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (Index("ix_metered_tokens_tenant_created", "tenant_id", "created_at"),)
 

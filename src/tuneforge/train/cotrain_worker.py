@@ -110,7 +110,12 @@ class Worker:
         return ForwardBackward(op["model"], data, request.loss_fn, dict(request.loss_fn_config), request.forward_only)
 
     def _run_fbs(self, fbs: list[tuple[dict[str, Any], ForwardBackward]], results: dict[str, dict[str, Any]]) -> None:
+        started = time.perf_counter()
         outcomes = self.base.forward_backward([request for _op, request in fbs])
+        elapsed = time.perf_counter() - started
+        done = [(request, outcome) for (_op, request), outcome in zip(fbs, outcomes)
+                if not isinstance(outcome, RequestError)]
+        passed = sum(request.tokens() for request, _outcome in done) or 1
         for (op, _request), outcome in zip(fbs, outcomes):
             if isinstance(outcome, RequestError):
                 results[op["op_id"]] = {"ok": False, "error": outcome.message, "category": outcome.category}
@@ -123,7 +128,8 @@ class Worker:
             }
             metrics = {**outcome.metrics, "ntokens:sum": float(sum(len(d.tokens) for d in _request.data))}
             results[op["op_id"]] = {"ok": True, "proto": _b64(wire.encode_forward_backward_output(fields, metrics)),
-                                    "tokens": sum(len(d.tokens) for d in _request.data)}
+                                    "tokens": _request.tokens(),
+                                    "seconds": elapsed * _request.tokens() / passed}  # its share of the pass
 
     def _one(self, op: dict[str, Any]) -> dict[str, Any]:
         kind, name = op["kind"], op["model"]
@@ -170,6 +176,7 @@ class Worker:
         raise RequestError(f"unknown operation {kind}")
 
     def _sample(self, op: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
         params = op["sampling_params"]
         result = self.base.sample(
             op["model"], op["prompt"], num_samples=op["num_samples"], max_tokens=params["max_tokens"],
@@ -178,7 +185,8 @@ class Worker:
         sequences = [wire.SampledSequence(s.tokens, s.logprobs, s.stopped) for s in result.sequences]
         body = wire.encode_sample_response(sequences, result.prompt_logprobs)
         generated = sum(len(s.tokens) for s in result.sequences)
-        return {"proto": _b64(body), "tokens": generated, "prefill": len(op["prompt"])}
+        return {"proto": _b64(body), "tokens": generated, "prefill": len(op["prompt"]),
+                "seconds": time.perf_counter() - started}
 
 
 class _Stop(Exception):

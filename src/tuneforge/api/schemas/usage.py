@@ -25,14 +25,18 @@ class JobUsage(ApiObject):
 
 class TokenUsage(ApiObject):
     object: Literal["usage.tokens"]
-    kind: str = Field(description="judge.served, judge.operator or judge.tenant: who answered the graders' judges.")
+    kind: str = Field(description="judge.served, judge.operator or judge.tenant: who answered the graders' judges; "
+                                  "training.train or training.sample: the training API's passes and samples.")
     model: str
-    job_id: str | None = Field(description="The job that spent them; null: graders/run.")
+    job_id: str | None = Field(description="The job (or training-API model) that spent them; null: graders/run.")
     requests: int
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    cost: Number = Field(description="The tokens at their kind's price per million (price_per_million_tokens).")
+    device_seconds: Number | None = Field(
+        default=None, description="The share of a shared device's time they took (training API); null: not metered.")
+    cost: Number = Field(description="The tokens at their kind's price per million (price_per_million_tokens), plus "
+                                     "device_seconds at the price of a GPU hour.")
 
 
 class UsageReport(ApiObject):

@@ -99,15 +99,17 @@ def add_tokens(session: Session, row: MeteredTokens) -> None:
 
 
 def tokens_between(session: Session, tenant_id: str, start: float,
-                   end: float) -> list[tuple[str, str, str | None, int, int, int]]:
-    """(kind, model, job_id, requests, prompt tokens, completion tokens) of the tenant's metered
-    tokens in [start, end), summed per kind, model and job."""
+                   end: float) -> list[tuple[str, str, str | None, int, int, int, float | None]]:
+    """(kind, model, job_id, requests, prompt tokens, completion tokens, device seconds) of the
+    tenant's metered tokens in [start, end), summed per kind, model and job."""
     rows = session.execute(
         select(MeteredTokens.kind, MeteredTokens.model, MeteredTokens.job_id, func.sum(MeteredTokens.requests),
-               func.sum(MeteredTokens.prompt_tokens), func.sum(MeteredTokens.completion_tokens))
+               func.sum(MeteredTokens.prompt_tokens), func.sum(MeteredTokens.completion_tokens),
+               func.sum(MeteredTokens.device_seconds))
         .where(MeteredTokens.tenant_id == tenant_id, MeteredTokens.created_at >= start,
                MeteredTokens.created_at < end)
         .group_by(MeteredTokens.kind, MeteredTokens.model, MeteredTokens.job_id)
         .order_by(MeteredTokens.kind, MeteredTokens.model, MeteredTokens.job_id))
-    return [(kind, model, job_id, int(requests), int(prompt), int(completion))
-            for kind, model, job_id, requests, prompt, completion in rows]
+    return [(kind, model, job_id, int(requests), int(prompt), int(completion),
+             None if seconds is None else float(seconds))
+            for kind, model, job_id, requests, prompt, completion, seconds in rows]

@@ -247,20 +247,25 @@ def counters(session: Session, now: float) -> dict[str, dict[str, float]]:
 
 # ---- tokens ------------------------------------------------------------------------
 def meter_tokens(session: Session, tenant_id: str, job_id: str | None, kind: str, model: str, *, requests: int,
-                 prompt_tokens: int, completion_tokens: int, now: float) -> None:
-    """One batch of tokens the tenant spent (`kind`: one of TOKEN_KINDS)."""
+                 prompt_tokens: int, completion_tokens: int, now: float, device_seconds: float | None = None) -> None:
+    """One batch of tokens the tenant spent (`kind`: one of TOKEN_KINDS), and the share of a shared
+    device's time it took where it ran on one of the platform's."""
     assert kind in TOKEN_KINDS, kind
     usage_repo.add_tokens(session, MeteredTokens(
         tenant_id=tenant_id, job_id=job_id, kind=kind, model=model[:256], requests=requests,
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, created_at=int(now)))
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, created_at=int(now),
+        device_seconds=device_seconds))
 
 
 def tokens_usage(session: Session, settings: Any, tenant_id: str, month: str) -> list[dict[str, Any]]:
     """The tenant's metered tokens in `month`, per kind, model and job, each with its cost."""
     start, end = month_bounds(month)
     prices = settings.price_per_million_tokens
+    hour = float(settings.price_per_gpu_hour.get(settings.gpu_type, 0.0))
     return [{"object": "usage.tokens", "kind": kind, "model": model, "job_id": job_id, "requests": requests,
              "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-             "cost": round((prompt + completion) / 1e6 * float(prices.get(kind, 0.0)), 6)}
-            for kind, model, job_id, requests, prompt, completion
+             "device_seconds": None if seconds is None else round(seconds, 6),
+             "cost": round((prompt + completion) / 1e6 * float(prices.get(kind, 0.0)) + (seconds or 0.0) / 3600 * hour,
+                           6)}
+            for kind, model, job_id, requests, prompt, completion, seconds
             in usage_repo.tokens_between(session, tenant_id, start, end)]

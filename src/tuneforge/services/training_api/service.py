@@ -137,18 +137,20 @@ class TrainingApi:
     def _trained(self, tokens: int) -> Any:
         async def meter(op: Op, result: dict[str, Any]) -> None:
             base = self.broker.models[op.model].base if op.model in self.broker.models else ""
-            await self._meter(op.tenant, op.model, base, "training.train", prompt=tokens, completion=0)
+            await self._meter(op.tenant, op.model, base, "training.train", prompt=tokens, completion=0,
+                              seconds=result.get("seconds"))
             op.future.resolve(base64.b64decode(result["proto"]), "application/x-protobuf")
         return meter
 
     async def _meter(self, tenant: str, model: str | None, base: str, kind: str, *, prompt: int,
-                     completion: int) -> None:
+                     completion: int, seconds: float | None) -> None:
         from tuneforge.services.tenancy.usage import meter_tokens
 
         def write() -> None:
             with self.platform.db.session() as session:
                 meter_tokens(session, tenant, model, kind, base, requests=1, prompt_tokens=prompt,
-                             completion_tokens=completion, now=time.time())
+                             completion_tokens=completion, now=time.time(),
+                             device_seconds=None if seconds is None else float(seconds))
 
         await run_in_threadpool(write)
 
@@ -354,7 +356,7 @@ class TrainingApi:
     def _sampled(self, base: str) -> Any:
         async def meter(op: Op, result: dict[str, Any]) -> None:
             await self._meter(op.tenant, op.model, base, "training.sample", prompt=int(result.get("prefill", 0)),
-                              completion=int(result.get("tokens", 0)))
+                              completion=int(result.get("tokens", 0)), seconds=result.get("seconds"))
             op.future.resolve(base64.b64decode(result["proto"]), "application/x-protobuf")
         return meter
 
