@@ -818,3 +818,29 @@ def test_the_limits_are_the_callers_tiers() -> None:
             broker.op("unknown-tier-tenant", "optim_step", None, {})
 
     run(scenario())
+
+
+def test_a_tenant_holds_a_bounded_number_of_sessions_and_of_samplers_of_its_own_weights(monkeypatch) -> None:
+    from tuneforge.services.training_api import broker as broker_module
+
+    async def scenario() -> None:
+        monkeypatch.setattr(broker_module, "SESSIONS_PER_TENANT", 2)
+        monkeypatch.setattr(broker_module, "SAMPLERS_PER_TENANT", 2)
+        broker = make_broker()
+        first = broker.create_session("acme", [], {})
+        broker.create_session("acme", [], {})
+        with pytest.raises(ApiError) as refused:
+            broker.create_session("acme", [], {})
+        assert refused.value.status_code == 429 and refused.value.code == "too_many_sessions"
+        broker.create_session("other", [], {})  # another tenant is not counted
+        broker.finish("acme", first.session_id)
+        session = broker.create_session("acme", [], {})  # a finished session gives its place back
+
+        samplers = [broker.new_sampler("acme", session.session_id, index, BASE, None, None) for index in range(3)]
+        for sampler in samplers:
+            broker.hold_sampler(sampler)
+        assert [s.retired for s in samplers] == [True, False, False]  # the oldest let its weights go
+        (pool,) = broker.pools.values()
+        assert [(op.kind, op.model) for op in pool.ops] == [("drop", samplers[0].sampler_id)]
+
+    run(scenario())

@@ -37,6 +37,9 @@ GAP_S = 5.0  # a missing seq_id this old is skipped: the ops after it run
 RESULT_TTL_S = 3600.0  # a finished future stays retrievable this long
 WORK_WAIT_S = 20.0  # a worker's request for work is held this long when there is none
 RETRY_AFTER_S = 2.0
+SESSIONS_PER_TENANT = 64  # sessions open at once (heard from within SESSION_GONE_S)
+SESSION_GONE_S = 120.0  # a session without a request or heartbeat this long is no longer counted
+SAMPLERS_PER_TENANT = 16  # samplers of the tenant's own weights held in workers; a newer one retires the oldest
 PROTO = "application/x-protobuf"
 FB_KINDS = ("forward_backward",)
 
@@ -128,6 +131,8 @@ class Sampler:
     hosted_as: str | None  # the adapter name the worker holds it under (None: the base alone)
     seen: dict[int, tuple[Future, list[str]]] = field(default_factory=dict)
     state_key: str | None = None  # a checkpoint's state (model_path) or where the worker's copy was kept
+    created: float = field(default_factory=time.monotonic)
+    retired: bool = False  # its weights were let go for a newer sampler of the tenant's
 
 
 @dataclass
@@ -203,6 +208,12 @@ class Broker:
     # sessions ------------------------------------------------------------------------------------------
     def create_session(self, tenant: str, tags: list[str], user_metadata: dict[str, str]) -> Session:
         self.expire()
+        now = time.monotonic()
+        open_now = sum(1 for s in self.sessions.values()
+                       if s.tenant == tenant and not s.finished and now - s.last_seen < SESSION_GONE_S)
+        if open_now >= SESSIONS_PER_TENANT:
+            raise rate_limited(f"this tenant has {open_now} training-API sessions open, its limit; close one "
+                               "(ServiceClient.close) or let one end", code="too_many_sessions", retry_after=30.0)
         session = Session(str(uuid.uuid4()), tenant, time.time(), tags, user_metadata, last_seen=time.monotonic())
         self.sessions[session.session_id] = session
         return session
@@ -323,6 +334,19 @@ class Broker:
         self.samplers[sampler_id] = sampler
         session.samplers.append(sampler_id)
         return sampler
+
+    def hold_sampler(self, sampler: Sampler) -> None:
+        """`sampler` holds weights of its own in a worker: past the tenant's SAMPLERS_PER_TENANT, its
+        oldest such sampler lets its weights go (sampling it is then refused, saying why)."""
+        sampler.hosted_as = sampler.sampler_id
+        held = sorted((s for s in self.samplers.values()
+                       if s.tenant == sampler.tenant and s.hosted_as is not None and not s.retired),
+                      key=lambda s: s.created)
+        for old in held[:max(0, len(held) - SAMPLERS_PER_TENANT)]:
+            old.retired = True
+            drop = Op(f"drop-{uuid.uuid4().hex[:12]}", old.tenant, "drop", old.hosted_as, {},
+                      Future("", old.tenant, "drop"))
+            self.submit_to_pool(old.base, drop)
 
     # futures -------------------------------------------------------------------------------------------
     async def wait(self, future: Future, timeout_s: float) -> bool:

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from tuneforge.domain import tinker_wire as wire
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.services.training_api import runs
-from tuneforge.services.training_api.broker import Broker, Future, Model, Op
+from tuneforge.services.training_api.broker import SAMPLERS_PER_TENANT, Broker, Future, Model, Op
 from tuneforge.services.training_api.runs import RECORD_NAME, _iso
 from tuneforge.storage import layout
 
@@ -183,7 +183,7 @@ class TrainingApi:
             if not isinstance(sampling_seq, int):
                 raise invalid("save_weights_for_sampler needs a path or a sampling_session_seq_id", "path")
             sampler = self.broker.new_sampler(tenant, model.session_id, sampling_seq, model.base, None, None)
-            sampler.hosted_as = sampler.sampler_id
+            self.broker.hold_sampler(sampler)
             op = self.broker.op(tenant, "snapshot", model.model_id, {"as": sampler.sampler_id},
                                 after=self._snapshot_done(sampler.sampler_id))
             return self._submitted(model, self.broker.submit(model, seq, op))
@@ -288,7 +288,7 @@ class TrainingApi:
             record, prefix = await self.checkpoint(tenant, body["model_path"], "model_path")
             state = await run_in_threadpool(self.platform.store.get_bytes, f"{prefix}/{STATE_NAME}")
             sampler = self.broker.new_sampler(tenant, session_id, seq, record["base_model"], body["model_path"], None)
-            sampler.hosted_as = sampler.sampler_id
+            self.broker.hold_sampler(sampler)
             op = self.broker.op(tenant, "load", sampler.sampler_id,
                                 {"state": base64.b64encode(state).decode(), "optimizer": False})
             future = self.broker.submit_to_pool(sampler.base, op)
@@ -306,6 +306,10 @@ class TrainingApi:
 
     async def sample(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         sampler = self.broker.sampler(tenant, str(body.get("sampling_session_id")))
+        if sampler.retired:
+            raise invalid(f"sampling session {sampler.sampler_id}'s weights were let go: a tenant holds at most "
+                          f"{SAMPLERS_PER_TENANT} samplers of its own weights at once; save weights for a sampler "
+                          "again", "sampling_session_id")
         seq = body.get("seq_id")
         if isinstance(seq, int) and seq in sampler.seen:
             future, ids = sampler.seen[seq]
