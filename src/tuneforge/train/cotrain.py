@@ -113,6 +113,20 @@ class Sampled:
 
 
 @dataclass
+class SampleRequest:
+    model: str | None  # None: the base alone
+    prompt: list[int]
+    num_samples: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    stop: list[str] | list[int] | None = None
+    seed: int | None = None
+    prompt_logprobs: bool = False
+
+
+@dataclass
 class SampleResult:
     sequences: list[Sampled]
     prompt_logprobs: list[float] | None  # len(prompt), NaN at 0
@@ -440,63 +454,142 @@ class SharedBase:
         return adapter.step(params)
 
     # sampling --------------------------------------------------------------------------------------
-    @torch.no_grad()
     def sample(self, name: str | None, prompt: list[int], *, num_samples: int, max_tokens: int,
                temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
                stop: list[str] | list[int] | None = None, seed: int | None = None,
                prompt_logprobs: bool = False) -> SampleResult:
-        """`num_samples` completions of `prompt` by the model `name` (None: the base), one batch over
-        a key/value cache. Each sampled token's log-probability is the model's own (temperature 1,
-        before top-k/top-p), the number `forward` gives for that token. `stop`: None stops at the
-        end-of-sequence token, a list of token ids or of strings stops there (the stop included),
-        [] never stops. The same request with the same `seed` gives the same completions."""
+        """One sample request alone (`sample_many`); its error raised."""
+        (result,) = self.sample_many([SampleRequest(name, prompt, num_samples, max_tokens, temperature, top_k, top_p,
+                                                    stop, seed, prompt_logprobs)])
+        if isinstance(result, RequestError):
+            raise result
+        return result
+
+    def _check_sample(self, request: SampleRequest) -> tuple[Adapter | None, set[int], list[str]]:
+        prompt, max_tokens = request.prompt, request.max_tokens
         if not prompt or min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise RequestError("prompt is empty or has a token outside the vocabulary")
+        if not 1 <= request.num_samples or max_tokens < 1:
+            raise RequestError("num_samples and max_tokens must be at least 1")
         if self.context is not None and len(prompt) + max_tokens > self.context:
             raise RequestError(f"the prompt's {len(prompt)} tokens and max_tokens {max_tokens} exceed the base's "
                                f"context of {self.context}")
-        if num_samples * (len(prompt) + max_tokens) > MAX_SAMPLE_BATCH_TOKENS:
+        if request.num_samples * (len(prompt) + max_tokens) > MAX_SAMPLE_BATCH_TOKENS:
             raise RequestError(f"num_samples x (prompt + max_tokens) is over {MAX_SAMPLE_BATCH_TOKENS} tokens; "
                                "ask for fewer samples per request")
         adapter = None
-        if name is not None:
-            adapter = self.adapters.get(name)
+        if request.model is not None:
+            adapter = self.adapters.get(request.model)
             if adapter is None:
-                raise RequestError(f"model {name} is not hosted")
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
-        stop_ids, stop_texts = _stops(stop, self.tokenizer)
-        ids = torch.tensor([prompt] * num_samples, dtype=torch.long, device=self.device)
-        with self._with_runs([(0, num_samples, adapter)]):
-            out = self.model(input_ids=ids, use_cache=True)
+                raise RequestError(f"model {request.model} is not hosted")
+        return (adapter, *_stops(request.stop, self.tokenizer))
+
+    @torch.no_grad()
+    def sample_many(self, requests: Sequence[SampleRequest]) -> list[SampleResult | RequestError]:
+        """Every request's `num_samples` completions in one batch over a key/value cache: the rows of
+        all requests (of any models), prompts left-padded, one forward pass per new token for all.
+        Each request draws its rows' tokens with its own generator and its own temperature, top-k and
+        top-p. A sampled token's log-probability is the model's own (temperature 1, before top-k /
+        top-p), the number `forward` gives for that token. `stop`: None stops at the
+        end-of-sequence token, a list of token ids or of strings stops there (the stop included),
+        [] never stops. The same requests with the same seeds give the same completions."""
+        results: list[SampleResult | RequestError | None] = [None] * len(requests)
+        plans: list[tuple[int, Adapter | None, set[int], list[str]]] = []
+        for index, request in enumerate(requests):
+            try:
+                plans.append((index, *self._check_sample(request)))
+            except RequestError as exc:
+                results[index] = exc
+        if plans:
+            try:
+                for index, result in zip([plan[0] for plan in plans], self._sample_batch(requests, plans)):
+                    results[index] = result
+            except Exception as exc:  # noqa: BLE001 - a batch-wide failure: each request alone finds whose
+                if len(plans) == 1:
+                    results[plans[0][0]] = RequestError(f"sampling failed: {type(exc).__name__}", "server")
+                else:
+                    for index, *_rest in plans:
+                        results[index] = self.sample_many([requests[index]])[0]
+        return [result for result in results if result is not None]
+
+    def _sample_batch(self, requests: Sequence[SampleRequest],
+                      plans: list[tuple[int, Adapter | None, set[int], list[str]]]) -> list[SampleResult]:
+        spans: list[tuple[int, int]] = []  # each plan's rows
+        prompts: list[list[int]] = []
+        runs: list[tuple[int, int, Adapter | None]] = []
+        for index, adapter, _ids, _texts in plans:
+            request = requests[index]
+            start = len(prompts)
+            prompts.extend([request.prompt] * request.num_samples)
+            spans.append((start, len(prompts)))
+            runs.append((start, len(prompts), adapter))
+        width = max(len(prompt) for prompt in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left-padded: every row's next token is at the end
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = []
+        for index, *_rest in plans:
+            generator = torch.Generator(device=self.device)
+            seed = requests[index].seed
+            generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+            generators.append(generator)
+        rows = len(prompts)
+        written: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        done = [False] * rows
+        stopped = [False] * rows
+        prompt_lps: list[list[float] | None] = [None] * len(plans)
+        with self._with_runs(runs):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            for number, (index, *_rest) in enumerate(plans):
+                if requests[index].prompt_logprobs:
+                    prompt = requests[index].prompt
+                    row, offset = spans[number][0], width - len(prompt)
+                    own = torch.log_softmax(out.logits[row, offset:width - 1].float(), dim=-1)
+                    values = own.gather(-1, ids[row, offset + 1:].unsqueeze(-1)).squeeze(-1).tolist()
+                    prompt_lps[number] = [math.nan, *values]
             cache = out.past_key_values
-            prompt_lp: list[float] | None = None
-            if prompt_logprobs:
-                row = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
-                values = row.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()
-                prompt_lp = [math.nan, *values]
             logits = out.logits[:, -1].float()
-            written: list[list[int]] = [[] for _ in range(num_samples)]
-            logprobs: list[list[float]] = [[] for _ in range(num_samples)]
-            done = [False] * num_samples
-            stopped = [False] * num_samples
-            for _ in range(max_tokens):
+            last = positions[:, -1]
+            longest = max(requests[index].max_tokens for index, *_rest in plans)
+            for step in range(longest):
                 own = torch.log_softmax(logits, dim=-1)
-                chosen = _draw(logits, temperature, top_k, top_p, generator)
-                chosen_lp = own.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
-                for row, token in enumerate(chosen.tolist()):
-                    if done[row]:
+                chosen = torch.zeros(rows, dtype=torch.long, device=self.device)
+                for number, (index, _adapter, stop_ids, stop_texts) in enumerate(plans):
+                    start, end = spans[number]
+                    request = requests[index]
+                    if step >= request.max_tokens or all(done[start:end]):
+                        for row in range(start, end):
+                            done[row] = True
                         continue
-                    written[row].append(token)
-                    logprobs[row].append(chosen_lp[row])
-                    if token in stop_ids or (stop_texts and _ends_with_stop(written[row], stop_texts, self.tokenizer)):
-                        done[row] = stopped[row] = True
+                    chosen[start:end] = _draw(logits[start:end], request.temperature, request.top_k,
+                                              request.top_p, generators[number])
+                    chosen_lp = own[start:end].gather(-1, chosen[start:end].unsqueeze(-1)).squeeze(-1).tolist()
+                    for offset, token in enumerate(chosen[start:end].tolist()):
+                        row = start + offset
+                        if done[row]:
+                            continue
+                        written[row].append(token)
+                        logprobs[row].append(chosen_lp[offset])
+                        if token in stop_ids or (stop_texts and _ends_with_stop(written[row], stop_texts,
+                                                                                 self.tokenizer)):
+                            done[row] = stopped[row] = True
+                        elif len(written[row]) >= request.max_tokens:
+                            done[row] = True
                 if all(done):
                     break
-                out = self.model(input_ids=chosen.unsqueeze(-1), past_key_values=cache, use_cache=True)
+                mask = torch.cat([mask, torch.ones(rows, 1, dtype=mask.dtype, device=self.device)], dim=-1)
+                last = last + 1
+                out = self.model(input_ids=chosen.unsqueeze(-1), attention_mask=mask, position_ids=last.unsqueeze(-1),
+                                 past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 logits = out.logits[:, -1].float()
-        return SampleResult([Sampled(written[i], logprobs[i], stopped[i]) for i in range(num_samples)], prompt_lp)
+        return [SampleResult([Sampled(written[row], logprobs[row], stopped[row]) for row in range(*spans[number])],
+                             prompt_lps[number]) for number in range(len(plans))]
 
 
 def _kind(path: str, is_unembed: bool) -> str | None:

@@ -245,3 +245,38 @@ def test_a_datum_longer_than_the_bases_context_is_refused(tiny) -> None:
     assert isinstance(result, RequestError) and "more than the base's context" in result.message
     with pytest.raises(RequestError, match="exceed the base's context"):
         base.sample("tenant-a:m0", [1, 2], num_samples=1, max_tokens=base.context)
+
+
+def test_sample_requests_of_several_models_share_one_batch_and_each_gets_what_it_gets_alone(tiny) -> None:
+    from tuneforge.train.cotrain import SampleRequest
+
+    names = ["tenant-a:m0", "tenant-b:m0"]
+    base = fresh(tiny)
+    host_all(base, names)
+    for name in names:  # give the adapters weights of their own, so that they sample differently
+        for _ in range(3):
+            base.forward_backward([ForwardBackward(name, MODELS[name][2])])
+            base.optim_step(name, AdamParams(learning_rate=5e-2))
+    requests = [
+        SampleRequest("tenant-a:m0", [5, 9, 14, 3, 22, 7], 2, 5, seed=1, stop=[], prompt_logprobs=True),
+        SampleRequest("tenant-b:m0", [40, 41], 3, 7, temperature=0.7, top_k=20, seed=2, stop=[]),
+        SampleRequest(None, [11, 4, 8, 60], 1, 3, top_p=0.9, seed=3, stop=[]),
+        SampleRequest("nobody", [1, 2], 1, 3),
+    ]
+    together = base.sample_many(requests)
+    assert isinstance(together[-1], RequestError) and "not hosted" in together[-1].message
+    for request, shared in zip(requests[:-1], together[:-1]):
+        (alone,) = base.sample_many([request])
+        assert not isinstance(shared, RequestError) and not isinstance(alone, RequestError)
+        assert [s.tokens for s in shared.sequences] == [s.tokens for s in alone.sequences]
+        assert [len(s.tokens) for s in shared.sequences] == [request.max_tokens] * request.num_samples
+        for one, other in zip(shared.sequences, alone.sequences):
+            assert torch.allclose(torch.tensor(one.logprobs), torch.tensor(other.logprobs), atol=1e-4)
+    first = together[0]
+    assert not isinstance(first, RequestError) and first.prompt_logprobs is not None
+    assert len(first.prompt_logprobs) == 6 and math.isnan(first.prompt_logprobs[0])
+    # the models differ: the same prompt and seed sample differently through each adapter
+    probe = [SampleRequest(name, [5, 9, 14], 4, 6, seed=5, stop=[]) for name in names]
+    a, b = base.sample_many(probe)
+    assert not isinstance(a, RequestError) and not isinstance(b, RequestError)
+    assert [s.logprobs for s in a.sequences] != [s.logprobs for s in b.sequences]
