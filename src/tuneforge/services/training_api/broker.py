@@ -27,11 +27,12 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tuneforge.domain.errors import ApiError, invalid, not_found, rate_limited, unauthorized
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 GAP_S = 5.0  # a missing seq_id this old is skipped: the ops after it run
 RESULT_TTL_S = 3600.0  # a finished future stays retrievable this long
@@ -181,29 +182,24 @@ class Broker:
     def _request_id(self) -> str:
         return f"req-{uuid.uuid4().hex[:16]}-{next(self._ids)}"
 
-    def session(self, tenant: str, session_id: str) -> Session:
-        found = self.sessions.get(session_id)
-        if found is None or found.tenant != tenant:
-            raise not_found(f"session {session_id} not found", "session_id")
+    @staticmethod
+    def _own(table: dict[str, T], key: str, tenant: str, what: str, param: str) -> T:
+        found = table.get(key)
+        if found is None or found.tenant != tenant:  # type: ignore[attr-defined]
+            raise not_found(f"{what} {key} not found", param)
         return found
+
+    def session(self, tenant: str, session_id: str) -> Session:
+        return self._own(self.sessions, session_id, tenant, "session", "session_id")
 
     def model(self, tenant: str, model_id: str) -> Model:
-        found = self.models.get(model_id)
-        if found is None or found.tenant != tenant:
-            raise not_found(f"model {model_id} not found", "model_id")
-        return found
+        return self._own(self.models, model_id, tenant, "model", "model_id")
 
     def sampler(self, tenant: str, sampler_id: str) -> Sampler:
-        found = self.samplers.get(sampler_id)
-        if found is None or found.tenant != tenant:
-            raise not_found(f"sampling session {sampler_id} not found", "sampling_session_id")
-        return found
+        return self._own(self.samplers, sampler_id, tenant, "sampling session", "sampling_session_id")
 
     def future(self, tenant: str, request_id: str) -> Future:
-        found = self.futures.get(request_id)
-        if found is None or found.tenant != tenant:
-            raise not_found(f"request {request_id} not found", "request_id")
-        return found
+        return self._own(self.futures, request_id, tenant, "request", "request_id")
 
     # sessions ------------------------------------------------------------------------------------------
     def create_session(self, tenant: str, tags: list[str], user_metadata: dict[str, str]) -> Session:
