@@ -93,6 +93,9 @@ PYTHON="$PYTHON" bash scripts/browser-deps.sh
 # python graders' sandbox (bubblewrap) and the OS's python it runs them with: a no-op when both
 # are there; without them the sandbox tests would skip
 bash scripts/sandbox-deps.sh
+# the tinker-cookbook, whose recipes an end-to-end test runs against the training API: a no-op when
+# it is there; without it that test skips
+PYTHON="$PYTHON" bash scripts/cookbook-deps.sh
 
 # The lowest stage's environment (scripts/lowest.sh) is built now, in the background, beside the
 # static checks and the first stages: on a machine without it cached, resolving and downloading its

@@ -16,10 +16,14 @@ hosted model and HF hub datasets, so the configs are built the way their
 Every connection the test process tries to a host other than loopback is refused and
 recorded: the only one the recipes make is the cookbook's best-effort download of its
 pricing table, which it tolerates.
+
+Skipped where `tinker-cookbook` is not installed; the RL test also needs its `math-rl` extra
+(`rl_basic` imports the GSM8K environment's grader).
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import math
@@ -43,7 +47,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]
 
 BASE = "tiny-chat"
 RENDERER = "role_colon"
-RUN_LIMIT_S = 420  # one recipe run on the tiny base takes well under a minute
+RUN_LIMIT_S = 180  # one recipe run on the tiny base takes well under a minute
 CONVERSATIONS = Path(cookbook.__file__).parent / "example_data" / "conversations.jsonl"
 # the one outside name the recipes look up: the host of the cookbook's pricing table
 PRICING_LOOKUP = f"lookup {urlparse(PRICING_URL).hostname}"
@@ -90,7 +94,7 @@ class OutsideConnections:
         def connect_ex(sock, address):
             if not allowed(sock, address):
                 self.refused.append(f"connect {address}")
-                return 111  # ECONNREFUSED
+                return errno.ECONNREFUSED
             return real_connect_ex(sock, address)
 
         monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)

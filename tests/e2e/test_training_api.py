@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
@@ -51,6 +52,8 @@ def test_a_supervised_loop_learns_resumes_exactly_and_samples_its_own_weights(sd
     service = sdk(running.key_a)
     training = service.create_lora_training_client(base_model=BASE, rank=8, seed=3).result()
     assert training.get_info().model_data.model_name == BASE
+    tokenizer = training.get_tokenizer()  # the base's own, from where it was registered
+    assert tokenizer.encode("hello world") == AutoTokenizer.from_pretrained(running.model_dir).encode("hello world")
     losses = [step(training) for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0], losses
 

@@ -126,7 +126,7 @@ async def create_model(request: Request, tenant_id: str = TENANT) -> Any:
 @router.post("/get_info")
 async def get_info(request: Request, tenant_id: str = TENANT) -> Any:
     body = await body_of(request)
-    return api(request).info(tenant_id, str(body.get("model_id")))
+    return await api(request).info(tenant_id, str(body.get("model_id")))
 
 
 @router.post("/forward_backward")

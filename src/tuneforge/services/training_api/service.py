@@ -100,11 +100,15 @@ class TrainingApi:
         key = layout.training_run_key(model.tenant, model.model_id)
         await run_in_threadpool(self.platform.store.put_bytes, key, json.dumps(record).encode())
 
-    def info(self, tenant: str, model_id: str) -> dict[str, Any]:
+    async def info(self, tenant: str, model_id: str) -> dict[str, Any]:
+        """The model as the SDK's `get_info` reads it. `tokenizer_id`: what the base was registered
+        from (a hub id, or a folder of the control plane's host), which `TrainingClient.get_tokenizer`
+        loads with transformers (the SDK cuts it at its first ':')."""
         model = self.broker.model(tenant, model_id)
+        row = await self.base(model.base)
         return {"type": "get_info", "model_id": model.model_id, "is_lora": True, "lora_rank": model.shape["rank"],
                 "model_name": model.base, "optimizer_config": {"type": "adamw"},
-                "model_data": {"arch": "causal_lm", "model_name": model.base, "tokenizer_id": None}}
+                "model_data": {"arch": "causal_lm", "model_name": model.base, "tokenizer_id": row.source or None}}
 
     def _ordered(self, tenant: str, model_id: str, seq_id: Any) -> tuple[Model, int | None, Future | None]:
         model = self.broker.model(tenant, model_id)
