@@ -26,11 +26,16 @@ def sdk(running, monkeypatch):
     monkeypatch.setenv("TINKER_BASE_URL", f"{running.url}/tinker")
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
 
+    made = []
+
     def client(key: str):
         monkeypatch.setenv("TINKER_API_KEY", f"tml-{key}")
-        return tinker.ServiceClient()
+        made.append(tinker.ServiceClient())
+        return made[-1]
 
-    return client
+    yield client
+    for service in made:  # the session ends (the SDK's heartbeats stop) before the plane does
+        service.close("success").result(timeout=30)
 
 
 def supervised(tokens: list[int]) -> types.Datum:
@@ -166,12 +171,14 @@ def test_an_idle_model_is_released_its_worker_stops_and_both_come_back_where_the
     from tests.e2e.conftest import start_plane
 
     world = start_plane(tmp_path, database_url, tiny_model_dir, training_api_idle_s=1.0)
+    closing: list = []
     try:
         monkeypatch.setenv("TINKER_BASE_URL", f"{world.url}/tinker")
         monkeypatch.setenv("TINKER_API_KEY", f"tml-{world.key_a}")
         monkeypatch.setenv("TINKER_TELEMETRY", "0")
         service = tinker.ServiceClient()
         training = service.create_lora_training_client(base_model=BASE, rank=8, seed=6).result()
+        closing.append(service)
         for _ in range(4):
             step(training)
         path = training.save_state("before-idle").result().path
@@ -182,6 +189,8 @@ def test_an_idle_model_is_released_its_worker_stops_and_both_come_back_where_the
         reference = service.create_training_client_from_state_with_optimizer(path).result()
         assert [step(reference) for _ in range(2)] == pytest.approx(after_idle, rel=1e-6)
     finally:
+        for service in closing:
+            service.close("success").result(timeout=30)
         world.close()
 
 

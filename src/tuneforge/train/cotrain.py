@@ -44,6 +44,7 @@ LOSS_INPUTS = {
 }
 MAX_RANK = 128
 MAX_SAMPLE_BATCH_TOKENS = 1 << 20  # the rows x positions one sample request may hold in its key/value cache
+DENSE_RANKS = 512  # the ranks of a pass's adapters together at most this: one product for all (`_dense_delta`)
 _ATTENTION_WORDS = ("attn", "attention")
 _MLP_WORDS = ("mlp", "feed_forward", "ffn")
 
@@ -231,6 +232,7 @@ class SharedBase:
         self.context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
         self.adapters: dict[str, Adapter] = {}
         self._runs: list[tuple[int, int, Adapter | None]] | None = None
+        self._masks: dict[tuple, torch.Tensor] = {}  # the dense path's row masks, per layout of a pass
         self._kinds: dict[str, str] = {}
         unembed = model.get_output_embeddings()
         for path, module in model.named_modules():
@@ -286,27 +288,60 @@ class SharedBase:
             if not runs:
                 return output
             x = inputs[0]
-            pieces: list[torch.Tensor] = []
-            touched = False
-            for start, end, adapter in runs:
-                delta = adapter.delta(path, x[start:end]) if adapter is not None else None
-                if delta is None:
-                    pieces.append(torch.zeros_like(output[start:end]))
-                else:
-                    touched = True
-                    pieces.append(delta.to(output.dtype))
-            if not touched:
+            present = [(start, end, adapter, adapter.weights[path]) for start, end, adapter in runs
+                       if adapter is not None and path in adapter.weights]
+            if not present:
                 return output
-            return output + (pieces[0] if len(pieces) == 1 else torch.cat(pieces))
+            if len(runs) == 1:
+                delta = runs[0][2].delta(path, x)  # type: ignore[union-attr]
+            elif sum(pair[0].shape[0] for *_run, pair in present) <= DENSE_RANKS:
+                delta = self._dense_delta(x, present)
+            else:
+                delta = self._split_delta(path, x, runs, output)
+            return output + delta.to(output.dtype)
         return add
+
+    def _dense_delta(self, x: torch.Tensor, present: list[tuple[int, int, Adapter, tuple]]) -> torch.Tensor:
+        """Few adapters of small rank: every run's A side by side (one product for all rows), each row
+        keeping only its own adapter's columns (a mask of ones and zeros: the other adapters get an
+        exactly zero gradient from it), then every B side by side. A handful of operations per layer
+        whatever the number of models, where a run at a time would cost a few per model."""
+        a = torch.cat([pair[0] for *_run, pair in present])  # [ranks of all, in]
+        b = torch.cat([pair[1] * adapter.scaling for _start, _end, adapter, pair in present], dim=1)  # [out, ranks]
+        key = tuple((start, end, pair[0].shape[0]) for start, end, _adapter, pair in present)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = torch.zeros(x.shape[0], a.shape[0], dtype=a.dtype, device=a.device)
+            column = 0
+            for start, end, rank in key:
+                mask[start:end, column:column + rank] = 1
+                column += rank
+            self._masks[key] = mask
+        hidden = (x.to(a.dtype) @ a.T) * mask.view(x.shape[0], *([1] * (x.dim() - 2)), a.shape[0])
+        return hidden @ b.T
+
+    @staticmethod
+    def _split_delta(path: str, x: torch.Tensor, runs: list[tuple[int, int, Adapter | None]],
+                     output: torch.Tensor) -> torch.Tensor:
+        """Many adapters or large ranks: each run's own product. One split of the input, not a slice per
+        run: a slice's backward writes a gradient the size of the whole input, so slices would cost runs
+        x rows; a split's backward is one concatenation."""
+        parts = x.split([end - start for start, end, _adapter in runs])
+        pieces = []
+        for (start, end, adapter), part in zip(runs, parts):
+            delta = adapter.delta(path, part) if adapter is not None else None
+            pieces.append(output.new_zeros((end - start, *output.shape[1:])) if delta is None else delta)
+        return torch.cat([piece.to(output.dtype) for piece in pieces])
 
     @contextlib.contextmanager
     def _with_runs(self, runs: list[tuple[int, int, Adapter | None]]) -> Iterator[None]:
         self._runs = runs
+        self._masks = {}
         try:
             yield
         finally:
             self._runs = None
+            self._masks = {}
 
     # forward / backward -------------------------------------------------------------------------------
     def check(self, request: ForwardBackward) -> None:
@@ -409,11 +444,26 @@ class SharedBase:
                 runs.append((row, row + 1, self.adapters[requests[index].model]))
         trains = any(not requests[index].forward_only for index, _datum in part)
         with torch.enable_grad() if trains else torch.no_grad(), self._with_runs(runs):
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
+            # every row's target logprobs at once: a slice of the logits per row would cost, in the
+            # backward pass, a gradient the size of all the logits for each row
+            lse = torch.logsumexp(logits, dim=-1)  # [rows, positions]
+            targets = torch.zeros(len(part), width, dtype=torch.long)
+            for row, (_index, datum) in enumerate(part):
+                target = datum.inputs["target_tokens"]
+                if target.dim() == 1:
+                    targets[row, :len(datum.tokens)] = target
+            all_lp = logits.gather(-1, targets.to(self.device).unsqueeze(-1)).squeeze(-1) - lse
             total: torch.Tensor | None = None
             for row, (index, datum) in enumerate(part):
                 request = requests[index]
-                lp, loss = self._datum_loss(request, datum, logits[row, :len(datum.tokens)])
+                target = datum.inputs["target_tokens"].to(self.device).long()
+                n = len(datum.tokens)
+                if target.dim() == 1:
+                    lp = all_lp[row, :n]
+                else:  # K targets per position (rare): this row's own gather
+                    lp = logits[row, :n].gather(-1, target) - lse[row, :n].unsqueeze(-1)
+                loss = self._datum_loss(request, datum, lp)
                 logprobs[index].append(lp.detach().cpu())
                 losses[index].append(loss.detach().cpu())
                 summed = loss.sum()
@@ -423,25 +473,19 @@ class SharedBase:
             if total is not None:
                 total.backward()
 
-    def _datum_loss(self, request: ForwardBackward, datum: Datum,
-                    logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        targets = datum.inputs["target_tokens"].to(self.device).long()
-        logsumexp = torch.logsumexp(logits.float(), dim=-1)  # [positions]
-        if targets.dim() == 1:
-            lp = logits.float().gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
-        else:
-            lp = logits.float().gather(-1, targets) - logsumexp.unsqueeze(-1)
+    def _datum_loss(self, request: ForwardBackward, datum: Datum, lp: torch.Tensor) -> torch.Tensor:
+        """The datum's token losses from its target logprobs `lp` (the shape of its target_tokens)."""
         inputs = {key: value.to(self.device).float() for key, value in datum.inputs.items() if key != "target_tokens"}
         if request.loss_fn == "cross_entropy":
-            weights = inputs.get("weights", torch.ones_like(lp))
-            return lp, -lp * weights
+            weights = inputs.get("weights")
+            return -lp if weights is None else -lp * weights
         ratio = torch.exp(lp - inputs["logprobs"])
         advantages = inputs["advantages"]
         if request.loss_fn == "importance_sampling":
-            return lp, -ratio * advantages
+            return -ratio * advantages
         low = float(request.config.get("clip_low_threshold", 0.8))
         high = float(request.config.get("clip_high_threshold", 1.2))
-        return lp, -torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+        return -torch.minimum(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
 
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
         adapter = self.adapters.get(name)

@@ -280,3 +280,20 @@ def test_sample_requests_of_several_models_share_one_batch_and_each_gets_what_it
     a, b = base.sample_many(probe)
     assert not isinstance(a, RequestError) and not isinstance(b, RequestError)
     assert [s.logprobs for s in a.sequences] != [s.logprobs for s in b.sequences]
+
+
+def test_the_dense_and_the_split_adapter_products_give_the_same_gradients(tiny, monkeypatch) -> None:
+    from tuneforge.train import cotrain
+
+    names = list(MODELS)
+    found = []
+    for limit in (cotrain.DENSE_RANKS, 0):  # 0: every pass takes the run-by-run product
+        monkeypatch.setattr(cotrain, "DENSE_RANKS", limit)
+        base = fresh(tiny)
+        host_all(base, names)
+        base.forward_backward([ForwardBackward(name, MODELS[name][2]) for name in names])
+        found.append({name: grads(base, name) for name in names})
+    dense, split = found
+    for name in names:
+        for one, other in zip(dense[name], split[name]):
+            assert float((one - other).abs().max()) <= GRAD_RTOL * max(float(one.abs().max()), 1e-8)

@@ -377,10 +377,10 @@ class TrainingApi:
         if states:
             await self._keep(states)
         if body.get("stopping") or self.broker.closed:
-            return {"stop": True, "ops": []}
+            return {"ops": [], "stop": True}
         ops = await self.broker.next_cycle(pool)
         if not ops and (pool.stop or self.broker.closed):
-            return {"stop": True, "ops": []}
+            return {"ops": [], "stop": True}
         await self._prepare(ops)
         return {"ops": [op.wire() for op in ops]}
 
