@@ -131,7 +131,7 @@ class Config:
     layers: int = 2
     heads: int = 4
     kv_heads: int = 2
-    timeout_s: float = 600.0  # per way
+    timeout_s: float = 300.0  # per attempt of a way
     wait_quiet_s: float = 60.0
     retries: int = 2  # a way run while other processes used more than CONTENDED_CORES is run again
     workdir: str = ""
@@ -378,6 +378,10 @@ class Child:
             return ""
 
 
+class WayTimeout(RuntimeError):
+    """A way's children did not finish in time (its children are killed)."""
+
+
 def run_way(cfg: Config, way: str) -> dict[str, Any]:
     """Start the way's children, release them together once all are ready, wait for them all;
     every child is killed on a failure, a timeout or Ctrl-C."""
@@ -395,7 +399,7 @@ def run_way(cfg: Config, way: str) -> dict[str, Any]:
                 raise RuntimeError(f"{way} child {child.side_dir.name} exited {child.exit_code} {what}:\n"
                                    f"{child.log_tail()}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{way}: not done within {cfg.timeout_s:.0f} s ({what})")
+            raise WayTimeout(f"{way}: not done within {cfg.timeout_s:.0f} s ({what})")
 
     spawned = time.monotonic()
     try:
@@ -457,12 +461,13 @@ def way_table(s: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"{WAY_TITLES[way]:<20} {r['processes']:>5} {r['threads']:>3} {r['wall_s']:>7.2f} "
                      f"{r['tokens_per_s']:>8.0f} {r['cpu_timed_s']:>7.1f} {r['padding']:>6.1%} "
                      f"{r['rss_total_mib']:>12,.0f} {r['base_copies']:>11} {r['process_wall_s']:>14.1f} "
-                     f"{r['others_cores']:>6.2f}c {r.get('attempts', 1):>3}")
+                     f"{r['others_cores']:>6.2f}c {r.get('attempts', 1):>3}"
+                     f"{' CONTENDED' if r['others_cores'] > CONTENDED_CORES else ''}")
     lines.append("  (wall: release to the last model's last step; tok/s: every model's trained tokens / wall; "
                  "CPU s: the children's CPU seconds in that time; peak RSS: of the process, summed over the "
                  "separate ones; process wall: start of the children to the last exit; others: cores the rest "
                  "of the machine used meanwhile; thr: torch threads per process; try: the attempt shown, the "
-                 "earlier ones contended)")
+                 "least contended of those run)")
     sep = s.get("separate")
     if sep:
         spans = sep["child_spans_s"]
@@ -597,13 +602,20 @@ def parent_main(cfg: Config, keep: bool, json_out: str) -> int:
                 if cfg.wait_quiet_s > 0:
                     print(f"waiting for the machine to be quiet: {wait_for_quiet(cfg.wait_quiet_s)}", flush=True)
                 print(f"running {WAY_TITLES[way]} (attempt {attempt}) ...", flush=True)
-                r = summarise(run_way(cfg, way))
+                try:
+                    r = summarise(run_way(cfg, way))
+                except WayTimeout as exc:
+                    if attempt > cfg.retries:
+                        raise
+                    print(f"  {exc}: run again", flush=True)  # on a busy machine, as a contended attempt
+                    continue
                 r["attempts"] = attempt
                 contended = r["others_cores"] > CONTENDED_CORES
                 print(f"  {r['wall_s']:.2f} s, {r['tokens_per_s']:.0f} tokens/s; other processes used "
                       f"{r['others_cores']:.2f} cores meanwhile"
                       f"{' - CONTENDED: its times are inflated' if contended else ''}", flush=True)
-                summaries[way] = r
+                if way not in summaries or r["others_cores"] < summaries[way]["others_cores"]:
+                    summaries[way] = r  # of the attempts, the one the rest of the machine disturbed least
                 if not contended:
                     break
         print()
@@ -635,7 +647,7 @@ def parent_main(cfg: Config, keep: bool, json_out: str) -> int:
 # -- --profile: where a step's time goes -------------------------------------------------------------
 
 
-PROFILE_PARTS = ("base forward (LoRA branches included)", "  of which the LoRA branches (Adapter.delta)",
+PROFILE_PARTS = ("base forward (LoRA branches included)", "  of which the LoRA branches",
                  "loss (SharedBase._datum_loss)", "backward (Tensor.backward)", "optimizer (Adapter.step)")
 
 
@@ -669,6 +681,7 @@ def profile_main(cfg: Config, steps: int) -> None:
     the operators `torch.profiler` finds most expensive (self CPU time)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+    from train_throughput import wait_for_quiet
 
     from tuneforge.train import cotrain
 
@@ -690,6 +703,12 @@ def profile_main(cfg: Config, steps: int) -> None:
         forward, delta, loss, backward, step = PROFILE_PARTS
         net.forward = timers.wrap(forward, net.forward)
         cotrain.Adapter.delta = timers.wrap(delta, cotrain.Adapter.delta)
+        for name in ("_dense_delta", "_split_delta"):  # a pass's LoRA branches, where the engine has them
+            if name in vars(cotrain.SharedBase):
+                original = vars(cotrain.SharedBase)[name]
+                wrapped = timers.wrap(delta, original.__func__ if isinstance(original, staticmethod) else original)
+                setattr(cotrain.SharedBase, name, staticmethod(wrapped) if isinstance(original, staticmethod)
+                        else wrapped)
         cotrain.SharedBase._datum_loss = timers.wrap(loss, cotrain.SharedBase._datum_loss)
         torch.Tensor.backward = timers.wrap(backward, torch.Tensor.backward)
         cotrain.Adapter.step = timers.wrap(step, cotrain.Adapter.step)
@@ -705,6 +724,8 @@ def profile_main(cfg: Config, steps: int) -> None:
             warm_batch = functools.partial(_profile_batch, specs, owner, 0)
             batch_of = functools.partial(_profile_batch, specs, owner, WARMUP_STEPS)
             run_steps(engine, way, names, WARMUP_STEPS, warm_batch, owner.__getitem__)
+            if cfg.wait_quiet_s > 0:
+                print(f"\nwaiting for the machine to be quiet: {wait_for_quiet(cfg.wait_quiet_s)}", flush=True)
             timers.totals.clear()
             began = time.perf_counter()
             run_steps(engine, way, names, steps, batch_of, owner.__getitem__)
@@ -733,6 +754,10 @@ def profile_main(cfg: Config, steps: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -754,7 +779,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=d.layers)
     parser.add_argument("--heads", type=int, default=d.heads)
     parser.add_argument("--kv-heads", type=int, default=d.kv_heads)
-    parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds allowed to each way")
+    parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds allowed to each attempt of a way")
     parser.add_argument("--wait-quiet", type=float, default=d.wait_quiet_s,
                         help="before each way, wait up to this many seconds for other processes to go quiet")
     parser.add_argument("--retries", type=int, default=d.retries,
@@ -786,6 +811,8 @@ def main() -> None:
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bars between the figures
     warnings.filterwarnings("ignore", category=FutureWarning)
+    # a SIGTERM unwinds like Ctrl-C: the children are killed and the work folder removed
+    signal.signal(signal.SIGTERM, _terminated)
     if args.profile:
         profile_main(cfg, args.profile)
         return
