@@ -54,6 +54,12 @@ speed-ups, co-trained against separate processes and against one at a time, agai
 (co-training >= 2x separate processes' and >= 1.5x one at a time's aggregate tokens/s, one copy
 of the base in memory).
 
+A busy machine: before each way the parent waits (up to --wait-quiet seconds) for the other
+processes to go quiet, and runs a way again (up to --retries times) when other processes used
+more than a quarter of a core during it or it did not end within --timeout; the least disturbed
+attempt is reported. With 2 threads a process whose second core is taken by other work slows
+down many times over (each operator waits for its other thread), so contended figures mean little.
+
 Threads: the in-process ways run `torch.set_num_threads(--threads)` (2: the machine's cores);
 each of the 8 separate processes `torch.set_num_threads(--child-threads)` (1: 8 threads on the
 cores together; 2 each would be 16). OMP_NUM_THREADS and MKL_NUM_THREADS are set to the same
