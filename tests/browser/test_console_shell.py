@@ -3,6 +3,7 @@ views, that the page talks to its own origin only, and that it fits a 1366×768 
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 
 import httpx
@@ -142,3 +143,19 @@ def test_the_page_loads_everything_from_its_own_origin_and_fits_a_laptop_screen(
                             ".filter((e) => e.initiatorType === 'script' || e.name.endsWith('.js')).map((e) => e.name)")
     packaged = {f"{plane.url}/console/{name}" for name in static_files() if name.endswith(".js")}
     assert scripts and set(scripts) <= packaged
+
+
+def test_a_view_that_finishes_loading_after_the_next_one_is_shown_does_not_replace_it(plane, page):
+    held = []  # the jobs list's answer, the start page's, is held until the next page is drawn
+    page.route(re.compile(r".*/v1/fine_tuning/jobs\?.*"), lambda route: held.append(route))
+    sign_in(page, plane.url, plane.key_a)
+    page.goto(f"{plane.url}/console#/files")
+    page.get_by_role("heading", name="Files", exact=True).wait_for()
+    assert len(held) == 1
+    with page.expect_response(re.compile(r".*/v1/fine_tuning/jobs\?.*")):
+        held[0].continue_()
+    page.evaluate("() => new Promise((done) => setTimeout(done, 200))")  # the late view's await resumes
+    assert page.locator("#main h1").all_inner_texts() == ["Files"]
+    page.unroute(re.compile(r".*/v1/fine_tuning/jobs\?.*"))
+    nav(page, "Jobs").click()  # the jobs page itself still draws when it is the current one
+    page.get_by_role("heading", name="Fine-tuning jobs").wait_for()

@@ -96,10 +96,13 @@ async function render({focus = true} = {}) {
       h("p", null, h("a", {href: `#${home()}`}, "Go to the start page")));
     return;
   }
-  fill(main, h("p", {class: "muted"}, "Loading…"));
+  // Each render draws into its own box: a view still loading when the URL changes (a slow list
+  // behind a link already followed) can only fill a box that is no longer on the page.
+  const box = h("div", {class: "view"}, h("p", {class: "muted"}, "Loading…"));
+  fill(main, box);
   const context = {onLeave: (clean) => leaving.push(clean), isCurrent: () => mine === renderCount};
   try {
-    await found.view(main, found.params, query, context);
+    await found.view(box, found.params, query, context);
   } catch (error) {
     if (mine !== renderCount) return;
     if (error instanceof ApiError && error.status === 401) {
