@@ -212,3 +212,91 @@ def test_forward_backward_custom_runs_its_loss_on_the_client_and_trains_through_
     training.optim_step(ADAM).result()
     second = training.forward_backward_custom(DATA, squared).result()
     assert second.metrics["loss:sum"] < first.metrics["loss:sum"]  # the step followed the custom loss down
+
+
+def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_promotes_and_is_continued(
+        sdk, running, tmp_path) -> None:
+    from tests.e2e.test_lifecycle import wait_for
+    from tuneforge.data.tokenize import IGNORE_INDEX, tokenize_example
+    from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, chat_example, demo_facts, write_jsonl
+    from tuneforge.demo.evaluate import load_finetuned, mapping_accuracy
+    from tuneforge.services.training.artifacts import extract
+
+    examples = [chat_example(fact) for fact in demo_facts(4, seed=3)]
+    tokenizer = AutoTokenizer.from_pretrained(running.model_dir)
+    data = []
+    for example in examples:  # the chat template as a job renders it: the loss on the reply only
+        tokens = tokenize_example(example, tokenizer, max_seq_length=256)
+        weights = [float(label != IGNORE_INDEX) for label in tokens.labels[1:]]
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens.input_ids[:-1]),
+                                loss_fn_inputs={"target_tokens": tokens.input_ids[1:], "weights": weights}))
+    weighted = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in data)
+    training = sdk(running.key_a).create_lora_training_client(base_model=BASE, rank=8, seed=5).result()
+    adam = types.AdamParams(learning_rate=5e-3)
+    losses = []
+    for _ in range(60):
+        losses.append(training.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] / weighted)
+        training.optim_step(adam).result()
+    assert losses[-1] < 0.05 * losses[0], losses
+    path = training.save_weights_for_sampler("learned").result().path
+
+    def api(key: str, method: str, url: str, **kwargs) -> httpx.Response:
+        return httpx.request(method, f"{running.url}{url}", headers={"Authorization": f"Bearer {key}"},
+                             timeout=60, **kwargs)
+
+    answer = api(running.key_a, "POST", "/v1/models", json={"source": path, "suffix": "loop"})
+    assert answer.status_code == 200, answer.text
+    model = answer.json()
+    assert model["id"].startswith("ft:tiny-chat:") and ":loop:" in model["id"], model["id"]
+    assert (model["job_id"], model["stage"], model["artifact"]) == (None, "dev", "adapter")
+    lineage = model["lineage"]
+    assert (lineage["training_run"], lineage["checkpoint"], lineage["lora"]["rank"]) == (training.model_id, path, 8)
+    assert set(lineage["artifact"]["files"]) == {"adapter_config.json", "adapter_model.safetensors"}
+    # the same checkpoint again: the same model; another tenant's path, or a bad one: refused by name
+    assert api(running.key_a, "POST", "/v1/models", json={"source": path}).json()["id"] == model["id"]
+    other = api(running.key_b, "POST", "/v1/models", json={"source": path})
+    assert other.status_code == 404 and other.json()["error"]["param"] == "source"
+    bad = api(running.key_a, "POST", "/v1/models", json={"source": "/etc/passwd"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "source"
+    assert api(running.key_b, "GET", f"/v1/models/{model['id']}").status_code == 404
+
+    # chat: the registered model answers what the loop taught it, the base does not
+    openai_sdk = running.sdk(running.key_a)
+
+    def replies(name: str) -> list[str]:
+        return [openai_sdk.chat.completions.create(model=name, messages=e["messages"][:2], max_tokens=8,
+                                                   temperature=0).choices[0].message.content.strip()
+                for e in examples]
+
+    codes = [e["messages"][2]["content"] for e in examples]
+    assert replies(model["id"]) == codes
+    assert replies(BASE) != codes
+
+    # download: a PEFT adapter that loads on the base and gives the same answers
+    archive = api(running.key_a, "GET", f"/v1/models/{model['id']}/download")
+    assert archive.status_code == 200 and archive.headers["content-type"] == "application/gzip"
+    assert api(running.key_b, "GET", f"/v1/models/{model['id']}/download").status_code == 404
+    (tmp_path / "model.tar.gz").write_bytes(archive.content)
+    peft_model, peft_tokenizer = load_finetuned(running.model_dir, extract(tmp_path / "model.tar.gz", tmp_path / "x"))
+    assert mapping_accuracy(peft_model, peft_tokenizer, examples) == 1.0
+
+    # promoted through the stages like any model (this plane evaluates no model by default: no gate)
+    promoted = api(running.key_a, "POST", f"/v1/models/{model['id']}/promote", json={"stage": "staging"})
+    assert promoted.status_code == 200 and promoted.json()["stage"] == "staging", promoted.text
+
+    # continued by an ordinary job: the adapter's shape kept, its weights the starting point
+    upload = openai_sdk.files.create(file=write_jsonl(tmp_path / "again.jsonl", examples * 3).open("rb"),
+                                     purpose="fine-tune")
+    job = openai_sdk.fine_tuning.jobs.create(
+        model=model["id"], training_file=upload.id, seed=0,
+        method={"type": "supervised", "supervised": {"hyperparameters": {**DEMO_HYPERPARAMETERS, "n_epochs": 1}}})
+    assert job.model_extra["parent"] == {"model": model["id"], "job_id": None, "step": None}
+    shown = job.model_extra["training_type"]
+    assert (shown["rank"], shown["alpha"]) == (8, lineage["lora"]["alpha"])
+    job = wait_for(openai_sdk, job.id)
+    assert job.status == "succeeded", job.error
+    assert any(e.message.startswith("the adapter starts from the parent's")
+               for e in openai_sdk.fine_tuning.jobs.list_events(job.id, limit=100))
+    metrics = [e for e in openai_sdk.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
+    first = min(metrics, key=lambda e: e.data["step"]).data["train_loss"]
+    assert first < 0.2 * losses[0], (first, losses[0])  # it knew the data before its first step

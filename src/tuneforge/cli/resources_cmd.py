@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import typer
 
 from tuneforge.cli import output
 from tuneforge.cli.api import EXIT_USAGE, Api, CliFailure
-from tuneforge.cli.output import JSON, out
+from tuneforge.cli.files_cmd import download
+from tuneforge.cli.output import JSON, err, out
 
 models_app = typer.Typer(help="Models: base models and your fine-tuned ones, their stages and lineage.",
                          no_args_is_help=True)
@@ -26,7 +28,10 @@ def _show_model(model: dict) -> None:
         out.print(f"gate failed: {reason}")
     for suggestion in model.get("suggestions") or []:
         out.print(f"suggestion: {suggestion}")
-    parent = (model.get("lineage") or {}).get("parent")
+    lineage = model.get("lineage") or {}
+    if lineage.get("training_run"):
+        out.print(f"trained through the training API: {lineage.get('checkpoint')}")
+    parent = lineage.get("parent")
     if parent:
         out.print(f"continues: {parent.get('model')}")
 
@@ -62,6 +67,24 @@ def models_promote(model_id: str, stage: str = typer.Argument(..., help="dev, st
                    as_json: bool = JSON) -> None:
     """Move a model to a stage (staging and production need its eval gates passed)."""
     output.emit(Api().post(f"/models/{model_id}/promote", {"stage": stage}), as_json, _show_model)
+
+
+@models_app.command("register")
+def models_register(source: str = typer.Argument(..., help="A training-API checkpoint: "
+                                                  "tinker://<model id>/weights/<name> or .../sampler_weights/<name>"),
+                    suffix: str = typer.Option(None, help="Put in the model's name"), as_json: bool = JSON) -> None:
+    """Register a training-API checkpoint as a fine-tuned model (chat with it, continue it by a job,
+    download and promote it)."""
+    output.emit(Api().post("/models", {"source": source, **({"suffix": suffix} if suffix else {})}), as_json,
+                _show_model)
+
+
+@models_app.command("download")
+def models_download(model_id: str, output_path: Path = typer.Option(None, "--output", "-o")) -> None:
+    """A fine-tuned model's weights as a .tar.gz (an adapter in PEFT's format), with a progress bar."""
+    target = output_path or Path(f"{model_id.replace(':', '_')}.tar.gz")
+    written = download(Api(), f"/models/{model_id}/download", None, target)
+    err.print(f"wrote {target} ({written} bytes)")
 
 
 @models_app.command("stages")

@@ -37,7 +37,8 @@ def build_merged(store: ObjectStore, row: FineTunedModel, base_sha256: str, base
     """Merge (once) and return the prefix holding config.json, model.safetensors and the tokenizer."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
-    prefix = layout.merged_prefix(row.tenant_id, row.job_id, dtype)
+    prefix = layout.merged_prefix(row.tenant_id, row.job_id, dtype) if row.job_id is not None \
+        else f"{row.artifact_prefix}-merged/{dtype}"  # a model no job made: beside its adapter
     with _LOCK:
         if _is_built(store, prefix):
             return prefix

@@ -79,6 +79,34 @@ def register_checkpoint(session: Session, store: ObjectStore, job: Job, *, model
     return row
 
 
+def register_training_checkpoint(session: Session, store: ObjectStore, *, tenant_id: str, model_id: str,
+                                 base: dict[str, str], source: dict[str, Any], source_prefix: str,
+                                 target_prefix: str, adapter: dict[str, Any], gated: bool) -> FineTunedModel:
+    """A training-API checkpoint (`source`: its run, path and time) registered as a model: its
+    adapter copied to `target_prefix`, where deleting the checkpoint or its run cannot reach it.
+    No job made it and nothing evaluated it: where the platform evaluates models by default
+    (`gated`), it cannot reach staging or production without an admin override, as a job's
+    checkpoint cannot."""
+    target = copy_adapter_files(store, source_prefix, target_prefix)
+    reason = ("registered from a training-API checkpoint, which was not evaluated against the platform's gates; "
+              "continue it with a job that evaluates it, or ask an admin to override")
+    report = {"passed": not gated, "suggestions": [],
+              "gates": [{"metric": "eval", "passed": False, "reason": reason}] if gated else []}
+    row = FineTunedModel(
+        model_id=model_id, tenant_id=tenant_id, job_id=None, base_model=base["name"],
+        base_model_sha256=base["sha256"], artifact_prefix=target, created_at=int(time.time()),
+        artifact_kind="adapter", stage="dev", promotable=not gated, eval_results=None, gate_report=report,
+        config_hash=None,
+        lineage={"base_model": dict(base), "training_run": source["run_id"], "checkpoint": source["tinker_path"],
+                 "checkpoint_time": source.get("time"), "method": "training_api", "training_type": "lora",
+                 "lora": dict(adapter), "job_id": None, "code_version": lineage.code_version(),
+                 "artifact": {"prefix": target, "files": lineage.artifact_digests(store, target)}, "parent": None},
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
 def same_config(session: Session, tenant_id: str, config_hash: str | None, *,
                 exclude_job: str | None = None) -> FineTunedModel | None:
     if not config_hash:

@@ -23,7 +23,8 @@ parent:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -63,7 +64,7 @@ class Parent:
     """Weights a name points at: a registered model, or one checkpoint of a job."""
 
     name: str
-    job: Job
+    job: Job | None  # None: a model no job made (a training-API checkpoint registered as a model)
     step: int | None  # None: the job's final model
     model: FineTunedModel | None  # the registry row, for a final model
     checkpoint: Checkpoint | None
@@ -72,14 +73,34 @@ class Parent:
     def kind(self) -> str:
         if self.model is not None:
             return self.model.artifact_kind
+        assert self.job is not None
         return "model" if self.job.request.training_type_kind == "full" else "adapter"
 
     @property
     def weights_prefix(self) -> str:
         return self.model.artifact_prefix if self.model is not None else self.checkpoint.prefix  # type: ignore[union-attr]
 
+    @property
+    def base_model(self) -> str:
+        return self.model.base_model if self.model is not None else self.job.model  # type: ignore[union-attr]
+
+    @property
+    def base_sha256(self) -> str:
+        return self.model.base_model_sha256 if self.model is not None else self.job.base_model_sha256  # type: ignore[union-attr]
+
+    @property
+    def finished(self) -> bool:
+        """Whether these weights are final: a checkpoint is, a job's model once the job succeeded."""
+        return self.job is None or self.step is not None or self.job.status == JobStatus.SUCCEEDED.value
+
+    def lora(self) -> dict[str, Any] | None:
+        """The adapter's LoRA settings (rank, alpha, dropout, target_modules); None when unknown."""
+        if self.job is None:
+            return (self.model.lineage or {}).get("lora") if self.model is not None else None
+        return asdict(self.job.resolved.lora) if self.job.resolved is not None else None
+
     def lineage(self) -> dict:
-        return {"model": self.name, "job_id": self.job.job_id, "step": self.step}
+        return {"model": self.name, "job_id": self.job.job_id if self.job is not None else None, "step": self.step}
 
 
 def find(session: Session, tenant_id: str, tenant_name: str, name: str) -> Parent | None:
@@ -92,8 +113,10 @@ def find(session: Session, tenant_id: str, tenant_name: str, name: str) -> Paren
     if row is not None or match is None:
         if row is None or row.deprecated_at is not None or row.artifacts_deleted_at is not None:
             return None
-        job = job_repo.get(session, tenant_id, row.job_id)
         step = int(match.group("step")) if match is not None else None
+        if row.job_id is None:  # registered from a training-API checkpoint
+            return Parent(name, None, step, row, None)
+        job = job_repo.get(session, tenant_id, row.job_id)
         return None if job is None else Parent(name, job, step, row, None)
     job = _job_named(session, tenant_id, tenant_name, match.group("model"))
     if job is None:
@@ -116,7 +139,8 @@ def checkpoints_offered(job: Job) -> bool:
 def _job_named(session: Session, tenant_id: str, tenant_name: str, name: str) -> Job | None:
     registered = model_repo.get(session, tenant_id, name)
     if registered is not None:
-        if registered.deprecated_at is not None or registered.artifacts_deleted_at is not None:
+        if registered.deprecated_at is not None or registered.artifacts_deleted_at is not None \
+                or registered.job_id is None:
             return None
         return job_repo.get(session, tenant_id, registered.job_id)
     tag = name.rsplit(":", 1)[-1]

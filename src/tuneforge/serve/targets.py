@@ -29,6 +29,7 @@ def resolve_target(session: Session, tenant_id: str, model: str, tenant_name: st
         checkpoint = parents.find(session, tenant_id, tenant_name, model)
         if checkpoint is not None and checkpoint.checkpoint is not None and checkpoint.kind == ADAPTER:
             job = checkpoint.job
+            assert job is not None  # a job's checkpoint
             base_ref = BaseModelRef(job.model, job.base_model_sha256,
                                     layout.base_model_prefix(job.model, job.base_model_sha256))
             return ModelTarget(model, base_ref, artifact_prefix=checkpoint.checkpoint.prefix, artifact_kind=ADAPTER)

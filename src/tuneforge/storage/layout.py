@@ -182,6 +182,12 @@ def merged_prefix(tenant_id: str, job_id: str, dtype: str) -> str:
     return f"{artifact_prefix(tenant_id, job_id, 'merged')}/{dtype}"
 
 
+def registered_model_prefix(tenant_id: str, tag: str) -> str:
+    """A model registered from a training-API checkpoint (no job made it): its adapter, a copy,
+    so that deleting the checkpoint or its run cannot take the model's weights away."""
+    return f"{tenant_prefix(tenant_id)}/registered-models/{_part(tag)}"
+
+
 def complete_marker_key(prefix: str) -> str:
     """The marker written last into a folder of keys built in several writes (a merged
     export): without it the folder is unfinished."""

@@ -129,3 +129,23 @@ def test_a_loss_function_the_sdk_names_but_this_platform_does_not_serve_is_refus
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "unsupported_loss_fn"
     assert "dro" in answer.json()["error"]["message"]
     assert [pool.base for pool in no_workers] == [world.base_model]  # the model's base got its worker
+
+
+def test_dot_names_that_no_object_key_can_hold_are_refused_or_not_found_never_a_500(world) -> None:
+    mine = session(world, world.key_a)
+    created = post(world, "/create_model", world.key_a,
+                   json={"session_id": mine, "model_seq_id": 0, "base_model": world.base_model,
+                         "lora_config": {"rank": 8}})
+    assert created.status_code == 200, created.text
+    model_id = created.json()["model_id"]
+    for name in (".", ".."):
+        saved = post(world, "/save_weights", world.key_a, json={"model_id": model_id, "path": name, "seq_id": 1})
+        assert saved.status_code == 400 and saved.json()["error"]["param"] == "path", saved.text
+    for path in ("tinker://../weights/x", f"tinker://{model_id}/weights/.."):
+        loaded = post(world, "/weights_info", world.key_a, json={"tinker_path": path})
+        assert loaded.status_code in (400, 404) and loaded.json()["error"]["param"] == "tinker_path", loaded.text
+    for url in ("/training_runs/%2E%2E", "/training_runs/%2E%2E/checkpoints",
+                "/training_runs/%2E%2E/checkpoints/weights/x", f"/training_runs/{model_id}/checkpoints/weights/%2E%2E"):
+        method = "DELETE" if url.count("/") > 3 else "GET"
+        answer = world.http.request(method, f"{PREFIX}{url}", headers=tinker_headers(world.key_a))
+        assert answer.status_code in (400, 404), (url, answer.status_code, answer.text)

@@ -85,6 +85,25 @@ def test_jobs_from_options_and_from_a_job_file(live, tmp_path):
     assert f"id: {job['id']}" in shown and "status:" in shown
 
 
+def test_a_training_api_checkpoint_is_registered_and_downloaded_from_the_cli(live, tmp_path):
+    import tarfile
+
+    from tests.helpers.training_api import saved_training_checkpoint, tenant_named
+
+    platform = live.plane.platform
+    path = saved_training_checkpoint(platform, "tiny-base", tenant_named(platform, "acme"), "loop",
+                                     time="2026-11-30T00:00:00Z")
+    model = as_json("models", "register", path, "--suffix", "cli")
+    assert model["id"].startswith("ft:tiny-base:acme:cli:") and model["job_id"] is None
+    assert f"trained through the training API: {path}" in cli("models", "get", model["id"]).stdout
+    cli("models", "download", model["id"], "-o", str(tmp_path / "adapter.tar.gz"))
+    with tarfile.open(tmp_path / "adapter.tar.gz") as archive:
+        assert sorted(n.rsplit("/", 1)[1] for n in archive.getnames()) == ["adapter_config.json",
+                                                                            "adapter_model.safetensors"]
+    refused = cli("models", "register", "tinker://nothing/weights/here", code=1)
+    assert "not found" in refused.stderr
+
+
 def test_models_webhooks_secrets_usage_and_keys(live):
     models = as_json("models", "list")["data"]
     assert "tiny-base" in [m["id"] for m in models]

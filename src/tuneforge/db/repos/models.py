@@ -21,6 +21,12 @@ def list_for_tenant(session: Session, tenant_id: str) -> list[FineTunedModel]:
     return list(session.scalars(owned(FineTunedModel, tenant_id).order_by(FineTunedModel.pk)))
 
 
+def without_job(session: Session, tenant_id: str) -> list[FineTunedModel]:
+    """The tenant's models no job made (registered from training-API checkpoints)."""
+    return list(session.scalars(owned(FineTunedModel, tenant_id).where(FineTunedModel.job_id.is_(None))
+                                .order_by(FineTunedModel.pk)))
+
+
 def of_job(session: Session, tenant_id: str, job_id: str) -> FineTunedModel | None:
     """The model the tenant's job `job_id` registered, if any."""
     return session.scalar(owned(FineTunedModel, tenant_id).where(FineTunedModel.job_id == job_id)

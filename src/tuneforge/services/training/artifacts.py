@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import checkpoints as checkpoint_repo
 from tuneforge.db.repos import jobs as job_repo
-from tuneforge.db.tables import Job
+from tuneforge.db.tables import FineTunedModel, Job
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import parents
@@ -92,6 +92,20 @@ def adapter_archive(session: Session, platform: Platform, job: Job, *, artifact:
     prefix = layout.artifact_prefix(job.tenant_id, job.job_id, artifact)
     folder = f"{job.job_id}-{artifact}"
     return f"{folder}.tar.gz", _archive(store, prefix, folder, keep=None)
+
+
+def model_archive(store: ObjectStore, row: FineTunedModel) -> tuple[str, IO[bytes]]:
+    """A registered model's weights as a .tar.gz: its adapter in PEFT's format (a LoRA model, a
+    checkpoint or a training-API checkpoint registered as a model), or a full fine-tune's model
+    folder. An adapter's files are checked against the digests recorded at registration first
+    (a full model's are not: hashing its gigabytes on every download would cost more than it checks)."""
+    from tuneforge.registry import models as registry
+
+    if row.artifact_kind == "adapter":
+        registry.verify_artifacts(store, row)
+    folder = row.model_id.replace(":", "_").replace("/", "_")
+    return f"{folder}.tar.gz", _archive(store, row.artifact_prefix, folder,
+                                         keep=_ADAPTER_FILES if row.artifact_kind == "adapter" else None)
 
 
 def _merged_archive(session: Session, store: ObjectStore, job: Job, dtype: str,

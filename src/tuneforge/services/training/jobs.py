@@ -193,11 +193,11 @@ def _continued(session: Session, request: JobRequest, parent: parents.Parent) ->
     if parent.kind != "adapter" and parent.step is not None:
         raise invalid(f"{request.model} is a checkpoint of a full fine-tune, kept as training state; continue "
                       "from the job's final model", param="model", code="unsupported_parent")
-    if parent.step is None and parent.job.status != JobStatus.SUCCEEDED.value:
+    if not parent.finished:
         raise invalid(f"{request.model} is not finished", param="model", code="model_not_available")
-    base = base_model_repo.by_name(session, parent.job.model)
-    if base is None or base.sha256 != parent.job.base_model_sha256:
-        raise invalid(f"{request.model} was trained on {parent.job.model} as it was then; that base model has "
+    base = base_model_repo.by_name(session, parent.base_model)
+    if base is None or base.sha256 != parent.base_sha256:
+        raise invalid(f"{request.model} was trained on {parent.base_model} as it was then; that base model has "
                       "been removed or replaced since", param="model", code="parent_base_changed")
     asked = request.training_type
     if parent.kind != "adapter":  # a full fine-tune: its weights are the new job's starting point
@@ -209,13 +209,13 @@ def _continued(session: Session, request: JobRequest, parent: parents.Parent) ->
     if asked is not None and asked.type == "full":
         raise invalid("training_type.type 'full' cannot continue an adapter; leave training_type out (the "
                       "adapter's settings are kept) or use 'lora'/'qlora'", param="training_type.type")
-    lora = parent.job.resolved.lora if parent.job.resolved is not None else None
+    lora = parent.lora()
     if lora is None:
         raise invalid(f"{request.model} has no adapter settings to continue from", param="model",
                       code="model_not_available")
-    kept = {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
-            "target_modules": lora.target_modules if isinstance(lora.target_modules, str)
-            else list(lora.target_modules)}
+    targets = lora["target_modules"]
+    kept = {"rank": lora["rank"], "alpha": lora["alpha"], "dropout": lora["dropout"],
+            "target_modules": targets if isinstance(targets, str) else list(targets)}
     given = asked.model_dump(exclude_unset=True) if asked is not None else {}
     for key, value in kept.items():
         if key in given and given[key] != "auto" and given[key] != value:

@@ -120,6 +120,7 @@ class Model:
     hosted: bool = False  # the worker holds it now
     state_key: str | None = None  # where its state was kept when its worker let it go (idle, preempted)
     last_served: float = 0.0  # when a cycle last took one of its ops (fair turns)
+    base_sha256: str = ""  # the base's weights it trains on (checkpoints record it: a registered model needs it)
 
 
 @dataclass

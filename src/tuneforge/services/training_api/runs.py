@@ -5,6 +5,7 @@ call from a thread)."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -14,6 +15,7 @@ from tuneforge.storage import layout
 RECORD_NAME = "checkpoint.json"
 RUN_NAME = "run.json"
 CHECKPOINT_KINDS = ("weights", "sampler_weights")
+TINKER_PATH = re.compile(r"^tinker://([^/]+)/(weights|sampler_weights)/([^/]+)$")
 
 
 def _read(store: Any, key: str) -> dict[str, Any] | None:
@@ -27,18 +29,42 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+def _run_folder(tenant: str, run_id: str) -> str:
+    try:
+        return layout.training_run_key(tenant, run_id).rsplit("/", 1)[0]
+    except ValueError:  # a run id no key can hold (".."): no run has it
+        raise not_found(f"training run {run_id} not found", "run_id") from None
+
+
 def run_record(store: Any, tenant: str, run_id: str) -> dict[str, Any]:
-    record = _read(store, layout.training_run_key(tenant, run_id))
+    record = _read(store, f"{_run_folder(tenant, run_id)}/{RUN_NAME}")
     if record is None or record.get("training_run_id") != run_id:
         raise not_found(f"training run {run_id} not found", "run_id")
     return record
+
+
+def checkpoint_at(store: Any, tenant: str, tinker_path: Any, param: str = "path") -> tuple[dict[str, Any], str]:
+    """The tenant's checkpoint at `tinker_path`: its record and its prefix (404 when it has none;
+    another tenant's path is looked up under this tenant's prefix, so it is none)."""
+    match = TINKER_PATH.match(str(tinker_path or ""))
+    if match is None:
+        raise invalid(f"{param} must be tinker://<model id>/weights/<name> or .../sampler_weights/<name>", param)
+    run_id, kind, name = match.groups()
+    try:
+        prefix = layout.training_checkpoint_prefix(tenant, run_id, kind, name)
+    except ValueError:  # a part no key can hold ("..")
+        raise invalid(f"{param} names no checkpoint: {tinker_path}", param) from None
+    record = _read(store, f"{prefix}/{RECORD_NAME}")
+    if record is None or record.get("run_id") != run_id:
+        raise not_found(f"checkpoint {tinker_path} not found", param)
+    return record, prefix
 
 
 def checkpoints(store: Any, tenant: str, run_id: str | None = None) -> list[dict[str, Any]]:
     """The tenant's checkpoints (of one run, or all), newest first, without internal fields."""
     prefix = layout.training_runs_prefix(tenant)
     if run_id is not None:
-        prefix = layout.training_run_key(tenant, run_id).rsplit("/", 1)[0]
+        prefix = _run_folder(tenant, run_id)
     found = []
     for key in store.list(prefix):
         if key.endswith("/" + RECORD_NAME):
@@ -83,8 +109,9 @@ def training_runs(store: Any, tenant: str, limit: int, offset: int) -> dict[str,
 
 def delete_checkpoint(store: Any, tenant: str, run_id: str, checkpoint_id: str) -> None:
     kind, _, name = checkpoint_id.partition("/")
-    if kind not in CHECKPOINT_KINDS or not name or "/" in name:
+    if kind not in CHECKPOINT_KINDS or not name.strip(".") or "/" in name:
         raise invalid("checkpoint_id must be weights/<name> or sampler_weights/<name>", "checkpoint_id")
+    _run_folder(tenant, run_id)  # 404 for a run id no key can hold
     prefix = layout.training_checkpoint_prefix(tenant, run_id, kind, name)
     record = _read(store, f"{prefix}/{RECORD_NAME}")
     if record is None or record.get("run_id") != run_id:

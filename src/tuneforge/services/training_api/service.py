@@ -21,7 +21,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from tuneforge.domain import tinker_wire as wire
-from tuneforge.domain.errors import ApiError, invalid, not_found
+from tuneforge.domain.errors import ApiError, invalid
 from tuneforge.services.training_api import runs
 from tuneforge.services.training_api.broker import SAMPLERS_PER_TENANT, Broker, Future, Model, Op
 from tuneforge.services.training_api.runs import RECORD_NAME, _iso
@@ -32,8 +32,7 @@ LOSS_FUNCTIONS = ("cross_entropy", "importance_sampling", "ppo")
 SDK_LOSS_FUNCTIONS = ("cispo", "dro", "gspo", "stable_reinforce", "custom")
 MAX_SAMPLES = 128
 MAX_SAMPLE_TOKENS = 8192
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-_PATH = re.compile(r"^tinker://([^/]+)/(weights|sampler_weights)/([^/]+)$")
+_NAME = re.compile(r"^(?!\.+$)[A-Za-z0-9._-]{1,128}$")  # not "." nor "..": no key holds those
 STATE_NAME, PEFT_WEIGHTS, PEFT_CONFIG = "state.pt", "adapter_model.safetensors", "adapter_config.json"
 
 
@@ -84,6 +83,7 @@ class TrainingApi:
         row = await self.base(str(body.get("base_model") or ""))
         model = self.broker.new_model(tenant, str(body.get("session_id")), int(body.get("model_seq_id", 0)),
                                       row.name, shape, dict(body.get("user_metadata") or {}))
+        model.base_sha256 = row.sha256
         await self._write_run(model)
         op = self.broker.op(tenant, "create", model.model_id, {"shape": shape}, after=self._created)
         self.broker.submit(model, None, op)
@@ -95,6 +95,7 @@ class TrainingApi:
     async def _write_run(self, model: Model) -> None:
         record = {"training_run_id": model.model_id, "base_model": model.base, "model_owner": model.tenant,
                   "is_lora": True, "lora_rank": model.shape["rank"], "shape": model.shape,
+                  "base_sha256": model.base_sha256,
                   "created": model.created, "last_request_time": time.time(),
                   "user_metadata": model.user_metadata or None, "session_id": model.session_id}
         key = layout.training_run_key(model.tenant, model.model_id)
@@ -219,7 +220,8 @@ class TrainingApi:
                       "time": _iso(now), "tinker_path": tinker_path, "size_bytes": len(state) + len(weights),
                       "public": False, "user_metadata": meta["user_metadata"],
                       "expires_at": _iso(now + meta["ttl_seconds"]) if meta["ttl_seconds"] else None,
-                      "run_id": model.model_id, "base_model": model.base, "shape": model.shape}
+                      "run_id": model.model_id, "base_model": model.base, "base_sha256": model.base_sha256,
+                      "shape": model.shape}
             store = self.platform.store
 
             def put() -> None:
@@ -239,19 +241,7 @@ class TrainingApi:
 
     async def checkpoint(self, tenant: str, tinker_path: Any, param: str = "path") -> tuple[dict[str, Any], str]:
         """The caller's checkpoint at `tinker_path`: its record and its prefix (404 when it has none)."""
-        match = _PATH.match(str(tinker_path or ""))
-        if match is None:
-            raise invalid(f"{param} must be tinker://<model id>/weights/<name> or .../sampler_weights/<name>", param)
-        run_id, kind, name = match.groups()
-        prefix = layout.training_checkpoint_prefix(tenant, run_id, kind, name)
-        try:
-            raw = await run_in_threadpool(self.platform.store.get_bytes, f"{prefix}/{RECORD_NAME}")
-        except (FileNotFoundError, KeyError):
-            raise not_found(f"checkpoint {tinker_path} not found", param) from None
-        record = json.loads(raw)
-        if record.get("run_id") != run_id:
-            raise not_found(f"checkpoint {tinker_path} not found", param)
-        return record, prefix
+        return await run_in_threadpool(runs.checkpoint_at, self.platform.store, tenant, tinker_path, param)
 
     async def load_weights(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         record, prefix = await self.checkpoint(tenant, body.get("path"))
