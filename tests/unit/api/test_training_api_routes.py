@@ -149,3 +149,19 @@ def test_dot_names_that_no_object_key_can_hold_are_refused_or_not_found_never_a_
         method = "DELETE" if url.count("/") > 3 else "GET"
         answer = world.http.request(method, f"{PREFIX}{url}", headers=tinker_headers(world.key_a))
         assert answer.status_code in (400, 404), (url, answer.status_code, answer.text)
+
+
+def test_an_abandoned_sample_is_cancelled_through_cancel_future_and_its_future_says_so(world) -> None:
+    config = post(world, "/client/dynamic_config", world.key_a, json={})
+    assert config.json()["sample_cancel_enabled"] is True  # the SDK sends cancel_future for abandoned samples
+    session_id = session(world, world.key_a)
+    created = post(world, "/create_sampling_session", world.key_a,
+                   json={"session_id": session_id, "sampling_session_seq_id": 0, "base_model": world.base_model})
+    sample = post(world, "/asample", world.key_a, json={
+        "sampling_session_id": created.json()["sampling_session_id"], "seq_id": 0, "num_samples": 1,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]}, "sampling_params": {"max_tokens": 4}})
+    request_id = sample.json()["request_id"]  # no worker runs here: it waits
+    assert post(world, "/cancel_future", world.key_b, json={"request_id": request_id}).status_code == 404
+    assert post(world, "/cancel_future", world.key_a, json={"request_id": request_id}).status_code == 200
+    answer = post(world, "/retrieve_future", world.key_a, json={"request_id": request_id})
+    assert answer.json() == {"error": "cancelled by the client", "category": "user"}

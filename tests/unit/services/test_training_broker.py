@@ -844,3 +844,79 @@ def test_a_tenant_holds_a_bounded_number_of_sessions_and_of_samplers_of_its_own_
         assert [(op.kind, op.model) for op in pool.ops] == [("drop", samplers[0].sampler_id)]
 
     run(scenario())
+
+
+def sample_op(broker: Broker, tenant: str, session_id: str) -> Op:
+    sampler = broker.new_sampler(tenant, session_id, len(broker.samplers), BASE, None, None)
+    op = broker.op(tenant, "sample", sampler.hosted_as, {"prompt": [1, 2]})
+    op.session_id = session_id
+    broker.submit_to_pool(BASE, op)
+    return op
+
+
+def test_a_waiting_sample_is_cancelled_by_its_client_and_no_cycle_takes_it():
+    async def scenario() -> None:
+        broker = make_broker(queued_per_tenant=2)
+        session = broker.create_session("acme", [], {}).session_id
+        first, second = sample_op(broker, "acme", session), sample_op(broker, "acme", session)
+        with pytest.raises(ApiError) as full:  # both wait: the tenant is at its limit
+            broker.op("acme", "sample", None, {})
+        assert full.value.status_code == 429
+        for stranger in (lambda: broker.cancel("globex", second.op_id), lambda: broker.cancel("acme", "req-nope")):
+            with pytest.raises(ApiError) as unknown:
+                stranger()
+            assert unknown.value.status_code == 404
+        assert broker.cancel("acme", second.op_id) is True
+        assert second.future.error == "cancelled by the client" and second.future.category == "user"
+        broker.op("acme", "sample", None, {})  # its place in the tenant's queue is free again
+        (pool,) = broker.pools.values()
+        taken = await work(broker, pool)
+        assert first.op_id in ids(taken) and second.op_id not in ids(taken)
+        assert broker.cancel("acme", first.op_id) is False  # a cycle took it: it runs to its end
+        assert not first.future.done.is_set()
+        await broker.report(pool, [{"op_id": first.op_id, "ok": True, "json": {"samples": 1}}])
+        assert first.future.body == {"samples": 1}
+
+        model = new_model(broker, "acme")
+        fb = submit(broker, model, "forward_backward", 1)
+        with pytest.raises(ApiError) as training:  # a training op is part of its model's sequence
+            broker.cancel("acme", fb.op_id)
+        assert training.value.status_code == 400 and training.value.param == "request_id"
+
+    run(scenario())
+
+
+def test_a_session_whose_client_stopped_beating_has_its_waiting_requests_dropped(clock: Clock):
+    async def scenario() -> None:
+        broker = make_broker()
+        gone = broker.create_session("acme", [], {}).session_id
+        alive = broker.create_session("acme", [], {}).session_id
+        model, other = new_model(broker, "acme", session_id=gone), new_model(broker, "acme", session_id=alive)
+        (pool,) = (broker._pool(BASE),)
+        running = submit(broker, model, "forward_backward", 1, tokens=10)
+        taken = await work(broker, pool)
+        assert ids(taken) == [running.op_id]
+        waiting = [submit(broker, model, "optim_step", 2), submit(broker, model, "forward_backward", 4)]  # 4: buffered
+        lost_sample, kept_sample = sample_op(broker, "acme", gone), sample_op(broker, "acme", alive)
+        kept = submit(broker, other, "forward_backward", 1)
+
+        clock.now += broker_module.SESSION_GONE_S - 1.0
+        broker.heartbeat("acme", alive)
+        assert broker.drop_lapsed() == 0
+        clock.now += 2.0  # `gone` has been silent for SESSION_GONE_S + 1, `alive` beat 2 s ago
+        assert broker.drop_lapsed() == 3
+        for op in (*waiting, lost_sample):
+            assert op.future.category == "user" and "no heartbeat" in op.future.error
+        assert not running.future.done.is_set()  # what a cycle took finishes
+        assert not kept.future.done.is_set() and not kept_sample.future.done.is_set()
+        assert broker._queued["acme"] == 3  # running, kept, kept_sample
+        taken = await work(broker, pool, [ok(running)])
+        assert running.future.body == {"done": running.op_id}
+        assert set(ids(taken)) == {kept.op_id, kept_sample.op_id}
+        # the client comes back: its session goes on, its next requests run
+        broker.heartbeat("acme", gone)
+        again = submit(broker, model, "forward_backward", 5)  # after the dropped ones' gap
+        clock.now += broker_module.GAP_S
+        assert again.op_id in ids(broker.cycle(pool))
+
+    run(scenario())

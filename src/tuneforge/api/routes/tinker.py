@@ -85,7 +85,7 @@ async def client_config(tenant_id: str = TENANT) -> Any:
 
 @router.post("/client/dynamic_config", response_model=DynamicConfig)
 async def dynamic_config(tenant_id: str = TENANT) -> Any:
-    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}
 
 
 @router.post("/telemetry", response_model=Accepted)
@@ -249,6 +249,14 @@ async def retrieve_future(request: Request, tenant_id: str = TENANT) -> Any:
     if isinstance(future.body, bytes):
         return Response(future.body, media_type=future.content_type)
     return JSONResponse(future.body)
+
+
+@router.post("/cancel_future", response_model=Nothing)
+async def cancel_future(request: Request, tenant_id: str = TENANT) -> Any:
+    """A sampling request the client abandoned: dropped if it has not started (sample_cancel_enabled)."""
+    body = await body_of(request)
+    api(request).broker.cancel(tenant_id, str(body.get("request_id")))
+    return {}
 
 
 # the worker side: a co-training worker's results in, its next cycle out ----------------------------------

@@ -77,6 +77,7 @@ class Op:
     tokens: int = 0
     # run on the control plane when the worker's result comes back (e.g. write a checkpoint)
     after: Callable[[Op, dict[str, Any]], Awaitable[None]] | None = None
+    session_id: str | None = None  # the session a sampling request came through (a lapsed one's is dropped)
 
     def wire(self) -> dict[str, Any]:
         return {"op_id": self.op_id, "kind": self.kind, "model": self.model, **self.payload}
@@ -526,6 +527,60 @@ class Broker:
         if not op.future.done.is_set():
             op.future.fail("the request produced no result", "server")
         pool.wake.set()
+
+    # requests nobody waits for any more -----------------------------------------------------------------
+    def _drop(self, op: Op, message: str) -> None:
+        op.future.fail(message, "user")
+        if op.request_id_counted():
+            self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
+
+    def cancel(self, tenant: str, request_id: str) -> bool:
+        """A sampling request its client abandoned (the SDK's `cancel_future`): dropped if no cycle
+        took it yet (True); one a cycle took runs to its end. Only sampling requests are cancelled,
+        as on the hosted service: a training op is part of its model's ordered sequence."""
+        future = self.future(tenant, request_id)
+        if future.kind != "sample":
+            raise invalid("only sampling requests can be cancelled", "request_id")
+        for pool in self.pools.values():
+            for op in pool.ops:
+                if op.op_id == request_id:
+                    pool.ops.remove(op)
+                    self._drop(op, "cancelled by the client")
+                    return True
+        return False
+
+    def drop_lapsed(self) -> int:
+        """The waiting requests of sessions whose client stopped beating (no heartbeat nor request
+        for SESSION_GONE_S; the SDK beats every 10 s) are dropped, so that a client that died does
+        not keep the shared workers busy; what a cycle already took finishes. The session itself
+        goes on if its client comes back. How many were dropped."""
+        now = time.monotonic()
+        lapsed = {s.session_id for s in self.sessions.values()
+                  if not s.finished and now - s.last_seen >= SESSION_GONE_S}
+        if not lapsed:
+            return 0
+        message = (f"dropped: the session sent no heartbeat for {SESSION_GONE_S:.0f} s (its client stopped); "
+                   "send the request again")
+        dropped = 0
+        for model in self.models.values():
+            if model.session_id not in lapsed:
+                continue
+            waiting = [op for op in [*model.ready, *model.buffered.values()] if op.request_id_counted()]
+            for op in waiting:
+                self._drop(op, message)
+            dropped += len(waiting)
+            model.ready = deque(op for op in model.ready if not op.request_id_counted())
+            model.buffered, model.buffered_since = {}, None
+        for pool in self.pools.values():
+            kept: deque[Op] = deque()
+            for op in pool.ops:
+                if op.session_id in lapsed and op.request_id_counted():
+                    self._drop(op, message)
+                    dropped += 1
+                else:
+                    kept.append(op)
+            pool.ops = kept
+        return dropped
 
     def worker_lost(self, pool: Pool, why: str) -> None:
         """The pool's worker is gone. What it was running fails (the platform's fault, the client may

@@ -345,6 +345,7 @@ class TrainingApi:
         op = self.broker.op(tenant, "sample", sampler.hosted_as,
                             {"prompt": prompt, "num_samples": num, "sampling_params": sampling,
                              "prompt_logprobs": bool(body.get("prompt_logprobs"))}, after=self._sampled(sampler.base))
+        op.session_id = sampler.session_id
         ids = [f"{sampler.sampler_id}:{seq}:{op.op_id}:{index}" for index in range(num)]
         if isinstance(seq, int):
             sampler.seen[seq] = (op.future, ids)
@@ -402,12 +403,14 @@ class TrainingApi:
 
     async def housekeeping(self, every_s: float = 10.0) -> None:
         """Forever, on the event loop: models idle past `training_api_idle_s` are released (their state
-        kept), pools idle that long stop, finished futures expire."""
+        kept), pools idle that long stop, the waiting requests of sessions whose client stopped beating are
+        dropped, finished futures expire."""
         idle_s = self.platform.settings.training_api_idle_s
         while not self.broker.closed:
             await asyncio.sleep(min(every_s, idle_s / 2))
             for op in self.broker.release_idle(idle_s):
                 op.after = self._released
+            self.broker.drop_lapsed()
             self.broker.expire()
 
     async def _released(self, op: Op, result: dict[str, Any]) -> None:
