@@ -5,7 +5,6 @@ base's, an RL step runs, and two tenants training side by side on one base stay 
 from __future__ import annotations
 
 import math
-import signal
 import time
 
 import httpx
@@ -22,13 +21,16 @@ ADAM = types.AdamParams(learning_rate=2e-2)
 
 
 @pytest.fixture
-def sdk(running, monkeypatch):
-    monkeypatch.setenv("TINKER_BASE_URL", f"{running.url}/tinker")
+def sdk(request, monkeypatch):
+    """`sdk(key)`: a ServiceClient of the `running` plane's; `sdk(key, world)`: of another plane's."""
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
-
     made = []
+    # the plane a test names starts first, so that it stops after the clients are closed
+    default = request.getfixturevalue("running") if "running" in request.fixturenames else None
 
-    def client(key: str):
+    def client(key: str, world=None):
+        world = world if world is not None else default
+        monkeypatch.setenv("TINKER_BASE_URL", f"{world.url}/tinker")
         monkeypatch.setenv("TINKER_API_KEY", f"tml-{key}")
         made.append(tinker.ServiceClient())
         return made[-1]
@@ -138,8 +140,22 @@ def test_two_tenants_train_on_one_base_apart_and_each_is_metered_for_its_own_tok
     assert trained_tokens(running.key_a) == {alice.model_id: alice_tokens}  # forward passes are not billed
 
 
-def _workers(running) -> dict:
-    return running.plane.app.state.training_api._pools.processes
+def _pool_attempts(world) -> list:
+    """The co-training pools' attempts holding GPUs now: (job id, attempt number, handle, placement)."""
+    from tuneforge.db.tables import Attempt, Job
+    from tuneforge.services.training_api.scheduled import is_pool_job
+
+    with world.plane.platform.db.session() as session:
+        rows = session.query(Attempt, Job).join(Job, Job.job_id == Attempt.job_id) \
+            .filter(Attempt.status.in_(("starting", "running"))).all()
+        return [(a.job_id, a.number, dict(a.handle or {}), a.placement) for a, job in rows if is_pool_job(job)]
+
+
+def _job_status(world, job_id: str) -> str:
+    from tuneforge.db.tables import Job
+
+    with world.plane.platform.db.session() as session:
+        return session.query(Job).filter(Job.job_id == job_id).one().status
 
 
 def _wait_for(condition, timeout_s: float = 60.0) -> None:
@@ -149,49 +165,111 @@ def _wait_for(condition, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.both_executors  # the worker is an attempt: launched, preempted and restarted by either executor
 def test_a_preempted_worker_hands_back_every_models_state_and_the_next_one_goes_on_exactly(sdk, running) -> None:
     service = sdk(running.key_a)
     training = service.create_lora_training_client(base_model=BASE, rank=8, seed=5).result()
     for _ in range(5):
         step(training)
     path = training.save_state("before").result().path
-    (process,) = _workers(running).values()
-    process.send_signal(signal.SIGTERM)  # as a scheduler preempting it would
-    process.wait(60)
-    _wait_for(lambda: not _workers(running))
-    preempted = [step(training) for _ in range(2)]  # a new worker loads the kept state first
-    assert len(_workers(running)) == 1 and next(iter(_workers(running).values())).pid != process.pid
+    # the worker is an attempt of a job the scheduler placed: preempted as the scheduler preempts any
+    # attempt (checkpoint-then-requeue, a reclaimed node), through its executor
+    (job_id, number, handle, placement) = _pool_attempts(running)[0]
+    assert placement["node"] and placement["gpu_ids"]  # it holds a GPU slot like any job
+    running.plane.executor.signal(handle, "preempt")
+    # requeued like any preempted job and started again; its new worker loads the kept state first
+    _wait_for(lambda: any(attempt[:2] == (job_id, number + 1) for attempt in _pool_attempts(running)))
+    preempted = [step(training) for _ in range(2)]
+    assert [attempt[:2] for attempt in _pool_attempts(running)] == [(job_id, number + 1)]
 
     reference = service.create_training_client_from_state_with_optimizer(path).result()
     assert [step(reference) for _ in range(2)] == pytest.approx(preempted, rel=1e-6)
 
 
-def test_an_idle_model_is_released_its_worker_stops_and_both_come_back_where_they_were(
-        tmp_path, database_url, tiny_model_dir, monkeypatch) -> None:
+@pytest.fixture
+def releasing(tmp_path, database_url, tiny_model_dir):
+    """A plane whose training API lets idle models and workers go after a second (one GPU slot)."""
     from tests.e2e.conftest import start_plane
 
-    world = start_plane(tmp_path, database_url, tiny_model_dir, training_api_idle_s=1.0)
-    closing: list = []
-    try:
-        monkeypatch.setenv("TINKER_BASE_URL", f"{world.url}/tinker")
-        monkeypatch.setenv("TINKER_API_KEY", f"tml-{world.key_a}")
-        monkeypatch.setenv("TINKER_TELEMETRY", "0")
-        service = tinker.ServiceClient()
-        training = service.create_lora_training_client(base_model=BASE, rank=8, seed=6).result()
-        closing.append(service)
-        for _ in range(4):
-            step(training)
-        path = training.save_state("before-idle").result().path
-        _wait_for(lambda: not _workers(world), 30.0)  # released, then the idle worker stopped
-        broker = world.plane.app.state.training_api.api().broker
-        assert broker.models[training.model_id].state_key is not None
-        after_idle = [step(training) for _ in range(2)]
-        reference = service.create_training_client_from_state_with_optimizer(path).result()
-        assert [step(reference) for _ in range(2)] == pytest.approx(after_idle, rel=1e-6)
-    finally:
-        for service in closing:
-            service.close("success").result(timeout=30)
-        world.close()
+    world = start_plane(tmp_path / "releasing", database_url, tiny_model_dir, training_api_idle_s=1.0)
+    yield world
+    world.close()
+
+
+@pytest.fixture
+def process_workers(tmp_path, database_url, tiny_model_dir):
+    """A plane whose co-training workers are processes of its own host (no scheduled job)."""
+    from tests.e2e.conftest import start_plane
+
+    world = start_plane(tmp_path / "process", database_url, tiny_model_dir, training_api_workers="process")
+    yield world
+    world.close()
+
+
+def test_workers_can_be_processes_of_the_control_planes_host_instead(process_workers, sdk) -> None:
+    world = process_workers
+    training = sdk(world.key_a, world).create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
+    losses = [step(training) for _ in range(4)]
+    assert losses[-1] < losses[0]
+    assert _pool_attempts(world) == []  # no job holds a slot for it
+    assert len(world.plane.app.state.training_api._pools.processes) == 1
+
+
+def test_the_worker_holds_its_gpu_slot_until_it_is_let_go_and_an_ordinary_job_waits_for_it(
+        releasing, sdk, tmp_path) -> None:
+    import threading
+
+    from tests.e2e.test_lifecycle import wait_for
+    from tuneforge.db.tables import JobEvent
+    from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, chat_example, demo_facts, write_jsonl
+
+    world = releasing  # one GPU slot
+    training = sdk(world.key_a, world).create_lora_training_client(base_model=BASE, rank=8, seed=4).result()
+    step(training)
+    ((pool_job, _number, _handle, placement),) = _pool_attempts(world)
+    assert placement["gpu_ids"] == [0]
+    serving = threading.Event()
+    serving.set()
+    busy = threading.Thread(target=lambda: [step(training) for _ in iter(serving.is_set, False)], daemon=True)
+    busy.start()  # the worker keeps serving (never idle) while an ordinary job is submitted
+    openai_sdk = world.sdk(world.key_b)
+    upload = openai_sdk.files.create(file=write_jsonl(tmp_path / "job.jsonl", [
+        chat_example(fact) for fact in demo_facts(10)]).open("rb"), purpose="fine-tune")
+    job = openai_sdk.fine_tuning.jobs.create(model=BASE, training_file=upload.id, seed=0, method={
+        "type": "supervised", "supervised": {"hyperparameters": {**DEMO_HYPERPARAMETERS, "n_epochs": 1}}})
+    _wait_for(lambda: openai_sdk.fine_tuning.jobs.retrieve(job.id).status != "validating_files")
+    time.sleep(3.0)  # fifteen scheduler ticks: the job cannot take the slot the worker holds
+    assert openai_sdk.fine_tuning.jobs.retrieve(job.id).status == "queued"
+    assert [attempt[0] for attempt in _pool_attempts(world)] == [pool_job]
+    serving.clear()
+    busy.join(30)
+    # no more requests: the model is let go (its state kept), then the idle worker; its job ends and
+    # the ordinary job gets the slot
+    job = wait_for(openai_sdk, job.id)
+    assert job.status == "succeeded", job.error
+    assert _job_status(world, pool_job) == "cancelled"
+    with world.plane.platform.db.session() as session:
+        def first(job_id: str, text: str) -> int:
+            return min(e.pk for e in session.query(JobEvent).filter(JobEvent.job_id == job_id) if text in e.message)
+        assert first(pool_job, "Co-training pool stopped: idle") < first(job.id, "started")
+    step(training)  # and the model comes back where it was, on a new worker that waits for the slot
+
+
+def test_an_idle_model_is_released_its_worker_stops_and_both_come_back_where_they_were(releasing, sdk) -> None:
+    world = releasing
+    service = sdk(world.key_a, world)
+    training = service.create_lora_training_client(base_model=BASE, rank=8, seed=6).result()
+    for _ in range(4):
+        step(training)
+    path = training.save_state("before-idle").result().path
+    (job_id, *_rest) = _pool_attempts(world)[0]
+    _wait_for(lambda: not _pool_attempts(world), 30.0)  # released, then the idle worker stopped
+    assert _job_status(world, job_id) == "cancelled"  # its job ended as the platform's, not failed
+    broker = world.plane.app.state.training_api.api().broker
+    assert broker.models[training.model_id].state_key is not None
+    after_idle = [step(training) for _ in range(2)]
+    reference = service.create_training_client_from_state_with_optimizer(path).result()
+    assert [step(reference) for _ in range(2)] == pytest.approx(after_idle, rel=1e-6)
 
 
 def test_forward_backward_custom_runs_its_loss_on_the_client_and_trains_through_weighted_cross_entropy(
@@ -215,7 +293,8 @@ def test_forward_backward_custom_runs_its_loss_on_the_client_and_trains_through_
 
 
 def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_promotes_and_is_continued(
-        sdk, running, tmp_path) -> None:
+        releasing, sdk, tmp_path) -> None:
+    running = releasing
     from tests.e2e.test_lifecycle import wait_for
     from tuneforge.data.tokenize import IGNORE_INDEX, tokenize_example
     from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, chat_example, demo_facts, write_jsonl
@@ -231,7 +310,7 @@ def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_promote
         data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens.input_ids[:-1]),
                                 loss_fn_inputs={"target_tokens": tokens.input_ids[1:], "weights": weights}))
     weighted = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in data)
-    training = sdk(running.key_a).create_lora_training_client(base_model=BASE, rank=8, seed=5).result()
+    training = sdk(running.key_a, running).create_lora_training_client(base_model=BASE, rank=8, seed=5).result()
     adam = types.AdamParams(learning_rate=5e-3)
     losses = []
     for _ in range(60):
@@ -284,7 +363,8 @@ def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_promote
     promoted = api(running.key_a, "POST", f"/v1/models/{model['id']}/promote", json={"stage": "staging"})
     assert promoted.status_code == 200 and promoted.json()["stage"] == "staging", promoted.text
 
-    # continued by an ordinary job: the adapter's shape kept, its weights the starting point
+    # continued by an ordinary job: the adapter's shape kept, its weights the starting point (on
+    # the plane's one GPU slot, once the idle co-training worker has let it go)
     upload = openai_sdk.files.create(file=write_jsonl(tmp_path / "again.jsonl", examples * 3).open("rb"),
                                      purpose="fine-tune")
     job = openai_sdk.fine_tuning.jobs.create(

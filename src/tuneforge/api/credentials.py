@@ -105,7 +105,7 @@ async def check(scope: MutableMapping[str, Any], who: Audience) -> Caller | None
             pool = _POOL_PATH.match(scope["path"])
             if pool is not None:
                 scheme, _, token = (authorization or "").partition(" ")
-                state.training_api.check_pool(pool.group(1), token.strip())
+                await state.training_api.pool(pool.group(1), token.strip())
                 return None
             match = _TRAINER_PATH.match(scope["path"])
             if match is None:

@@ -83,6 +83,11 @@ class CheckpointPolicy:
     keep_on_cancel: bool = False  # a cancelled job keeps its checkpoints
 
 
+# The method of a co-training pool's job (services/training_api/scheduled.py): its attempt runs the
+# training API's worker for one base model (train/cotrain_worker.run_pool_attempt), not a training loop.
+POOL_METHOD = "cotrain_pool"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     job_id: str

@@ -9,12 +9,22 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.tables import BaseModelRow, Job
-from tuneforge.domain.spec import BaseModelRef, DataFileRef, JobSpec
+from tuneforge.domain.spec import (
+    POOL_METHOD,
+    BaseModelRef,
+    CheckpointPolicy,
+    DataFileRef,
+    Hyperparameters,
+    JobSpec,
+    LoraConfig,
+)
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
 
 
 def build_spec(session: Session, settings: Settings, job: Job, number: int, token: str) -> JobSpec:
+    if job.resolved is not None and job.resolved.method == POOL_METHOD:
+        return _pool_spec(session, settings, job, number, token)
     base = base_model_repo.by_name(session, job.model)
     training = file_repo.get(session, job.tenant_id, job.training_file)
     if base is None or training is None:
@@ -76,3 +86,19 @@ def _starting_weights(job: Job, base: BaseModelRow) -> BaseModelRef:
     key = hashlib.sha256(f"{base.sha256}|{continued}".encode()).hexdigest()
     return BaseModelRef(name=base.name, sha256=key, prefix=continued, source=base.source)
 
+
+def _pool_spec(session: Session, settings: Settings, job: Job, number: int, token: str) -> JobSpec:
+    """A co-training pool's attempt (services/training_api/scheduled.py): its base model and pool; no
+    data, no training loop. Its job token is also what it asks its pool's work with."""
+    base = base_model_repo.by_name(session, job.model)
+    if base is None or job.resolved is None or base.sha256 != job.base_model_sha256:
+        raise LookupError(f"{job.job_id}: the pool's base model {job.model} is gone or was replaced")
+    return JobSpec(
+        job_id=job.job_id, tenant_id=job.tenant_id, attempt=number, seed=0,
+        base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix, source=base.source),
+        training_file=DataFileRef(file_id="", key=""), validation_file=None, method=POOL_METHOD,
+        training_type="lora", lora=LoraConfig(), hyperparameters=Hyperparameters(), checkpoint=CheckpointPolicy(),
+        storage_url=settings.resolved_storage_url, callback_url=settings.resolved_public_url, job_token=token,
+        gpus=job.resolved.gpus, heartbeat_interval_s=settings.heartbeat_interval_s,
+        preempt_grace_s=settings.preempt_grace_s,
+        cache_dir=str(layout.home_base_model_cache_dir(settings.home).resolve()), extra=dict(job.resolved.extra))

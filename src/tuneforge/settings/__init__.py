@@ -146,6 +146,12 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
         default=900.0, gt=0.0,
         description="A training-API model without a request for this long is released from its worker (its weights "
                     "and optimizer are kept in the object store; its next request brings it back).")
+    training_api_workers: Literal["scheduled", "process"] = Field(
+        default="scheduled",
+        description="How the training API's co-training workers get their GPUs: scheduled (each is a job of the "
+                    "platform's own, placed by the scheduler on the executor's GPUs like any job, preempted and "
+                    "restarted elsewhere with its models' state) or process (a process of the API's host, beside "
+                    "whatever the scheduler runs: for a control plane without an executor).")
     training_api_pool_device: str = Field(
         default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="Where the training API's co-training workers run: auto (a GPU when there is one), cpu, cuda, "

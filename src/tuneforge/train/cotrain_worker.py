@@ -20,6 +20,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -209,9 +210,11 @@ class _Stop(Exception):
     pass
 
 
-def serve(spec: dict[str, Any], base: SharedBase) -> None:
-    """Cycles until the control plane says stop. On SIGTERM (preemption) the cycle under way
-    finishes, then its results and the state of every hosted model go back in one last request."""
+def serve(spec: dict[str, Any], base: SharedBase, stop: threading.Event | None = None) -> str:
+    """Cycles until the control plane says stop ("stopped"). On SIGTERM (preemption; or `stop` set
+    before, while the base loaded) the cycle under way finishes, then its results and the state of
+    every hosted model go back in one last request ("preempted"). "unreachable": the control plane
+    did not answer for GIVE_UP_S."""
     worker = Worker(base, spec)
     url = f"{spec['callback_url'].rstrip('/')}/internal/v1/pools/{spec['pool_id']}/work"
     headers = {"Authorization": f"Bearer {spec['token']}"}
@@ -225,11 +228,13 @@ def serve(spec: dict[str, Any], base: SharedBase) -> None:
             raise _Stop
 
     signal.signal(signal.SIGTERM, on_term)
+    if stop is not None and stop.is_set():
+        stopping["asked"] = True
     with httpx.Client(timeout=httpx.Timeout(60.0, connect=5.0)) as client:
         while True:
             if stopping["asked"]:
                 _hand_back(client, url, headers, results, worker)
-                return
+                return "preempted"
             try:
                 stopping["polling"] = True
                 try:
@@ -238,27 +243,27 @@ def serve(spec: dict[str, Any], base: SharedBase) -> None:
                     stopping["polling"] = False
             except _Stop:
                 _hand_back(client, url, headers, [], worker)
-                return
+                return "preempted"
             except httpx.HTTPError as exc:
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since > GIVE_UP_S:
                     log.error("the control plane is unreachable (%r): exiting", exc)
-                    return
+                    return "unreachable"
                 time.sleep(RETRY_S)
                 continue
             if reply.status_code in (401, 404, 410):
                 log.info("the control plane ended this pool (%s): exiting", reply.status_code)
-                return
+                return "stopped"
             if reply.status_code != 200:
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since > GIVE_UP_S:
-                    return
+                    return "unreachable"
                 time.sleep(RETRY_S)
                 continue
             failing_since = None
             body = reply.json()
             if body.get("stop"):
-                return
+                return "stopped"
             results = worker.run_cycle(body.get("ops") or [])
 
 
@@ -274,6 +279,33 @@ def _hand_back(_client: httpx.Client, url: str, headers: dict[str, str], results
                 pass
             time.sleep(RETRY_S)
     log.error("could not hand back the hosted models' state: they resume from their last checkpoints")
+
+
+def run_pool_attempt(spec: Any, store: Any, reporter: Any, stop: threading.Event) -> int:
+    """One attempt of a co-training pool's job (`POOL_METHOD`): the scheduler placed it on its GPUs
+    (CUDA_VISIBLE_DEVICES) like any trainer, and its lease is kept by the reporter's heartbeats.
+    It loads the job's base model from the object store once and serves the pool until the control
+    plane stops it (exit 0: the pool's job is cancelled first) or a preemption (SIGTERM: every hosted
+    model's state handed back, exit PREEMPTED)."""
+    from tuneforge.domain.exit_codes import TrainerExit
+    from tuneforge.modeling.base import load_base_model
+    from tuneforge.storage.model_cache import fetch_base_model
+    from tuneforge.train.reporter import message_event
+
+    extra = spec.extra
+    base_dir = fetch_base_model(store, spec.base_model, Path(spec.cache_dir) if spec.cache_dir else None)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_base_model(base_dir, device)
+    torch.manual_seed(0)
+    reporter.report("events", message_event(f"co-training worker of {spec.base_model.name} serving on {device}",
+                                            data={"code": "pool_serving", "device": str(device)}))
+    outcome = serve({"pool_id": extra["pool_id"], "token": spec.job_token, "callback_url": spec.callback_url,
+                     "base_name": spec.base_model.name, "base_source": spec.base_model.source},
+                    SharedBase(model, tokenizer, max_pass_tokens=int(extra.get("max_pass_tokens") or 16384)), stop)
+    log.info("pool %s: %s", extra["pool_id"], outcome)
+    if outcome == "preempted":
+        return TrainerExit.PREEMPTED
+    return TrainerExit.SUCCESS if outcome == "stopped" else TrainerExit.PLATFORM_ERROR
 
 
 def main() -> int:

@@ -35,7 +35,7 @@ from tuneforge import methods
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.ids import correlation_id
-from tuneforge.domain.spec import JobSpec
+from tuneforge.domain.spec import POOL_METHOD, JobSpec
 from tuneforge.domain.vocab import TRAINING_TYPES
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import objectives
@@ -61,6 +61,10 @@ def run_attempt(
     """`hooks`: what tests inject (`train/hooks.py`); by default the faults the spec's `extra` asks for."""
     stop = stop or threading.Event()
     try:
+        if spec.method == POOL_METHOD:  # a co-training pool's worker, not a training loop
+            from tuneforge.train.cotrain_worker import run_pool_attempt
+
+            return TrainerExit(run_pool_attempt(spec, store, reporter, stop))
         if spec.method not in methods.names() or spec.training_type not in TRAINING_TYPES:
             raise UnsupportedJob(
                 f"this trainer runs methods {', '.join(methods.names())} with training types "

@@ -15,8 +15,8 @@ PREFIX = "/tinker/api/v1"
 def no_workers(monkeypatch) -> list:
     """No co-training worker process is started: these requests are refused before one would run."""
     launched: list = []
-    monkeypatch.setattr("tuneforge.services.training_api.pools.LocalPools.launch",
-                        lambda self, pool: launched.append(pool))
+    for pools in ("pools.LocalPools", "scheduled.ScheduledPools"):
+        monkeypatch.setattr(f"tuneforge.services.training_api.{pools}.launch", lambda self, pool: launched.append(pool))
     return launched
 
 

@@ -920,3 +920,80 @@ def test_a_session_whose_client_stopped_beating_has_its_waiting_requests_dropped
         assert again.op_id in ids(broker.cycle(pool))
 
     run(scenario())
+
+
+def test_a_scheduled_pools_new_attempt_takes_over_and_what_the_old_one_held_fails_or_goes_back():
+    async def scenario() -> None:
+        broker = make_broker()
+        model, other = new_model(broker, "acme"), new_model(broker, "globex")
+        pool = broker._pool(BASE)
+        broker.attempt_started(pool, 1)
+        first = submit(broker, model, "forward_backward", 1)
+        lost = submit(broker, other, "forward_backward", 1)
+        assert set(ids(await work(broker, pool))) == {first.op_id, lost.op_id}
+        broker.models[model.model_id].hosted = broker.models[other.model_id].hosted = True
+        broker.models[model.model_id].state_key = "kept/acme"  # one model's state was kept, the other's not
+        waiting = submit(broker, other, "optim_step", 2)
+
+        # the attempt crashed and the scheduler started attempt 2 at once: its first request fails what
+        # attempt 1 was running; the model without kept state cannot go on
+        broker.attempt_started(pool, 2)
+        assert "attempt 1 of its job ended" in first.future.error and first.future.category == "server"
+        assert lost.future.error and "load it from a checkpoint" in waiting.future.error
+        assert pool.running == {} and not broker.models[model.model_id].hosted
+        assert broker.pools[BASE] is pool  # the same pool, served by its job's new attempt
+        broker.attempt_started(pool, 2)  # (every request of it says so: nothing more happens)
+
+        # attempt 2 ends and the job waits for GPUs again: what it ran fails once, its ops wait
+        again = submit(broker, model, "forward_backward", 2)
+        assert ids(await work(broker, pool)) == [again.op_id]
+        broker.attempt_ended(pool, 1, "stale news of an earlier attempt")  # not the serving one: ignored
+        assert not again.future.done.is_set()
+        broker.attempt_ended(pool, 2, "preempted")
+        assert again.future.error and pool.attempt == 0
+        later = submit(broker, model, "forward_backward", 3)
+        broker.attempt_started(pool, 3)
+        assert ids(await work(broker, pool)) == [later.op_id]  # restored from the kept state
+        assert later.payload.get("restore_key") == "kept/acme"
+
+    run(scenario())
+
+
+def test_a_handed_back_pool_puts_what_an_abandoned_request_took_back_in_line_and_that_request_takes_no_more(
+        monkeypatch: pytest.MonkeyPatch):
+    async def scenario() -> None:
+        monkeypatch.setattr(broker_module, "WORK_WAIT_S", 0.5)
+        broker = make_broker()
+        model = new_model(broker, "acme")
+        session = broker.sessions[model.session_id].session_id
+        pool = broker._pool(BASE)
+        held = asyncio.create_task(broker.next_cycle(pool))  # the worker's request for work, held
+        await asyncio.sleep(0)
+        taken = submit(broker, model, "forward_backward", 1)
+        sample = sample_op(broker, "acme", session)
+        assert set(ids(await asyncio.wait_for(held, 2.0))) == {taken.op_id, sample.op_id}
+        stale = asyncio.create_task(broker.next_cycle(pool))  # another request of that worker, held
+        await asyncio.sleep(0)
+        # ...but the worker had given those requests up (SIGTERM) and hands back without their results
+        broker.handed_back(pool)
+        assert pool.running == {} and not taken.future.done.is_set() and not sample.future.done.is_set()
+        assert [op.op_id for op in broker.models[model.model_id].ready] == [taken.op_id]
+        assert [op.op_id for op in pool.ops] == [sample.op_id]
+        assert await asyncio.wait_for(stale, 2.0) == []  # the held one takes nothing back out
+        assert set(ids(await work(broker, pool))) == {taken.op_id, sample.op_id}  # the next worker runs them
+
+    run(scenario())
+
+
+def test_an_idle_pool_is_retired_once_through_the_hook_and_stops_when_it_says_so(clock: Clock):
+    retired: list = []
+    broker = Broker(cycle_tokens=1500, models_per_tenant=16, queued_per_tenant=64, launch=lambda pool: None,
+                    retire=retired.append)
+    pool = broker._pool(BASE)
+    pool.last_busy = clock.now
+    clock.now += 10.0
+    broker.release_idle(5.0)
+    broker.release_idle(5.0)
+    assert retired == [pool] and not pool.stop  # the hook decides when the worker is told (a scheduled
+    broker_module.stop_now(pool)  # pool's job is cancelled first)
+    assert pool.stop and pool.wake.is_set()

@@ -266,6 +266,7 @@ internal = APIRouter(prefix="/internal/v1/pools", include_in_schema=False, route
 @internal.post("/{pool_id}/work", response_model=PoolWork)
 async def pool_work(pool_id: str, request: Request) -> Any:
     authorization = request.headers.get("authorization") or ""
-    training = request.app.state.training_api.api()
-    pool = training.broker.pool_by_id(pool_id, authorization.partition(" ")[2].strip())
+    host = request.app.state.training_api
+    training = host.api()
+    pool = await host.pool(pool_id, authorization.partition(" ")[2].strip())
     return await training.work(pool, await body_of(request))

@@ -5,40 +5,69 @@ event loop it serves."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from typing import Any
 
-from tuneforge.services.training_api.broker import Broker
+from tuneforge.services.training_api.broker import Broker, Pool
 from tuneforge.services.training_api.pools import LocalPools
+from tuneforge.services.training_api.scheduled import ScheduledPools, cancel_stale
 from tuneforge.services.training_api.service import TrainingApi
+
+log = logging.getLogger(__name__)
 
 
 class TrainingApiHost:
     def __init__(self, platform: Any) -> None:
         self.platform = platform
         self._api: TrainingApi | None = None
-        self._pools: LocalPools | None = None
+        self._pools: LocalPools | ScheduledPools | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def api(self) -> TrainingApi:
         if self._api is None:
             settings = self.platform.settings
             self._loop = asyncio.get_running_loop()
-            pools = LocalPools(self.platform, self._loop)
+            pools: LocalPools | ScheduledPools
+            if settings.training_api_workers == "scheduled":
+                pools = ScheduledPools(self.platform, self._loop)
+                threading.Thread(target=self._cancel_stale, name="cotrain-stale", daemon=True).start()
+                retire = pools.retire
+            else:
+                pools, retire = LocalPools(self.platform, self._loop), None
             broker = Broker(cycle_tokens=settings.training_api_cycle_tokens,
                             models_per_tenant=settings.training_api_models_per_tenant,
-                            queued_per_tenant=settings.training_api_queued_per_tenant, launch=pools.launch)
+                            queued_per_tenant=settings.training_api_queued_per_tenant, launch=pools.launch,
+                            retire=retire)
             pools.broker = broker
             self._pools, self._api = pools, TrainingApi(self.platform, broker)
             self._housekeeping = self._loop.create_task(self._api.housekeeping())
         return self._api
 
-    def check_pool(self, pool_id: str, token: str) -> None:
-        """Raises 401 unless `token` is the pool's (a worker of this process's)."""
+    def _cancel_stale(self) -> None:
+        try:
+            stale = cancel_stale(self.platform)
+            if stale:
+                log.info("cancelled the co-training pool jobs of a previous control plane: %s", ", ".join(stale))
+        except Exception:  # noqa: BLE001 - they end when their workers find no broker; logged
+            log.exception("cancelling stale co-training pool jobs")
+
+    async def pool(self, pool_id: str, token: str) -> Pool:
+        """The pool whose worker asks for work; 401 unless `token` is its: a scheduled pool's
+        attempt's job token, or a process pool's own token."""
         from tuneforge.domain.errors import unauthorized
 
-        if self._api is None:
+        if self._api is None:  # no training API in this process yet: no pool of it either
             raise unauthorized("invalid pool token", code="invalid_pool_token")
-        self._api.broker.pool_by_id(pool_id, token)
+        api = self._api
+        if isinstance(self._pools, ScheduledPools):
+            found = next((pool for pool in api.broker.pools.values() if pool.pool_id == pool_id), None)
+            attempt = await self._pools.authorize(pool_id, token) if found is not None else None
+            if found is None or attempt is None:
+                raise unauthorized("invalid pool token", code="invalid_pool_token")
+            api.broker.attempt_started(found, attempt)
+            return found
+        return api.broker.pool_by_id(pool_id, token)
 
     def close(self, wait_s: float = 5.0) -> None:
         """Called from outside the event loop when the process stops: the workers are told to stop

@@ -149,15 +149,22 @@ class Pool:
     last_seen: float = 0.0
     last_busy: float = field(default_factory=time.monotonic)
     stop: bool = False  # the worker is told to stop at its next request (idle)
+    retiring: bool = False  # let go as idle (its worker is, or is about to be, told to stop)
+    attempt: int = 0  # a scheduled pool: the attempt of its job whose worker serves it (0: none now)
+    generation: int = 0  # bumped when its worker changes: a request for work of an earlier one takes nothing
 
 
 class Broker:
     def __init__(self, *, cycle_tokens: int, models_per_tenant: int | dict[str, int],
-                 queued_per_tenant: int | dict[str, int], launch: Callable[[Pool], None]) -> None:
+                 queued_per_tenant: int | dict[str, int], launch: Callable[[Pool], None],
+                 retire: Callable[[Pool], None] | None = None) -> None:
         self.cycle_tokens = cycle_tokens
         self.models_per_tenant = models_per_tenant
         self.queued_per_tenant = queued_per_tenant
         self._launch = launch
+        # an idle pool is let go: by default its worker is told to stop at once; a scheduled pool's
+        # job is cancelled first (`scheduled.py`), which then tells it
+        self._retire = retire or stop_now
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, Model] = {}
         self.samplers: dict[str, Sampler] = {}
@@ -466,9 +473,10 @@ class Broker:
                 self._wake(model.base)
         for pool in list(self.pools.values()):
             busy = any(m.base == pool.base and (m.hosted or m.ready or m.running) for m in self.models.values())
-            if not busy and not pool.ops and not pool.running and now - pool.last_busy >= idle_s:
-                pool.stop = True
-                pool.wake.set()
+            if not busy and not pool.ops and not pool.running and now - pool.last_busy >= idle_s \
+                    and not pool.retiring:
+                pool.retiring = True
+                self._retire(pool)
         return released
 
     async def work(self, pool: Pool, results: list[dict[str, Any]]) -> list[Op]:
@@ -483,7 +491,9 @@ class Broker:
 
     async def next_cycle(self, pool: Pool) -> list[Op]:
         deadline = time.monotonic() + WORK_WAIT_S
-        while not self.closed and not pool.stop and self.pools.get(pool.base) is pool:
+        generation = pool.generation  # a request held here by a worker that has gone since takes nothing
+        while not self.closed and not pool.stop and self.pools.get(pool.base) is pool \
+                and pool.generation == generation:
             pool.wake.clear()
             ops = self.cycle(pool)
             if ops:
@@ -582,12 +592,53 @@ class Broker:
             pool.ops = kept
         return dropped
 
+    def handed_back(self, pool: Pool) -> None:
+        """The worker stops (preempted) after its last results: what is still marked running was
+        handed to a request of it that it gave up (a held request for work it abandoned on SIGTERM)
+        and never ran: it goes back to the front of its queue for the next worker."""
+        pool.generation += 1
+        for op in reversed(list(pool.running.values())):
+            model = self.models.get(op.model or "")
+            if model is not None and model.running is op:
+                model.running = None
+                model.ready.appendleft(op)
+            else:
+                pool.ops.appendleft(op)
+        pool.running.clear()
+        pool.wake.set()  # a held request of the worker that left sees the change and takes nothing
+
+    def attempt_started(self, pool: Pool, attempt: int) -> None:
+        """A scheduled pool's worker of `attempt` asks for work: if another attempt served the pool
+        before (it was preempted, or crashed, and the scheduler started the job again at once), that
+        worker is gone (`_worker_gone`) before this one gets anything."""
+        if attempt != pool.attempt:
+            previous, pool.attempt = pool.attempt, attempt
+            pool.generation += 1
+            if previous:
+                self._worker_gone(pool, f"attempt {previous} of its job ended")
+
+    def attempt_ended(self, pool: Pool, attempt: int, why: str) -> None:
+        """The attempt serving a scheduled pool ended and its job waits for GPUs again."""
+        if attempt and attempt == pool.attempt:
+            pool.attempt = 0
+            pool.generation += 1
+            self._worker_gone(pool, why)
+
     def worker_lost(self, pool: Pool, why: str) -> None:
-        """The pool's worker is gone. What it was running fails (the platform's fault, the client may
-        retry). Its models are kept: one whose state was kept (idle release, preemption) is loaded
-        from it by the next worker before its next op; one without any kept state cannot go on, so
-        its waiting ops fail, saying to load it from a checkpoint. A pool with work waiting starts
-        again."""
+        """The pool's worker is gone for good (`_worker_gone`); a pool with work waiting starts again."""
+        self._worker_gone(pool, why)
+        if self.pools.get(pool.base) is pool:
+            del self.pools[pool.base]
+        if not self.closed and (any(m.base == pool.base and m.ready for m in self.models.values()) or pool.ops):
+            replacement = self._pool(pool.base)
+            replacement.ops.extend(pool.ops)
+            replacement.wake.set()
+
+    def _worker_gone(self, pool: Pool, why: str) -> None:
+        """What the worker was running fails (the platform's fault, the client may retry). Its models
+        are kept: one whose state was kept (idle release, preemption) is loaded from it by the next
+        worker before its next op; one without any kept state cannot go on, so its waiting ops fail,
+        saying to load it from a checkpoint."""
         for op in list(pool.running.values()):
             op.future.fail(f"the training worker stopped ({why}); retry the request", "server")
             if op.request_id_counted():
@@ -596,8 +647,6 @@ class Broker:
             if model is not None and model.running is op:
                 model.running = None
         pool.running.clear()
-        if self.pools.get(pool.base) is pool:
-            del self.pools[pool.base]
         for model in [m for m in self.models.values() if m.base == pool.base]:
             model.hosted = False
             if model.state_key:
@@ -611,8 +660,8 @@ class Broker:
                     self._queued[op.tenant] = max(0, self._queued.get(op.tenant, 1) - 1)
                 model.ready = deque(o for o in model.ready if o is not op)
                 model.buffered = {k: o for k, o in model.buffered.items() if o is not op}
-        if not self.closed and (any(m.base == pool.base and m.ready for m in self.models.values()) or pool.ops):
-            replacement = self._pool(pool.base)
-            replacement.ops.extend(pool.ops)
-            replacement.wake.set()
 
+
+def stop_now(pool: Pool) -> None:
+    pool.stop = True
+    pool.wake.set()

@@ -367,7 +367,10 @@ class TrainingApi:
         states = body.get("states") or {}
         if states:
             await self._keep(states)
-        if body.get("stopping") or self.broker.closed:
+        if body.get("stopping"):
+            self.broker.handed_back(pool)
+            return {"ops": [], "stop": True}
+        if self.broker.closed:
             return {"ops": [], "stop": True}
         ops = await self.broker.next_cycle(pool)
         if not ops and (pool.stop or self.broker.closed):
