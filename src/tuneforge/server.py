@@ -16,6 +16,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -81,6 +82,7 @@ class ControlPlane:
                                 access_log=False, timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
+        self._training_api_server: uvicorn.Server | None = None  # with API workers: the training API's
 
     @property
     def url(self) -> str:
@@ -107,12 +109,32 @@ class ControlPlane:
         for name, value in (("TUNEFORGE_HOST", self.settings.host), ("TUNEFORGE_PORT", self.settings.port),
                             ("TUNEFORGE_API_WORKERS", self.settings.resolved_api_workers)):
             os.environ[name] = str(value)
+        # the training API's state lives in one process: this one serves it on a loopback port and the
+        # workers forward it there (api/forward.py)
+        os.environ["TUNEFORGE_TRAINING_API_UPSTREAM"] = self._serve_training_api()
         # their request and trainer counters go to one folder that any worker's /metrics sums
         prometheus.prepare_multiprocess(self.settings.home)
         config = uvicorn.Config("tuneforge.server:worker_app", factory=True, host=self.settings.host,
                                 port=self.settings.port, workers=self.settings.resolved_api_workers,
                                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
         Multiprocess(config, sockets=[config.bind_socket()]).run()
+
+    def _serve_training_api(self) -> str:
+        """This process's app on 127.0.0.1 (a free port) for the API workers to forward the training
+        API to: its sessions, models and co-training pools stay in this one process. Its URL."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=5)
+        self._training_api_server = uvicorn.Server(config)
+        threading.Thread(target=self._training_api_server.run, kwargs={"sockets": [listener]},
+                         name="tuneforge-training-api", daemon=True).start()
+        deadline = time.monotonic() + 30.0
+        while not self._training_api_server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{port}"
 
     def start_in_background(self, timeout_s: float = 30.0) -> ControlPlane:
         if self.scheduler:
@@ -132,6 +154,8 @@ class ControlPlane:
             self.scheduler.stop()
         self.webhooks.stop()
         self.app.state.training_api.close()  # the co-training workers this process started
+        if self._training_api_server is not None:
+            self._training_api_server.should_exit = True
         # open event streams end now (clients resume with Last-Event-ID) rather than hold the shutdown
         self.platform.streams.close()
         self.server.should_exit = True

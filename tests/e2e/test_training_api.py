@@ -380,3 +380,48 @@ def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_promote
     metrics = [e for e in openai_sdk.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
     first = min(metrics, key=lambda e: e.data["step"]).data["train_loss"]
     assert first < 0.2 * losses[0], (first, losses[0])  # it knew the data before its first step
+
+
+def test_a_control_plane_with_several_api_workers_serves_the_training_api_from_one_process(
+        tmp_path, database_url, tiny_model_dir, monkeypatch) -> None:
+    """`tuneforge serve` with two API worker processes on one socket: the SDK's requests land on
+    either, which forward them to the parent holding the training API (api/forward.py)."""
+    from tests.e2e.test_restart import ServeProcess, serve_env
+    from tests.helpers.net import free_port
+    from tests.helpers.platform import add_tenant, make_platform
+    from tuneforge.db.migrate import upgrade
+    from tuneforge.services.serving import base_models as base_model_service
+
+    port = free_port()
+    home = tmp_path / "home"
+    upgrade(database_url)
+    platform = make_platform(tmp_path, database_url)  # the same home: its object store is the plane's
+    try:
+        with platform.db.session() as session:
+            base_model_service.add_base_model(session, platform.store, BASE, str(tiny_model_dir), tmp_path / "hub")
+        key = add_tenant(platform, "acme")
+    finally:
+        platform.db.dispose()
+    plane = ServeProcess(serve_env(home, database_url, port, api_workers=2, local_gpus=1), port,
+                         tmp_path / "serve.log")
+    plane.start()
+    service = None
+    try:
+        monkeypatch.setenv("TINKER_BASE_URL", f"{plane.url}/tinker")
+        monkeypatch.setenv("TINKER_API_KEY", f"tml-{key}")
+        monkeypatch.setenv("TINKER_TELEMETRY", "0")
+        service = tinker.ServiceClient()
+        training = service.create_lora_training_client(base_model=BASE, rank=4, seed=2).result()
+        losses = [step(training) for _ in range(6)]  # a dozen requests and their futures, over both workers
+        assert losses[-1] < losses[0], plane.log_tail()
+        path = training.save_state("served").result().path
+        resumed = service.create_training_client_from_state_with_optimizer(path).result()
+        assert resumed.get_info().model_data.model_name == BASE
+        wrong = httpx.post(f"{plane.url}/tinker/api/v1/create_session", headers={"X-API-Key": "tml-tf-wrong"},
+                           json={}, trust_env=False)
+        assert wrong.status_code == 401
+        assert "Traceback" not in plane.log_tail(20000)
+    finally:
+        if service is not None:
+            service.close("success").result(timeout=30)
+        plane.stop()

@@ -10,7 +10,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from tuneforge import __version__, console
-from tuneforge.api import docs, errors, health, openapi
+from tuneforge.api import docs, errors, forward, health, openapi
 from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.hot_path import HotPath
@@ -105,6 +105,8 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app.add_middleware(RequestMetrics)  # outermost: every request's latency, refusals included
     # Routes are matched in order, each path tried against every route before it (see _ROUTERS)
     health.install(app, platform)
+    if platform.settings.training_api_upstream:  # an API worker of several: the parent holds the training API
+        app.router.routes.extend(forward.routes(platform.settings.training_api_upstream))
     app.router.routes.extend(_api_routes())
     console.install(app)  # the web console at /console (its routes are not in the API's schema)
     openapi.install(app)

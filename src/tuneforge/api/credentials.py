@@ -104,6 +104,8 @@ async def check(scope: MutableMapping[str, Any], who: Audience) -> Caller | None
         if who == "trainer":
             pool = _POOL_PATH.match(scope["path"])
             if pool is not None:
+                if state.platform.settings.training_api_upstream:
+                    return None  # forwarded to the process holding the pools, which checks it before reading
                 scheme, _, token = (authorization or "").partition(" ")
                 await state.training_api.pool(pool.group(1), token.strip())
                 return None

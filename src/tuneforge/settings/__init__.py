@@ -152,6 +152,9 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
                     "platform's own, placed by the scheduler on the executor's GPUs like any job, preempted and "
                     "restarted elsewhere with its models' state) or process (a process of the API's host, beside "
                     "whatever the scheduler runs: for a control plane without an executor).")
+    training_api_upstream: str = Field(
+        default="", description="Internal, set by `tuneforge serve` for its API worker processes: where the "
+                                "parent process serves the training API, which the workers forward it to.")
     training_api_pool_device: str = Field(
         default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="Where the training API's co-training workers run: auto (a GPU when there is one), cpu, cuda, "
