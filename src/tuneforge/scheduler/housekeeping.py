@@ -95,10 +95,21 @@ def platform_duties(platform: Platform, executor: Executor) -> list[Duty]:
         Duty("vllm", lambda: settings.vllm_sync_interval_s, lambda: sync_vllm(platform),
              applies=lambda: vllm.handoff_for(platform) is not None),
         Duty("reap", 60.0, lambda: reap_executor(platform, executor)),
+        Duty("pools", 30.0, lambda: cancel_orphaned_pools(platform)),
     ]
 
 
 # ---- the duties ------------------------------------------------------------------
+
+def cancel_orphaned_pools(platform: Platform) -> None:
+    """The training API's pool jobs whose process is gone (services/training_api/scheduled.py)."""
+    from tuneforge.services.training_api.scheduled import cancel_stale
+
+    cancelled = cancel_stale(platform)
+    if cancelled:
+        log.info("cancelled %d co-training pool job(s) whose control plane process is gone: %s",
+                 len(cancelled), ", ".join(cancelled))
+
 
 def purge_deleted_models(platform: Platform) -> None:
     """Artifacts of deleted models whose grace period is over."""

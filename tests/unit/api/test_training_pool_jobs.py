@@ -1,8 +1,8 @@
 """A co-training pool as a job the scheduler places (`services/training_api/scheduled.py`): the job
 of the platform's own tenant (no key, no quota), its attempt's spec (the worker, not a training
-loop), its worker's job token as the pool's credential, and a restarted control plane cancelling
-what the one before it left. (Its flow with a real scheduler, worker, preemption and an ordinary
-job waiting for its slot: tests/e2e/test_training_api.py.)"""
+loop), its worker's job token as the pool's credential, and a pool job whose process stopped
+marking it (its broker is gone) cancelled by the scheduler. (Its flow with a real scheduler,
+worker, preemption and an ordinary job waiting for its slot: tests/e2e/test_training_api.py.)"""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tuneforge.scheduler.spec_builder import build_spec
 from tuneforge.services.tenancy import quotas
 from tuneforge.services.training_api.broker import Pool
 from tuneforge.services.training_api.scheduled import (
+    OWNER_GONE_S,
     POOLS_TENANT,
     ScheduledPools,
     cancel_stale,
@@ -84,13 +85,29 @@ def test_the_worker_is_known_by_its_running_attempts_job_token_and_nothing_else(
     asyncio.run(scenario())
 
 
-def test_a_control_plane_that_starts_cancels_the_pool_jobs_its_predecessor_left(world) -> None:
-    left = pool_job(world, Pool("pool-1", world.base_model, ""))
-    ended = pool_job(world, Pool("pool-2", world.base_model, ""))
+def test_a_pool_job_whose_process_stopped_marking_it_is_cancelled_and_a_served_one_is_not(world) -> None:
+    served = pool_job(world, Pool("pool-1", world.base_model, ""))
+    left = pool_job(world, Pool("pool-2", world.base_model, ""))
+    ended = pool_job(world, Pool("pool-3", world.base_model, ""))
     with world.platform.db.session() as session:
         session.query(Job).filter(Job.job_id == ended).one().status = "cancelled"
-    assert cancel_stale(world.platform) == [left]
+    assert cancel_stale(world.platform) == []  # just made: their process marked them
+    later = time.time() + OWNER_GONE_S + 5
+
+    async def scenario() -> None:
+        pools = ScheduledPools(world.platform, asyncio.get_running_loop())
+        pools.jobs["pool-1"] = served
+        pools.mark_owned()
+
+    original = time.time
+    try:  # the owning process marks only its own pools' jobs, at its "now"
+        time.time = lambda: later  # type: ignore[assignment]
+        asyncio.run(scenario())
+    finally:
+        time.time = original  # type: ignore[assignment]
+    assert cancel_stale(world.platform, now=later) == [left]
     with world.platform.db.session() as session:
         job = session.query(Job).filter(Job.job_id == left).one()
         assert job.status == "cancelled" and job.cancel_requested
-    assert cancel_stale(world.platform) == []
+        assert session.query(Job).filter(Job.job_id == served).one().status == "queued"
+    assert cancel_stale(world.platform, now=later) == []

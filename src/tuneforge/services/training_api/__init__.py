@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any
 
 from tuneforge.services.training_api.broker import Broker, Pool
 from tuneforge.services.training_api.pools import LocalPools
-from tuneforge.services.training_api.scheduled import ScheduledPools, cancel_stale
+from tuneforge.services.training_api.scheduled import OWNER_EVERY_S, ScheduledPools
 from tuneforge.services.training_api.service import TrainingApi
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ class TrainingApiHost:
             pools: LocalPools | ScheduledPools
             if settings.training_api_workers == "scheduled":
                 pools = ScheduledPools(self.platform, self._loop)
-                threading.Thread(target=self._cancel_stale, name="cotrain-stale", daemon=True).start()
+                self._owner = self._loop.create_task(self._mark_owned(pools))
                 retire = pools.retire
             else:
                 pools, retire = LocalPools(self.platform, self._loop), None
@@ -44,13 +43,16 @@ class TrainingApiHost:
             self._housekeeping = self._loop.create_task(self._api.housekeeping())
         return self._api
 
-    def _cancel_stale(self) -> None:
-        try:
-            stale = cancel_stale(self.platform)
-            if stale:
-                log.info("cancelled the co-training pool jobs of a previous control plane: %s", ", ".join(stale))
-        except Exception:  # noqa: BLE001 - they end when their workers find no broker; logged
-            log.exception("cancelling stale co-training pool jobs")
+    async def _mark_owned(self, pools: ScheduledPools) -> None:
+        """Forever: this process's pool jobs are marked as still served (`scheduled.OWNER_GONE_S`)."""
+        from starlette.concurrency import run_in_threadpool
+
+        while True:
+            await asyncio.sleep(OWNER_EVERY_S)
+            try:
+                await run_in_threadpool(pools.mark_owned)
+            except Exception:  # noqa: BLE001 - the next round tries again; logged
+                log.exception("marking the co-training pool jobs as served")
 
     async def pool(self, pool_id: str, token: str) -> Pool:
         """The pool whose worker asks for work; 401 unless `token` is its: a scheduled pool's

@@ -17,8 +17,9 @@ attempt. Its life:
   elsewhere, nothing lost. A worker that crashed is retried like any attempt (what it ran fails,
   the platform's fault);
 - idle (`retire`): the job is cancelled first, then the worker is told to stop;
-- a control plane that starts cancels the pool jobs of the one before it (their workers answer to
-  a broker that no longer exists).
+- the process whose broker a pool serves marks the pool's job every OWNER_EVERY_S; a job unmarked
+  for OWNER_GONE_S (its process stopped, crashed or restarted: its broker is gone) is cancelled by
+  the scheduler's housekeeping, freeing its GPUs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 
 POOLS_TENANT = "platform:training-api"  # not a name a tenant can take (services/tenancy/tenants.py)
 WATCH_S = 0.5
+# the process whose broker a pool serves marks its job every OWNER_EVERY_S; a pool job unmarked for
+# OWNER_GONE_S belongs to a process that is gone (stopped, crashed, restarted): the scheduler's
+# housekeeping cancels it (`cancel_stale`), so that its GPUs are not held for a broker nobody has
+OWNER_EVERY_S = 15.0
+OWNER_GONE_S = 120.0
 
 
 def pools_tenant_id(session: Any) -> str:
@@ -63,7 +69,7 @@ def create_pool_job(session: Any, base: Any, pool: Pool, *, max_pass_tokens: int
 
     job = Job(job_id=new_id("ftjob"), tenant_id=pools_tenant_id(session), model=base.name,
               base_model_sha256=base.sha256, training_file="", status=JobStatus.QUEUED.value, attempt=0, seed=0,
-              user_metadata={"training_api_pool": pool.pool_id},
+              user_metadata={"training_api_pool": pool.pool_id, "owner_seen_at": str(int(time.time()))},
               request=JobRequest(model=base.name, training_file=""),
               resolved=ResolvedJob(method=POOL_METHOD, resources=ResolvedResources(gpus=gpus),
                                    extra={"pool_id": pool.pool_id, "max_pass_tokens": max_pass_tokens}),
@@ -88,19 +94,29 @@ def _cancel(session: Any, job: Job, why: str) -> None:
     transition(session, job, JobStatus.CANCELLED, f"Co-training pool stopped: {why}")
 
 
-def cancel_stale(platform: Any) -> list[str]:
-    """The pool jobs a previous control plane left (its broker is gone with it): cancelled."""
+def cancel_stale(platform: Any, now: float | None = None) -> list[str]:
+    """The pool jobs whose owning process stopped marking them for OWNER_GONE_S: cancelled (their
+    workers answer to a broker that no longer exists)."""
     from sqlalchemy import select
 
+    now = time.time() if now is None else now
     with platform.db.session() as session:
         tenant = session.scalar(select(Tenant.tenant_id).where(Tenant.name == POOLS_TENANT))
         if tenant is None:
             return []
-        jobs = list(session.scalars(select(Job).where(Job.tenant_id == tenant)))
-        stale = [job for job in jobs if not _ended(job.status)]
+        jobs = list(session.scalars(select(Job).where(Job.tenant_id == tenant, Job.status.in_(
+            (JobStatus.QUEUED.value, JobStatus.RUNNING.value, JobStatus.PAUSED.value)))))
+        stale = [job for job in jobs if now - _owner_seen(job) > OWNER_GONE_S]
         for job in stale:
-            _cancel(session, job, "the control plane that ran it restarted")
+            _cancel(session, job, "the control plane process that ran it is gone")
         return [job.job_id for job in stale]
+
+
+def _owner_seen(job: Job) -> float:
+    try:
+        return float((job.user_metadata or {}).get("owner_seen_at") or job.created_at)
+    except ValueError:
+        return float(job.created_at)
 
 
 class ScheduledPools:
@@ -163,6 +179,18 @@ class ScheduledPools:
         if number is not None:
             self._accepted[pool_id] = (digest, number)
         return number
+
+    def mark_owned(self) -> None:
+        """This process still serves its pools: their jobs are marked so (blocking: from a thread)."""
+        job_ids = list(self.jobs.values())
+        if not job_ids:
+            return
+        from sqlalchemy import select
+
+        stamp = str(int(time.time()))
+        with self.platform.db.session() as session:
+            for job in session.scalars(select(Job).where(Job.job_id.in_(job_ids))):
+                job.user_metadata = {**(job.user_metadata or {}), "owner_seen_at": stamp}
 
     def stop_all(self, wait_s: float) -> None:
         """The process stops: every pool's job is cancelled (their workers are told to stop)."""
