@@ -94,7 +94,7 @@ def counting_json_server(document: object) -> Iterator[tuple[str, list[str]]]:
             pass
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", hits
     finally:

@@ -302,7 +302,7 @@ class Listener:
         self.server.daemon_threads = True
         if self.tls is not None:
             self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     @property
     def port(self) -> int:
