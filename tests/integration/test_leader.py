@@ -94,6 +94,9 @@ def test_one_leader_schedules_and_the_standby_takes_over(tmp_path, database_url,
         "TUNEFORGE_LEASE_TIMEOUT_S": str(LEASE_S), "TUNEFORGE_RETRY_BACKOFF_S": "0",
         "TUNEFORGE_LOCAL_GPUS": "2", "TOKENIZERS_PARALLELISM": "false",
         "TUNEFORGE_API_WORKERS": "1",  # /healthz answers from the process that schedules
+        # no post-training eval (~7 s after the last step), as for every plane of tests/e2e
+        # (conftest.start_plane): what it does is tests/e2e/test_eval_gates.py's
+        "TUNEFORGE_EVAL_BY_DEFAULT": "false",
     })
     planes = []
     for name in ("first", "second"):
