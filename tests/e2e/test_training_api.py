@@ -422,6 +422,8 @@ def test_a_control_plane_with_several_api_workers_serves_the_training_api_from_o
         assert wrong.status_code == 401
         assert "Traceback" not in plane.log_tail(20000)
     finally:
-        if service is not None:
-            service.close("success").result(timeout=30)
-        plane.stop()
+        try:
+            if service is not None:
+                service.close("success").result(timeout=30)
+        finally:
+            plane.stop()  # whatever the client did: no server outlives the test
