@@ -32,7 +32,8 @@ import threading
 import time
 from typing import Any
 
-from tuneforge.db.tables import Attempt, Job, Tenant
+from tuneforge.db.repos import pool_jobs
+from tuneforge.db.tables import Job, Tenant
 from tuneforge.domain.ids import new_id
 from tuneforge.domain.job_config import JobRequest
 from tuneforge.domain.resolved import ResolvedJob, ResolvedResources
@@ -53,9 +54,7 @@ OWNER_GONE_S = 120.0
 
 def pools_tenant_id(session: Any) -> str:
     """The platform's own tenant that owns the pools' jobs: no API key, no quota (-1: unlimited)."""
-    from sqlalchemy import select
-
-    row = session.scalar(select(Tenant).where(Tenant.name == POOLS_TENANT))
+    row = pool_jobs.tenant_named(session, POOLS_TENANT)
     if row is None:
         row = Tenant(tenant_id=new_id("tenant", 16), name=POOLS_TENANT, tier="standard", created_at=int(time.time()),
                      max_concurrent_jobs=-1, max_queued_jobs=-1, gpu_hours_hard=-1, gpu_hours_soft=-1)
@@ -97,15 +96,13 @@ def _cancel(session: Any, job: Job, why: str) -> None:
 def cancel_stale(platform: Any, now: float | None = None) -> list[str]:
     """The pool jobs whose owning process stopped marking them for OWNER_GONE_S: cancelled (their
     workers answer to a broker that no longer exists)."""
-    from sqlalchemy import select
-
     now = time.time() if now is None else now
     with platform.db.session() as session:
-        tenant = session.scalar(select(Tenant.tenant_id).where(Tenant.name == POOLS_TENANT))
+        tenant = pool_jobs.tenant_named(session, POOLS_TENANT)
         if tenant is None:
             return []
-        jobs = list(session.scalars(select(Job).where(Job.tenant_id == tenant, Job.status.in_(
-            (JobStatus.QUEUED.value, JobStatus.RUNNING.value, JobStatus.PAUSED.value)))))
+        jobs = pool_jobs.unfinished_of(session, tenant.tenant_id, (
+            JobStatus.QUEUED.value, JobStatus.RUNNING.value, JobStatus.PAUSED.value))
         stale = [job for job in jobs if now - _owner_seen(job) > OWNER_GONE_S]
         for job in stale:
             _cancel(session, job, "the control plane process that ran it is gone")
@@ -142,7 +139,7 @@ class ScheduledPools:
             try:
                 if job_id is not None:
                     with self.platform.db.session() as session:
-                        job = session.get(Job, self._pk(session, job_id))
+                        job = pool_jobs.by_id(session, job_id)
                         if job is not None:
                             _cancel(session, job, "idle")
             except Exception:  # noqa: BLE001 - the worker still stops; a job left behind is reaped at restart
@@ -163,11 +160,8 @@ class ScheduledPools:
             return None
 
         def check() -> int | None:
-            from sqlalchemy import select
-
             with self.platform.db.session() as session:
-                attempt = session.scalar(select(Attempt).where(Attempt.job_id == job_id)
-                                         .order_by(Attempt.number.desc()).limit(1))
+                attempt = pool_jobs.newest_attempt(session, job_id)
                 if attempt is not None and attempt.status in ("starting", "running") and \
                         secrets.compare_digest(attempt.token_hash, digest):
                     return attempt.number
@@ -185,18 +179,16 @@ class ScheduledPools:
         job_ids = list(self.jobs.values())
         if not job_ids:
             return
-        from sqlalchemy import select
-
         stamp = str(int(time.time()))
         with self.platform.db.session() as session:
-            for job in session.scalars(select(Job).where(Job.job_id.in_(job_ids))):
+            for job in pool_jobs.by_ids(session, job_ids):
                 job.user_metadata = {**(job.user_metadata or {}), "owner_seen_at": stamp}
 
     def stop_all(self, wait_s: float) -> None:
         """The process stops: every pool's job is cancelled (their workers are told to stop)."""
         with self.platform.db.session() as session:
             for job_id in list(self.jobs.values()):
-                job = session.get(Job, self._pk(session, job_id))
+                job = pool_jobs.by_id(session, job_id)
                 if job is not None:
                     _cancel(session, job, "the control plane stopped")
 
@@ -230,7 +222,7 @@ class ScheduledPools:
         while True:
             time.sleep(WATCH_S)
             with self.platform.db.session() as session:
-                job = session.get(Job, self._pk(session, job_id))
+                job = pool_jobs.by_id(session, job_id)
                 if job is None:
                     return f"its job {job_id} is gone"
                 status, attempt = job.status, job.attempt
@@ -239,12 +231,6 @@ class ScheduledPools:
             if status == JobStatus.QUEUED.value and attempt >= 1 and self.broker is not None:
                 self.loop.call_soon_threadsafe(self.broker.attempt_ended, pool, attempt,
                                                f"attempt {attempt} of its job ended; it waits for GPUs again")
-
-    @staticmethod
-    def _pk(session: Any, job_id: str) -> int | None:
-        from sqlalchemy import select
-
-        return session.scalar(select(Job.pk).where(Job.job_id == job_id))
 
 
 def _ended(status: str) -> bool:

@@ -1,0 +1,31 @@
+"""The training API's pool jobs (services/training_api/scheduled.py): jobs of the platform's own
+tenant, looked up platform-wide on purpose (no tenant owns them), and their attempts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tuneforge.db.tables import Attempt, Job, Tenant
+
+
+def tenant_named(session: Session, name: str) -> Tenant | None:
+    return session.scalar(select(Tenant).where(Tenant.name == name))
+
+
+def by_id(session: Session, job_id: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.job_id == job_id))
+
+
+def by_ids(session: Session, job_ids: Sequence[str]) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.job_id.in_(list(job_ids)))))
+
+
+def unfinished_of(session: Session, tenant_id: str, statuses: Sequence[str]) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.tenant_id == tenant_id, Job.status.in_(list(statuses)))))
+
+
+def newest_attempt(session: Session, job_id: str) -> Attempt | None:
+    return session.scalar(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number.desc()).limit(1))
