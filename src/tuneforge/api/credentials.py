@@ -41,6 +41,7 @@ TRAINER_PREFIX = "/internal/"
 TRAINING_API_PREFIX = "/tinker/"
 TRAINING_API_KEY_PREFIX = "tml-"
 _POOL_PATH = re.compile(r"^/internal/v1/pools/([^/]+)/")
+_POOL_JOB_PATH = re.compile(r"^/internal/v1/pools/jobs/([^/]+)/")  # an ordinary job's steps on a shared pool
 _TRAINER_PATH = re.compile(r"^/internal/v1/jobs/([^/]+)/")
 # Retry-After of the 503 when the database was too busy to check a credential
 CHECK_FAILED_RETRY_AFTER_S = 1.0
@@ -102,6 +103,10 @@ async def check(scope: MutableMapping[str, Any], who: Audience) -> Caller | None
                 raise refusal
             return None
         if who == "trainer":
+            pool_job = _POOL_JOB_PATH.match(scope["path"])
+            if pool_job is not None:  # any attempt's token of that job; the route then asks for the current one
+                await state.trainer_tokens.check(pool_job.group(1), authorization)
+                return None
             pool = _POOL_PATH.match(scope["path"])
             if pool is not None:
                 if state.platform.settings.training_api_upstream:

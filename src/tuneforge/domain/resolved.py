@@ -46,6 +46,9 @@ class ResolvedResources:
     """Unix seconds the job should finish by."""
     max_price: float | None = None
     """Most it pays per GPU-hour."""
+    shared_pool: bool = False
+    """Trains as a client of its base model's shared co-training worker (no GPUs of its own): a small
+    LoRA job within the operator's pool limits (TUNEFORGE_POOL_JOBS_MAX_*; train/pool_client.py)."""
 
 
 @dataclass(frozen=True)

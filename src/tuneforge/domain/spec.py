@@ -122,6 +122,7 @@ class JobSpec:
     distributed_strategy: str = ""  # several GPUs: "ddp" or "fsdp" (train/distributed.py); "": by training type
     cpu_threads: int = 0  # CPU intra-op threads; 0: chosen by the model's size
     eval: ResolvedEval | None = None  # post-training evaluation (`train/evaluate.py`); None: none
+    shared_pool: bool = False  # its steps run on its base's shared co-training worker (train/pool_client.py)
     init_adapter_prefix: str = ""  # a continued job: the adapter (its parent's) it starts from
     integrations: list[dict[str, Any]] = field(default_factory=list)  # experiment trackers (train/tracking.py)
     extra: dict[str, Any] = field(default_factory=dict)  # injected faults for tests (`train/hooks.py`)

@@ -71,6 +71,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         rollout_vllm_memory=settings.rft_vllm_gpu_memory,
         grader_embeddings=settings.grader_embeddings or "",
         eval=resolved.eval if resolved.eval is not None and resolved.eval.enabled else None,
+        shared_pool=resolved.resources.shared_pool,
         init_adapter_prefix=(job.parent or {}).get("adapter_prefix", ""),
         integrations=[item.model_dump(mode="json", exclude_none=True) for item in job.request.integrations or []],
         extra=dict(resolved.extra),

@@ -159,6 +159,18 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
         default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="Where the training API's co-training workers run: auto (a GPU when there is one), cpu, cuda, "
                     "cuda:N.")
+    pool_jobs_max_rank: int = Field(
+        default=0, ge=0, le=128,
+        description="Small ordinary jobs on the training API's shared co-training pool: a supervised LoRA job "
+                    "(one GPU, dropout 0, all-linear targets, not continuing a model) whose rank is at most this, "
+                    "and whose steps and trained tokens are within TUNEFORGE_POOL_JOBS_MAX_STEPS and "
+                    "TUNEFORGE_POOL_JOBS_MAX_TOKENS, trains as a client of its base model's shared worker instead "
+                    "of taking GPUs of its own. 0: off (every job takes its own GPUs).")
+    pool_jobs_max_steps: int = Field(
+        default=500, ge=1, description="Most optimizer steps a job may take to run on the shared pool.")
+    pool_jobs_max_tokens: int = Field(
+        default=2_000_000, ge=1,
+        description="Most trained tokens (every epoch counted) a job may have to run on the shared pool.")
     grader_sandboxes: int = Field(
         default=4, ge=1, le=256,
         description="Python-grader sandboxes one API process runs at once for /v1/fine_tuning/alpha/graders "

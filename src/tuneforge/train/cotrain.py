@@ -65,10 +65,11 @@ class LoraShape:
     train_mlp: bool = True
     train_unembed: bool = True
     seed: int | None = None
+    alpha: float = LORA_ALPHA  # the product is scaled by alpha / rank (an ordinary job's own alpha on the pool)
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "train_attn": self.train_attn, "train_mlp": self.train_mlp,
-                "train_unembed": self.train_unembed, "seed": self.seed}
+                "train_unembed": self.train_unembed, "seed": self.seed, "alpha": self.alpha}
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class Adapter:
 
     def __init__(self, shape: LoraShape, layers: list[tuple[str, torch.nn.Linear]]) -> None:
         self.shape = shape
-        self.scaling = LORA_ALPHA / shape.rank
+        self.scaling = shape.alpha / shape.rank
         generator = torch.Generator().manual_seed(shape.seed if shape.seed is not None else 0)
         self.weights: dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
         for path, linear in layers:  # A as PEFT starts it (Kaiming uniform), B zero: the base at step 0
@@ -187,7 +188,7 @@ class Adapter:
 
     def peft_config(self, base_model: str) -> dict[str, Any]:
         targets = sorted({path.rsplit(".", 1)[-1] for path in self.weights})
-        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.shape.rank, "lora_alpha": LORA_ALPHA,
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.shape.rank, "lora_alpha": self.shape.alpha,
                 "lora_dropout": 0.0, "bias": "none", "target_modules": targets,
                 "base_model_name_or_path": base_model, "inference_mode": True}
 

@@ -110,6 +110,11 @@ class Worker:
                 for name, adapter in self.base.adapters.items()}
 
     def _forward_backward(self, op: dict[str, Any]) -> ForwardBackward:
+        if "data" in op:  # an ordinary job's step (services/training_api/job_clients.py): rows as JSON
+            rows = [Datum(list(row["tokens"]), {"target_tokens": torch.tensor(row["target_tokens"], dtype=torch.long),
+                                                "weights": torch.tensor(row["weights"], dtype=torch.float32)})
+                    for row in op["data"]]
+            return ForwardBackward(op["model"], rows, str(op["loss_fn"]), {}, bool(op.get("forward_only")))
         try:
             request = wire.decode_forward_backward(base64.b64decode(op["body"]))
         except wire.WireError as exc:
@@ -136,6 +141,7 @@ class Worker:
             }
             metrics = {**outcome.metrics, "ntokens:sum": float(sum(len(d.tokens) for d in _request.data))}
             results[op["op_id"]] = {"ok": True, "proto": _b64(wire.encode_forward_backward_output(fields, metrics)),
+                                    "metrics": metrics,
                                     "tokens": _request.tokens(),
                                     "seconds": elapsed * _request.tokens() / passed}  # its share of the pass
 

@@ -70,9 +70,13 @@ def run_attempt(
                 f"this trainer runs methods {', '.join(methods.names())} with training types "
                 f"{', '.join(TRAINING_TYPES)}; got {spec.method!r} / {spec.training_type!r}"
             )
+        objective = objectives.build(methods.get(spec.method), spec.hyperparameters.method_options)
+        if spec.shared_pool:  # a small job whose steps run on its base's shared co-training worker
+            from tuneforge.train.pool_client import run_on_pool
+
+            return run_on_pool(spec, store, reporter, stop, objective)
         from tuneforge.train.loop import run_training
 
-        objective = objectives.build(methods.get(spec.method), spec.hyperparameters.method_options)
         return run_training(spec, store, reporter, stop, objective,
                             hooks if hooks is not None else faults_from_extra(spec.extra))
     except AttemptFenced as exc:

@@ -28,6 +28,7 @@ from tuneforge.api.schemas.tinker import (
     Heartbeat,
     ModelInfo,
     Nothing,
+    PoolJobAnswer,
     PoolWork,
     SamplerInfo,
     SampleSubmitted,
@@ -270,3 +271,10 @@ async def pool_work(pool_id: str, request: Request) -> Any:
     training = host.api()
     pool = await host.pool(pool_id, authorization.partition(" ")[2].strip())
     return await training.work(pool, await body_of(request))
+
+
+@internal.post("/jobs/{job_id}/{action}", response_model=PoolJobAnswer)
+async def pool_job(job_id: str, action: str, request: Request) -> Any:
+    """A step of an ordinary job that trains on the shared pool (its attempt's job token)."""
+    token = (request.headers.get("authorization") or "").partition(" ")[2].strip()
+    return await request.app.state.training_api.job_clients().handle(job_id, action, token, await body_of(request))

@@ -106,6 +106,13 @@ class WeightsInfo(ApiObject):
     lora_rank: int
 
 
+class PoolJobAnswer(ApiObject):
+    """What an ordinary job's attempt on the shared pool is answered (`services/training_api/job_clients.py`):
+    its model, a step's loss, the optimizer's figures, a saved state, or `pending` with a request id."""
+
+    pending: str | None = None
+
+
 class PoolWork(ApiObject):
     """A co-training worker's next cycle (empty: nothing came in time), or `stop`."""
 

@@ -131,6 +131,23 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
     return Plan(prepared, method, training_type.type, resolved_hp, lora, data, estimate, resources)
 
 
+def on_shared_pool(settings: Settings, plan: Plan, *, continued: bool, asked_gpus: bool) -> bool:
+    """Whether the planned job trains as a client of its base's shared co-training worker
+    (`settings.pool_jobs_max_*`): a supervised LoRA job on one GPU that the tenant did not size,
+    with what the shared worker trains (dropout 0, every linear layer of the blocks, no parent's
+    adapter), within the operator's rank, step and token limits."""
+    if settings.pool_jobs_max_rank <= 0 or continued or asked_gpus:
+        return False
+    hp, lora, resources = plan.hyperparameters, plan.lora, plan.resources
+    if plan.method != "supervised" or plan.training_type != "lora" or resources.gpus != 1 or resources.strategy:
+        return False
+    if lora.rank > settings.pool_jobs_max_rank or lora.dropout or lora.target_modules != "all-linear":
+        return False
+    steps = hp.n_epochs * -(-plan.prepared.train_examples // max(1, hp.batch_size))
+    return steps <= settings.pool_jobs_max_steps and \
+        plan.prepared.train_tokens * hp.n_epochs <= settings.pool_jobs_max_tokens
+
+
 # bytes of GPU memory per parameter: frozen bf16 weights for adapters; weights, gradients and
 # Adam moments in mixed precision for a full fine-tune; 4-bit weights for QLoRA
 _BYTES_PER_PARAM = {"lora": 2.0, "qlora": 0.6, "full": 16.0}

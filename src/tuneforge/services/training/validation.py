@@ -5,7 +5,7 @@ estimate the cost) and keep the report."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from sqlalchemy.orm import Session
 
@@ -25,7 +25,7 @@ from tuneforge.registry import lineage
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import DataCheckFailed
 from tuneforge.services.training import evaluation
-from tuneforge.services.training.planning import plan_job
+from tuneforge.services.training.planning import on_shared_pool, plan_job
 from tuneforge.services.training.transitions import transition
 from tuneforge.storage import layout
 
@@ -76,6 +76,10 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
         else settings.divergence_min_increase,
     )
     resolved_eval = evaluation.resolve(session, settings, job.tenant_id, request)
+    shared = on_shared_pool(settings, plan, continued=bool(job.parent),
+                            asked_gpus=bool(request.resources and request.resources.gpus))
+    if shared:  # no GPUs of its own: its steps run on its base's shared worker (train/pool_client.py)
+        plan.resources = replace(plan.resources, gpus=0, shared_pool=True)
     if not _still_validating(session, job):
         return
     job.resolved = plan.resolved(checkpoint, divergence_policy, resolved_eval)
@@ -84,9 +88,14 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
     prepared = plan.prepared
     warnings = sum(item.get("count", 0) for item in prepared.report.get("warnings", {}).values())
     # OpenAI's words; what the validation found is in the data
+    if shared:
+        events.add(session, job, f"This job trains on the shared co-training worker of {job.model} (a small "
+                                 "LoRA job within the platform's pool limits): it takes no GPUs of its own",
+                   data={"code": "shared_pool", "base_model": job.model})
     transition(session, job, JobStatus.QUEUED, "Files validated, moving job to queued state",
-               data={"dataset_id": prepared.dataset_id, "train_examples": prepared.train_examples,
-                     "valid_examples": prepared.valid_examples, "train_tokens": prepared.train_tokens,
+               data={"shared_pool": shared, "dataset_id": prepared.dataset_id,
+                     "train_examples": prepared.train_examples, "valid_examples": prepared.valid_examples,
+                     "train_tokens": prepared.train_tokens,
                      "warnings": warnings, "reused_dataset": prepared.reused, "estimate": asdict(plan.estimate)})
 
 

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from tuneforge.services.training_api.broker import Broker, Pool
+from tuneforge.services.training_api.job_clients import JobClients
 from tuneforge.services.training_api.pools import LocalPools
 from tuneforge.services.training_api.scheduled import OWNER_EVERY_S, ScheduledPools
 from tuneforge.services.training_api.service import TrainingApi
@@ -40,8 +41,14 @@ class TrainingApiHost:
                             retire=retire)
             pools.broker = broker
             self._pools, self._api = pools, TrainingApi(self.platform, broker)
+            self._jobs = JobClients(self._api)
             self._housekeeping = self._loop.create_task(self._api.housekeeping())
         return self._api
+
+    def job_clients(self) -> JobClients:
+        """Ordinary jobs training on the shared pools (`job_clients.py`)."""
+        self.api()
+        return self._jobs
 
     async def _mark_owned(self, pools: ScheduledPools) -> None:
         """Forever: this process's pool jobs are marked as still served (`scheduled.OWNER_GONE_S`)."""
