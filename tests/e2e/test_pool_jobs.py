@@ -60,6 +60,7 @@ def _losses(world, key: str, job_id: str) -> dict[int, float]:
     return {e.data["step"]: e.data["train_loss"] for e in events if e.type == "metrics"}
 
 
+@pytest.mark.both_executors  # its attempts are launched, stopped and started again by either executor
 def test_small_jobs_train_on_the_shared_worker_resume_exactly_and_are_metered(pooled, tmp_path) -> None:
     from tests.e2e.test_training_api import _pool_attempts
     from tuneforge.demo.dataset import chat_example, demo_facts, write_jsonl

@@ -81,10 +81,11 @@ def bundles_for(placement: Placement, settings: Settings) -> tuple[list[str], li
     bundles = []
     for name in order:
         gpus = len(spans[name])
-        bundle: dict[str, float] = {settings.ray_gpu_resource: float(gpus)}
+        # an attempt without GPUs (a job on the shared co-training pool) reserves a CPU, never a zero GPU count
+        bundle: dict[str, float] = {settings.ray_gpu_resource: float(gpus)} if gpus else {}
         cpus = settings.ray_cpus_per_gpu * max(gpus, 1)
-        if cpus > 0:
-            bundle["CPU"] = float(cpus)
+        if cpus > 0 or not gpus:
+            bundle["CPU"] = float(max(cpus, 1.0) if not gpus else cpus)
         bundles.append(bundle)
     return order, bundles
 
@@ -140,11 +141,18 @@ class RayExecutor:
     def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
         """Reserve the attempt's GPUs, start its actors, then its ranks; on any failure free
         what was taken and raise (the scheduler requeues the job)."""
+        if not placement.node and spec.gpus == 0:  # no GPUs (a job on the shared pool): a node with GPUs
+            # of the platform's, the fullest one, where its trainer host runs on a CPU
+            nodes_now = sorted((node for node in self.capacity().nodes if not node.draining),
+                               key=lambda node: (node.free_gpus, node.name))
+            if not nodes_now:
+                raise RuntimeError(f"{spec.job_id}: the Ray cluster has no node to run the attempt on")
+            placement = Placement(nodes_now[0].name, [])
         if not placement.node:
             raise ValueError(f"{spec.job_id}: the Ray executor needs a placement on at least one node")
         name = attempt_name(self.namespace, spec.job_id, spec.attempt)
         nodes, bundles = bundles_for(placement, self.settings)
-        ranks_per_node = [max(1, int(bundle[self.settings.ray_gpu_resource])) for bundle in bundles]
+        ranks_per_node = [max(1, int(bundle.get(self.settings.ray_gpu_resource, 0))) for bundle in bundles]
         handle = {"executor": "ray", "name": name, "nodes": nodes, "ranks": ranks_per_node, "node": nodes[0]}
         try:
             group = self._reserve(name, nodes, bundles)
@@ -255,7 +263,7 @@ class RayExecutor:
         try:
             ray.get(group.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
-            gpus = sum(bundle[self.settings.ray_gpu_resource] for bundle in bundles)
+            gpus = sum(bundle.get(self.settings.ray_gpu_resource, 0.0) for bundle in bundles)
             raise RuntimeError(f"the placement group for {gpus:.0f} GPU(s) on node(s) {', '.join(nodes)} was not "
                                f"ready within {timeout_s:.0f} s (GPUs taken by work outside tuneforge, or a node "
                                "that left)") from None
@@ -268,7 +276,7 @@ class RayExecutor:
         settings = self.settings
         hosts = []
         for index, bundle in enumerate(bundles):
-            gpus = bundle[settings.ray_gpu_resource]
+            gpus = bundle.get(settings.ray_gpu_resource, 0.0)
             options: dict[str, Any] = {
                 "name": f"{name}:{index}", "namespace": self.namespace, "lifetime": "detached",
                 "max_restarts": 0, "max_task_retries": 0, "num_cpus": bundle.get("CPU", 0.0),
@@ -276,7 +284,7 @@ class RayExecutor:
             }
             if settings.ray_gpu_resource == "GPU":
                 options["num_gpus"] = gpus  # Ray sets the actor's CUDA_VISIBLE_DEVICES
-            else:
+            elif gpus:
                 options["resources"] = {settings.ray_gpu_resource: gpus}
             if settings.ray_runtime_env:
                 options["runtime_env"] = settings.ray_runtime_env

@@ -37,6 +37,12 @@ def test_one_bundle_per_node_with_rank_zero_first():
     assert single == (["node-c"], [{"GPU": 4.0, "CPU": 8.0}])
 
 
+def test_an_attempt_without_gpus_reserves_a_cpu_and_no_zero_gpu_count():
+    # (a job on the shared co-training pool: its trainer host needs a CPU on some node, no GPU)
+    assert bundles_for(Placement("n", []), Settings(ray_cpus_per_gpu=2.0)) == (["n"], [{"CPU": 2.0}])
+    assert bundles_for(Placement("n", []), Settings(ray_cpus_per_gpu=0.0)) == (["n"], [{"CPU": 1.0}])
+
+
 def test_a_custom_slot_resource_and_no_cpus():
     settings = Settings(ray_gpu_resource="trainer_slot", ray_cpus_per_gpu=0.0)
     assert bundles_for(Placement("n", [0]), settings) == (["n"], [{"trainer_slot": 1.0}])
