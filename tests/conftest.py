@@ -24,6 +24,12 @@ from pathlib import Path
 # Ray (tests/helpers/ray_cluster.py) must keep 127.0.0.1 as it is rather than swap in this
 # host's own address: read when Ray is imported, so set before anything imports it.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# A test names its platform's home; whatever falls back to the default home gets a throwaway one
+# of this run, never the user's data folder (tests/unit/cli/test_home.py checks the default itself).
+if "TUNEFORGE_HOME" not in os.environ:
+    import tempfile
+
+    os.environ["TUNEFORGE_HOME"] = tempfile.mkdtemp(prefix="tuneforge-test-home-")
 
 import pytest  # noqa: E402
 

@@ -15,10 +15,11 @@ import json
 import secrets
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from tuneforge.api.routes.admin import admin
+from tuneforge.domain.errors import ApiError
 
 ACCESS = ("public", "admin", "off")
 
@@ -50,13 +51,36 @@ def install(app: FastAPI, access: str, admin_key_set: bool) -> None:
     """Add the reference routes to `app` (build it with openapi_url, docs_url and redoc_url None)."""
     if access not in ACCESS:
         raise ValueError(f"docs access must be one of {', '.join(ACCESS)}, not {access!r}")
+    paths = (("/openapi.json", _openapi_schema), ("/docs", _swagger_page), ("/redoc", _redoc_page))
     if access == "off" or (access == "admin" and not admin_key_set):
+        for path, _endpoint in paths:  # not served: say so, and how an operator turns it on
+            app.add_api_route(path, _not_served, methods=["GET"], include_in_schema=False)
         return
-    guard = [Depends(admin)] if access == "admin" else []
+    guard = [Depends(_admin_only)] if access == "admin" else []
     # module functions reading the app they answer for: a closure over `app` would stay
     # referenced from FastAPI's caches of endpoint callables, and the app with it
-    for path, endpoint in (("/openapi.json", _openapi_schema), ("/docs", _swagger_page), ("/redoc", _redoc_page)):
+    for path, endpoint in paths:
         app.add_api_route(path, endpoint, methods=["GET"], include_in_schema=False, dependencies=guard)
+
+
+NOT_SERVED = ("The API reference is not served by this server. The operator turns it on with "
+              "TUNEFORGE_DOCS_ACCESS=public (anyone) or with TUNEFORGE_ADMIN_API_KEY set (the admin key only). "
+              "The web console is at /console; the endpoints are described in docs/api.md.")
+ADMIN_ONLY = ("The API reference is served to the admin key only (TUNEFORGE_DOCS_ACCESS=admin): fetch it with "
+              "`curl -H \"Authorization: Bearer $TUNEFORGE_ADMIN_API_KEY\" {base}/openapi.json`, or ask the "
+              "operator for TUNEFORGE_DOCS_ACCESS=public. The web console is at {base}/console.")
+
+
+def _not_served(request: Request) -> JSONResponse:
+    raise ApiError(404, NOT_SERVED, code="docs_not_served")
+
+
+def _admin_only(request: Request, authorization: str | None = Header(default=None)) -> None:
+    try:
+        admin(authorization, request.app.state.platform)
+    except ApiError as exc:
+        base = str(request.base_url).rstrip("/")
+        raise ApiError(exc.status_code, ADMIN_ONLY.format(base=base), type=exc.type, code=exc.code) from None
 
 
 def _openapi_schema(request: Request) -> JSONResponse:

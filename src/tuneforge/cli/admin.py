@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -34,11 +35,35 @@ eval_sets_app = typer.Typer(help="Platform-wide eval sets that training data is 
                             no_args_is_help=True)
 
 
-def platform():  # noqa: ANN201 - a services.context.Platform
+NO_DATABASE = ("no tuneforge database at {path} (home {home}). The server prints the home it uses when it "
+               "starts: set TUNEFORGE_HOME to that folder, or run `tuneforge init` to create a new platform here.")
+
+
+def where(settings: Any) -> None:
+    """Say which home and database an operator command acts on (stderr: stdout stays the result)."""
+    console.print(f"home: {settings.home.resolve()} · database: {redact_url(settings.resolved_database_url)}",
+                  highlight=False)
+
+
+def sqlite_file(settings: Any) -> Path | None:
+    """The database file of a SQLite URL (None for another database)."""
+    url = settings.resolved_database_url
+    return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
+def platform(*, create: bool = False):  # noqa: ANN201 - a services.context.Platform
+    """The platform an operator command acts on: the home's database, which must exist unless
+    `create` (`tuneforge init`, `migrate`); a missing one is never made silently."""
     from tuneforge.db.migrate import upgrade
     from tuneforge.services.context import Platform
 
     settings = get_settings()
+    where(settings)
+    found = sqlite_file(settings)
+    if found is not None and not found.exists() and not create:
+        console.print(f"[red]error:[/red] {NO_DATABASE.format(path=found, home=settings.home.resolve())}",
+                      highlight=False)
+        raise typer.Exit(code=2)
     upgrade(settings.resolved_database_url)
     return Platform.from_settings(settings)
 
@@ -53,8 +78,19 @@ def migrate() -> None:
     from tuneforge.db.migrate import upgrade
 
     settings = get_settings()
+    where(settings)
     upgrade(settings.resolved_database_url)
     console.print(f"database at head: {redact_url(settings.resolved_database_url)}")
+
+
+def init() -> None:
+    """Create the platform's home and database (TUNEFORGE_HOME, else the user's data folder); an
+    existing one is upgraded, never emptied. `tuneforge up` does this itself."""
+    settings = get_settings()
+    existed = (found := sqlite_file(settings)) is None or found.exists()
+    platform(create=True).db.dispose()
+    console.print(f"{'upgraded' if existed else 'created'}: the operator commands and `tuneforge up` use this home "
+                  "from any folder", highlight=False)
 
 
 @tenants_app.command("create")

@@ -192,16 +192,13 @@ def _local_tokenizer(model: str):  # noqa: ANN202
 
     if Path(model).is_dir():
         return AutoTokenizer.from_pretrained(model)
-    from tuneforge.db.migrate import upgrade
+    from tuneforge.cli.admin import platform as open_platform
     from tuneforge.db.repos import base_models
-    from tuneforge.services.context import Platform
     from tuneforge.services.datasets.tokenizers import tokenizer_for
-    from tuneforge.settings import get_settings
     from tuneforge.storage import layout
 
-    settings = get_settings()
-    upgrade(settings.resolved_database_url)
-    platform = Platform.from_settings(settings)
+    platform = open_platform()
+    settings = platform.settings
     with platform.db.session() as session:
         row = base_models.by_name(session, model)
         if row is None:

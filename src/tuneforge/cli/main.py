@@ -72,6 +72,7 @@ app.add_typer(admin.tenants_app, name="tenants")
 app.add_typer(admin.base_models_app, name="base-models")
 app.add_typer(admin.eval_sets_app, name="eval-sets")
 app.command("migrate")(admin.migrate)
+app.command("init")(admin.init)
 app.command("queue")(queue_cmd.show_queue)
 
 
@@ -85,12 +86,37 @@ def _serve(host: str | None, port: int | None, scheduler: bool, workers: int | N
 
     overrides = {k: v for k, v in {"host": host, "port": port, "api_workers": workers}.items() if v is not None}
     settings = Settings(**overrides)
+    busy = _port_in_use(settings.host, settings.port)
+    if busy:
+        typer.echo(f"error: cannot listen on {settings.host}:{settings.port}: {busy}. Another tuneforge (or "
+                   "another program) is using it: stop it, or pick another port with --port.", err=True)
+        raise typer.Exit(code=2)
     configure_logging()
     plane = ControlPlane(settings, run_scheduler=scheduler)
     typer.echo(f"tuneforge listening on {redact_url(plane.url)} with {settings.resolved_api_workers} API "
-               f"worker(s) (database {redact_url(settings.resolved_database_url)}, "
+               f"worker(s) (home {settings.home.resolve()}, database {redact_url(settings.resolved_database_url)}, "
                f"objects {redact_url(settings.resolved_storage_url)}, executor {settings.executor})", err=True)
+    typer.echo(f"console: {redact_url(plane.url)}/console (sign in with a tenant's API key: "
+               "`tuneforge tenants create NAME` prints one)", err=True)
     plane.serve_forever()
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on now (None: it can), checked as the server binds."""
+    import socket
+
+    if not port:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        probe.close()
+    return None
 
 
 @app.command()

@@ -13,7 +13,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -87,6 +87,10 @@ def install(app: FastAPI) -> None:
         body = files.get(path)
         return _not_found() if body is None else _answer(path, body)
 
+    async def root() -> Response:  # the service's address opened in a browser: its console
+        return RedirectResponse(PREFIX, status_code=307)
+
+    app.add_api_route("/", root, methods=["GET", "HEAD"], include_in_schema=False)
     for path in (PREFIX, f"{PREFIX}/"):
         app.add_api_route(path, page, methods=["GET", "HEAD"], include_in_schema=False)
     app.add_api_route(PREFIX + "/{path:path}", asset, methods=["GET", "HEAD"], include_in_schema=False)

@@ -7,6 +7,7 @@ Nothing is built at import: call `get_settings()` (cached) or build a
 from __future__ import annotations
 
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -62,14 +63,24 @@ DEFAULT_RATE_LIMITS: dict[str, dict[str, float | int | None]] = {
 }
 
 
+def default_home() -> Path:
+    """The per-user data folder every command finds whatever the working directory."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "tuneforge"
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    return (Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share") / "tuneforge"
+
+
 class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
     # protected_namespaces=(): fields such as model_delete_grace_s are settings, not pydantic API (older
     # pydantic releases warn about the "model_" prefix otherwise)
     model_config = SettingsConfigDict(env_prefix="TUNEFORGE_", extra="ignore", protected_namespaces=())
 
     home: Path = Field(
-        default=Path("./.tuneforge"),
-        description="Folder for the embedded defaults: SQLite database, object store, logs, caches.",
+        default_factory=lambda: default_home(),
+        description="Folder for the embedded defaults: SQLite database, object store, logs, caches. Default: "
+                    "the user's data folder ($XDG_DATA_HOME/tuneforge, else ~/.local/share/tuneforge; on macOS "
+                    "~/Library/Application Support/tuneforge), the same wherever a command runs.",
     )
     database_url: str | None = Field(
         default=None,

@@ -40,7 +40,10 @@ def test_docs_off_answers_404_but_the_schema_is_still_built_in_process(build):
     http = build(docs_access="off", admin_api_key="s3cret-admin")
     for path in PATHS:
         response = http.get(path, headers=ADMIN)
-        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+        assert response.status_code == 404 and response.json()["error"]["code"] == "docs_not_served"
+        # the answer says how an operator turns it on, and where the console is
+        message = response.json()["error"]["message"]
+        assert "TUNEFORGE_DOCS_ACCESS=public" in message and "/console" in message
     assert "/v1/fine_tuning/jobs" in http.app.openapi()["paths"]
 
 
@@ -48,14 +51,26 @@ def test_docs_admin_needs_the_admin_key_and_is_off_without_one(build):
     http = build(admin_api_key="s3cret-admin")  # "admin" is the default
     tenant_key = add_tenant(http.app.state.platform, "alpha")
     for path in PATHS:
-        assert http.get(path).status_code == 401
+        refused = http.get(path)
+        assert refused.status_code == 401
+        assert 'curl -H "Authorization: Bearer $TUNEFORGE_ADMIN_API_KEY" http://testserver/openapi.json' in \
+            refused.json()["error"]["message"]
         assert http.get(path, headers={"Authorization": f"Bearer {tenant_key}"}).status_code == 401
         assert http.get(path, headers=ADMIN).status_code == 200
     assert "/v1/admin/tenants/{name}/keys" in http.get("/openapi.json", headers=ADMIN).json()["paths"]
 
     without_admin = build()
     for path in PATHS:
-        assert without_admin.get(path, headers=ADMIN).status_code == 404
+        refused = without_admin.get(path, headers=ADMIN)
+        assert refused.status_code == 404 and "TUNEFORGE_ADMIN_API_KEY" in refused.json()["error"]["message"]
+
+
+def test_the_services_address_opens_the_console(build):
+    http = build()
+    for method in (http.get, http.head):
+        response = method("/", follow_redirects=False)
+        assert response.status_code == 307 and response.headers["location"] == "/console"
+    assert http.get("/").url.path == "/console" and "<html" in http.get("/").text.lower()
 
 
 def test_docs_public_are_open_and_the_pages_allow_only_what_they_load(build):

@@ -19,6 +19,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 def test_tenant_key_is_alone_on_the_last_line_and_authenticates(tmp_path, database_url):
     env = {"TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url}
+    assert _cli(env, "init").returncode == 0
     created = _cli(env, "tenants", "create", "acme", "--tier", "premium")
     assert created.returncode == 0, created.stderr
     api_key = created.stdout.strip().splitlines()[-1]
@@ -38,6 +39,7 @@ def test_tenant_key_is_alone_on_the_last_line_and_authenticates(tmp_path, databa
 
 def test_base_model_add_pins_sha_and_rejects_a_folder_without_weights(tmp_path, database_url):
     env = {"TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url}
+    assert _cli(env, "init").returncode == 0
     model = fake_model_dir(tmp_path / "model")
     added = _cli(env, "base-models", "add", "tiny", str(model))
     assert added.returncode == 0, added.stderr

@@ -16,13 +16,13 @@ def _cli(env: dict[str, str], *args: str) -> Done:
 
 def test_keys_create_list_and_revoke(tmp_path, database_url):
     env = {"TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url}
+    assert _cli(env, "init").returncode == 0
     first = _cli(env, "tenants", "create", "acme").stdout.strip().splitlines()[-1]
     created = _cli(env, "tenants", "keys", "create", "acme", "--expires-in", "3600", "--label", "ci")
     assert created.returncode == 0, created.stderr
     second = created.stdout.strip().splitlines()[-1]
     assert second.startswith("tf-") and second != first and "expires" in created.stderr
-    key_id = created.stderr.split()[1]
-    assert key_id.startswith("key-")
+    key_id = next(word for word in created.stderr.split() if word.startswith("key-"))  # (after the home line)
 
     listed = _cli(env, "tenants", "keys", "list", "acme")
     assert listed.returncode == 0, listed.stderr
