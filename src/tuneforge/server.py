@@ -112,6 +112,8 @@ class ControlPlane:
         # the training API's state lives in one process: this one serves it on a loopback port and the
         # workers forward it there (api/forward.py)
         os.environ["TUNEFORGE_TRAINING_API_UPSTREAM"] = self._serve_training_api()
+        # a worker's /healthz says where the scheduler runs: in this process, not in the worker
+        os.environ["TUNEFORGE_SCHEDULER_IN_PARENT"] = "1" if self.scheduler is not None else "0"
         # their request and trainer counters go to one folder that any worker's /metrics sums
         prometheus.prepare_multiprocess(self.settings.home)
         config = uvicorn.Config("tuneforge.server:worker_app", factory=True, host=self.settings.host,

@@ -420,6 +420,11 @@ def test_a_control_plane_with_several_api_workers_serves_the_training_api_from_o
         wrong = httpx.post(f"{plane.url}/tinker/api/v1/create_session", headers={"X-API-Key": "tml-tf-wrong"},
                            json={}, trust_env=False)
         assert wrong.status_code == 401
+        # every answer comes from a worker, whose parent runs the scheduler: /healthz says so
+        health = [httpx.get(f"{plane.url}/healthz", trust_env=False).json() for _ in range(6)]
+        assert {answer["scheduler"] for answer in health} == {"parent"}, health
+        started = plane.log_tail(20000)  # what `serve` said first: its home, and where the console is
+        assert f"home {home.resolve()}" in started and f"console: {plane.url}/console" in started
         assert "Traceback" not in plane.log_tail(20000)
     finally:
         try:

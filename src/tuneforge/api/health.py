@@ -89,8 +89,13 @@ def install(app: FastAPI, platform: Platform) -> None:
 
 
 async def _healthz(request: Request) -> dict:  # async: no trip through the thread pool
-    # scheduler: "leader" (this process schedules), "standby" (another one does), "off" (API only)
-    return {"status": "ok", "version": __version__, "scheduler": request.app.state.platform.scheduler_role}
+    # scheduler: "leader" (this process schedules), "standby" (another one does), "parent" (an API worker
+    # of `tuneforge serve`, whose parent process runs the scheduler), "off" (API only)
+    platform = request.app.state.platform
+    role = platform.scheduler_role
+    if role == "off" and platform.settings.scheduler_in_parent:
+        role = "parent"
+    return {"status": "ok", "version": __version__, "scheduler": role, "pid": os.getpid()}
 
 
 async def _readyz(request: Request) -> JSONResponse:

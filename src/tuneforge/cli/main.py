@@ -147,9 +147,25 @@ def demo(
     raise typer.Exit(code=run_demo(home))
 
 
+# a package an install without the extra lacks -> the extra that brings it
+EXTRA_OF = {"ray": "ray", "psycopg": "postgres", "boto3": "s3", "botocore": "s3", "wandb": "tracking",
+            "mlflow": "tracking", "redis": "redis"}
+
+
 def main(args: list[str] | None = None) -> Any:
-    """The console script."""
-    return app(args=args, prog_name="tuneforge")
+    """The console script. A command whose packages this install lacks (the client-only install
+    runs an operator command) says which extra to install, in one line, instead of a traceback."""
+    try:
+        return app(args=args, prog_name="tuneforge")
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if not missing or missing == "tuneforge":
+            raise
+        extra = EXTRA_OF.get(missing, "server")
+        typer.echo(f"error: this command needs tuneforge's [{extra}] extra (the package {missing!r} is not "
+                   f"installed): pip install -e '.[{extra}]' in the repository, or the wheel with [{extra}]",
+                   err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

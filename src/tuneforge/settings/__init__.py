@@ -166,6 +166,9 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
     training_api_upstream: str = Field(
         default="", description="Internal, set by `tuneforge serve` for its API worker processes: where the "
                                 "parent process serves the training API, which the workers forward it to.")
+    scheduler_in_parent: bool = Field(
+        default=False, description="Internal, set by `tuneforge serve` for its API worker processes: the parent "
+                                   "process runs the scheduler (what /healthz of a worker reports).")
     training_api_pool_device: str = Field(
         default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="Where the training API's co-training workers run: auto (a GPU when there is one), cpu, cuda, "
