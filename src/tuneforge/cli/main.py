@@ -139,12 +139,16 @@ def serve(
 
 @app.command()
 def demo(
-    home: str = typer.Option(None, help="Folder for the demo's data (default: TUNEFORGE_HOME/demo)."),
+    home: str = typer.Option(None, help="The platform's home to run it on (default: TUNEFORGE_HOME, else the "
+                                        "user's data folder: the one `tuneforge up` opens)."),
+    port: int = typer.Option(None, help="Port of its control plane (default 8000 where free)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the control plane running afterwards (Ctrl-C stops it)."),
 ) -> None:
-    """Build a tiny model, fine-tune it through the API, show answers before and after."""
+    """Build a tiny model, fine-tune it through the API, show answers before and after; then print the
+    console's URL, the API key and the next steps."""
     from tuneforge.demo.run import run_demo
 
-    raise typer.Exit(code=run_demo(home))
+    raise typer.Exit(code=run_demo(home, port=port, keep=keep))
 
 
 # a package an install without the extra lacks -> the extra that brings it

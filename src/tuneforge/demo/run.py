@@ -72,28 +72,70 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def run_demo(home: str | None = None, *, timeout_s: float = 600.0) -> int:
+DEMO_PORT = 8000
+
+
+def _port(asked: int | None) -> int:
+    """The port asked for, else 8000 where it is free (the port `tuneforge up` uses in the README),
+    else any free one."""
+    if asked:
+        return asked
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", DEMO_PORT))
+            return DEMO_PORT
+        except OSError:
+            return _free_port()
+
+
+def _tenant_key(session, name: str) -> str:  # noqa: ANN001 - a SQLAlchemy session
+    """The demo tenant's API key: a new tenant, or a new key of the one an earlier demo made."""
+    if all(tenant.name != name for tenant in tenant_service.list_tenants(session)):
+        return tenant_service.create_tenant(session, name)[1]
+    return tenant_service.create_key(session, name, name="demo")[1]
+
+
+def _base_model(session, plane: ControlPlane, root: Path) -> Path:  # noqa: ANN001
+    """The tiny base model's folder, registered once per home (an earlier demo's is reused: its
+    weights are rebuilt bit for bit from the same seed, which its digest checks)."""
+    model_dir = root / "models" / BASE_MODEL
+    if not (model_dir / "config.json").is_file():
+        shutil.rmtree(model_dir, ignore_errors=True)
+        build_tiny_model(model_dir)
+    row = base_model_service.find(session, BASE_MODEL)
+    if row is None:
+        base_model_service.add_base_model(session, plane.platform.store, BASE_MODEL, str(model_dir),
+                                          layout.hub_cache_dir(layout.local_cache_dir(plane.settings.home)))
+    elif row.sha256 != base_model_service.model_sha256(model_dir):
+        raise RuntimeError(f"this home has a base model named {BASE_MODEL!r} that is not the demo's "
+                           f"(sha256 {row.sha256[:12]}...): run the demo with another --home")
+    return model_dir
+
+
+def run_demo(home: str | None = None, *, port: int | None = None, keep: bool = False, timeout_s: float = 600.0,
+             hyperparameters: dict | None = None) -> int:
+    """The demo on the platform's home (`home`, else TUNEFORGE_HOME or the user's data folder), where
+    `tuneforge up` finds its tenant, job and model afterwards; `keep`: go on serving until Ctrl-C."""
     started = time.monotonic()
     _quiet_libraries()
-    root = Path(home) if home else Settings().home / "demo"
-    shutil.rmtree(root, ignore_errors=True)
-    settings = Settings(home=root, port=_free_port(), database_url=None, storage_url=None)
+    base_settings = Settings()
+    root = Path(home) if home else base_settings.home
+    settings = base_settings.model_copy(update={"home": root, "port": _port(port)})
+    work = root / "demo"  # the demo's own files: the tiny model, the data, the downloaded adapter
     console.rule("tuneforge demo")
-    model_dir = build_tiny_model(root / "models" / BASE_MODEL)
-    files = write_demo_files(root / "data")
+    files = write_demo_files(work / "data")
     with ControlPlane(settings) as plane:
         with plane.platform.db.session() as session:
-            _tenant, api_key = tenant_service.create_tenant(session, "demo")
-            base_model_service.add_base_model(session, plane.platform.store, BASE_MODEL, str(model_dir),
-                                              layout.hub_cache_dir(layout.local_cache_dir(settings.home)))
-        console.print(f"control plane on {plane.url}; tenant 'demo'; base model '{BASE_MODEL}' "
-                      f"({sum(1 for _ in model_dir.iterdir())} files)")
+            api_key = _tenant_key(session, "demo")
+            model_dir = _base_model(session, plane, work)
+        console.print(f"control plane on {plane.url} (home {root.resolve()}); tenant 'demo'; base model "
+                      f"'{BASE_MODEL}' ({sum(1 for _ in model_dir.iterdir())} files)")
         api = openai.OpenAI(base_url=f"{plane.url}/v1", api_key=api_key)
         training = api.files.create(file=files.training_path.open("rb"), purpose="fine-tune")
         validation = api.files.create(file=files.validation_path.open("rb"), purpose="fine-tune")
         job = api.fine_tuning.jobs.create(
             model=BASE_MODEL, training_file=training.id, validation_file=validation.id, suffix="demo", seed=0,
-            method={"type": "supervised", "supervised": {"hyperparameters": DEMO_HYPERPARAMETERS}},
+            method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters or DEMO_HYPERPARAMETERS}},
             extra_body={"training_type": {"type": "lora", **DEMO_LORA}},
         )
         console.print(f"created {job.id} on {len(files.examples)} examples")
@@ -108,11 +150,46 @@ def run_demo(home: str | None = None, *, timeout_s: float = 600.0) -> int:
             with archive.open("wb") as out:
                 for chunk in response.iter_bytes():
                     out.write(chunk)
-        adapter_dir = extract(archive, root / "adapter")
-    _compare(model_dir, adapter_dir, files.examples)
-    console.print(f"fine-tuned model: [bold]{job.fine_tuned_model}[/bold]; trained tokens {job.trained_tokens}; "
-                  f"demo took {time.monotonic() - started:.0f} s")
+        adapter_dir = extract(archive, work / "adapter")
+        _compare(model_dir, adapter_dir, files.examples)
+        console.print(f"fine-tuned model: [bold]{job.fine_tuned_model}[/bold]; trained tokens {job.trained_tokens}; "
+                      f"demo took {time.monotonic() - started:.0f} s")
+        _next_steps(plane.url, api_key, job, root, keep)
+        if keep:
+            try:
+                while True:
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                console.print("stopped")
     return 0
+
+
+def _next_steps(url: str, api_key: str, job: openai.types.fine_tuning.FineTuningJob, root: Path, keep: bool) -> None:
+    """Where the demo leaves you: the console with its job, the key, and commands to paste."""
+    console.rule("next")
+    port = url.rsplit(":", 1)[-1]
+    serving = (f"The control plane keeps running at {url} until Ctrl-C." if keep else
+               f"The demo's platform stays in {root.resolve()}: `tuneforge up --port {port}` serves it again"
+               + ("" if root.resolve() == Settings().home.resolve() else f" (with TUNEFORGE_HOME={root.resolve()})")
+               + ", or run the demo with --keep.")
+    lines = [
+        serving,
+        f"console:  {url}/console   (sign in with the API key; the job {job.id}, its charts and the model are there)",
+        f"API key:  {api_key}",
+        "",
+        "CLI:",
+        f"  export TUNEFORGE_BASE_URL={url}/v1 TUNEFORGE_API_KEY={api_key}",
+        f"  tuneforge jobs get {job.id}",
+        "  tuneforge models list",
+        "Python (openai SDK):",
+        f"  from openai import OpenAI; client = OpenAI(base_url=\"{url}/v1\", api_key=\"{api_key}\")",
+        f"  client.chat.completions.create(model=\"{job.fine_tuned_model}\", "
+        f"messages=[{{\"role\": \"user\", \"content\": \"{DEMO_QUESTION.format(key=demo_facts()[0].key)}\"}}])",
+        "curl:",
+        f"  curl -H \"Authorization: Bearer {api_key}\" {url}/v1/fine_tuning/jobs/{job.id}/events",
+    ]
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def _compare(model_dir: Path, adapter_dir: Path, examples: list[dict]) -> None:
