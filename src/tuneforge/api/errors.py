@@ -8,6 +8,7 @@ import math
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import exc as sqlalchemy_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -37,8 +38,16 @@ def is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlalchemy_exc.OperationalError) and "database is locked" in str(exc.orig)
 
 
-def _validation_error(exc: RequestValidationError) -> ApiError:
-    return from_validation_errors(exc.errors())
+def _validation_error(request: Request, exc: RequestValidationError) -> ApiError:
+    return from_validation_errors(exc.errors(), model=_body_model(request))
+
+
+def _body_model(request: Request) -> type[BaseModel] | None:
+    """The pydantic model the route reads its JSON body as (whose field names an unknown
+    parameter's message suggests), if it has one."""
+    body_field = getattr(request.scope.get("route"), "body_field", None)
+    annotation = getattr(getattr(body_field, "field_info", None), "annotation", None)
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 def install(app: FastAPI) -> None:
@@ -47,8 +56,8 @@ def install(app: FastAPI) -> None:
         return respond(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _request_validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return respond(_validation_error(exc))
+    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(_validation_error(request, exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

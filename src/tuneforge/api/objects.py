@@ -32,6 +32,7 @@ def file_object(row: FileRow) -> dict[str, Any]:
         "status": row.status,
         "status_details": row.status_details,
         "expires_at": row.expires_at,
+        "sha256": row.sha256,
     }
 
 

@@ -153,14 +153,16 @@ class DatasetReport:
                                  (self.pii, other.pii)):
             mine_f.merge(theirs_f)
 
-    def summary(self) -> str:
-        """One line for `status_details`: the first error, or nothing."""
+    def summary(self, full_report: str | None = None) -> str:
+        """One line for `status_details`: the first error, or nothing. `full_report`: the request
+        that reads the whole report, as the tenant can send it (`GET /v1/files/file-abc/validation`)."""
         first = self.errors.first()
         if first is None:
             return ""
         where = f"line {first['line']}: " if first["line"] else ""
         more = sum(self.errors.counts.values()) - 1
-        tail = f" (and {more} more error(s); see GET /v1/files/{{id}}/validation)" if more else ""
+        see = f"; see {full_report}" if full_report else ""
+        tail = f" (and {more} more error(s){see})" if more else ""
         return f"{where}{first['message']} [{first['code']}]{tail}"
 
     def to_dict(self) -> dict[str, Any]:

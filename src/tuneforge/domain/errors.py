@@ -6,8 +6,13 @@ The API turns it into OpenAI's envelope
 
 from __future__ import annotations
 
+import difflib
+import json
+import typing
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel
 
 
 @dataclass
@@ -61,29 +66,112 @@ def quota_exceeded(message: str, code: str = "quota_exceeded") -> ApiError:
     return ApiError(403, message, "insufficient_quota", None, code)
 
 
+# where FastAPI says a value came from: the first part of an error's `loc`, not a field
+_LOCATIONS = ("body", "query", "path", "header", "form")
+
+
 def _param(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "form")]
+    parts = [str(p) for p in loc if p not in _LOCATIONS]
     # pydantic puts the union branch name in the path ('int', 'literal[...]'): drop it
     parts = [p for p in parts
              if not p.startswith(("literal[", "function-")) and p not in ("int", "float", "str", "bool")]
     return ".".join(parts) or None
 
 
-def from_validation_errors(errors: list[Any], prefix: tuple[str, ...] = ()) -> ApiError:
+def from_validation_errors(errors: list[Any], prefix: tuple[str, ...] = (),
+                           model: type[BaseModel] | None = None) -> ApiError:
     """The 400 for pydantic validation errors, in the API's terms; `prefix`: where the validated
-    value sits in the request body."""
-    errors = [{**e, "loc": (*prefix, *e["loc"])} for e in errors]
-    for err in errors:
+    value sits in the request body; `model`: what was validated, whose field names an unknown
+    parameter's message suggests ("did you mean n_epochs?")."""
+    located = [{**e, "loc": (*prefix, *e["loc"])} for e in errors]
+    for err in located:
         if err.get("type") == "json_invalid":
             return ApiError(400, "We could not parse the JSON body of your request. "
                                  f"({err.get('ctx', {}).get('error', 'invalid JSON')})", code="invalid_json")
     extra = [e for e in errors if e.get("type") == "extra_forbidden"]
     if extra:
-        names = sorted({_param(e["loc"]) or "?" for e in extra})
-        return ApiError(400, f"Unknown parameter(s): {', '.join(names)}", param=names[0], code="unknown_parameter")
-    first = errors[0]
+        return _unknown_parameters(extra, prefix, model)
+    first = located[0]
     param = _param(first["loc"])
     if first.get("type") == "missing":
         return ApiError(400, f"Missing required parameter: '{param}'", param=param, code="missing_required_parameter")
-    messages = sorted({f"{_param(e['loc'])}: {e['msg']}" for e in errors})
+    plain = _wrong_type(located, param)
+    if plain is not None:
+        return ApiError(400, plain, param=param, code="invalid_value")
+    messages = sorted({f"{_param(e['loc'])}: {e['msg']}" for e in located})
     return ApiError(400, "Invalid value for " + "; ".join(messages), param=param, code="invalid_value")
+
+
+def _unknown_parameters(extra: list[Any], prefix: tuple[str, ...], model: type[BaseModel] | None) -> ApiError:
+    named: dict[str, str] = {}
+    for err in extra:
+        name = _param((*prefix, *err["loc"])) or "?"
+        known = _field_names(model, err["loc"][:-1]) if model is not None else []
+        close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6) if known else []
+        named[name] = f"{name} (did you mean {close[0]}?)" if close else name
+    names = sorted(named)
+    return ApiError(400, f"Unknown parameter(s): {', '.join(named[n] for n in names)}", param=names[0],
+                    code="unknown_parameter")
+
+
+def _field_names(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The names a body may give beside the last part of `path` in `model` (list indexes skipped)."""
+    current: type[BaseModel] | None = model
+    for part in path:
+        if isinstance(part, int) or part in _LOCATIONS or current is None:
+            continue
+        field = current.model_fields.get(str(part)) or next(
+            (f for f in current.model_fields.values() if f.alias == part), None)
+        current = _model_in(field.annotation) if field is not None else None
+    if current is None:
+        return []
+    return [info.alias or name for name, info in current.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (through Optional, list[...], Annotated), if one."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+# what each pydantic type error says a value must be, in the words of a JSON body
+_EXPECTED = {
+    "int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
+    "float_parsing": "a number", "float_type": "a number",
+    "bool_parsing": "true or false", "bool_type": "true or false",
+    "string_type": "a string", "dict_type": "an object", "model_type": "an object",
+    "model_attributes_type": "an object", "list_type": "a list",
+}
+_SHOWN_INPUT_CHARS = 60
+
+
+def _wrong_type(errors: list[Any], param: str | None) -> str | None:
+    """`n_epochs must be an integer or "auto", got "many"` when every error is about the type of one
+    value (pydantic's union message lists one line per branch); None for anything else."""
+    if param is None or any(_param(e["loc"]) != param for e in errors):
+        return None
+    wanted: list[str] = []
+    for err in errors:
+        kind = err.get("type")
+        if kind == "literal_error":
+            said = str((err.get("ctx") or {}).get("expected", ""))
+            choices = [c.strip().strip("'") for c in said.replace(" or ", ",").split(",") if c.strip()]
+            wanted.extend(json.dumps(choice) for choice in choices)
+        elif kind in _EXPECTED:
+            wanted.append(_EXPECTED[kind])
+        else:
+            return None
+    wanted = list(dict.fromkeys(wanted))
+    alternatives = wanted[0] if len(wanted) == 1 else ", ".join(wanted[:-1]) + " or " + wanted[-1]
+    try:
+        given = json.dumps(errors[0].get("input"), default=str)
+    except (TypeError, ValueError):
+        given = repr(errors[0].get("input"))
+    if len(given) > _SHOWN_INPUT_CHARS:
+        given = given[:_SHOWN_INPUT_CHARS] + "…"
+    return f"{param} must be {alternatives}, got {given}"

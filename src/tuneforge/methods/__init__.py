@@ -102,7 +102,8 @@ class TrainingMethod:
         try:
             return self.hyperparameters.model_validate(raw or {})
         except ValidationError as exc:
-            raise from_validation_errors(exc.errors(), ("method", self.name, "hyperparameters")) from None
+            raise from_validation_errors(exc.errors(), ("method", self.name, "hyperparameters"),
+                                         self.hyperparameters) from None
 
     def resolve_options(self, requested: SupervisedHyperparameters) -> BaseModel:
         """The method's own options: "auto" (or absent) becomes the field's default; a value
@@ -120,7 +121,8 @@ class TrainingMethod:
         try:
             return self.options.model_validate(given)
         except ValidationError as exc:
-            raise from_validation_errors(exc.errors(), ("method", self.name, "hyperparameters")) from None
+            raise from_validation_errors(exc.errors(), ("method", self.name, "hyperparameters"),
+                                         self.options) from None
 
     def stored_options(self, dump: Mapping[str, Any]) -> BaseModel:
         """The options a job spec stores (`Hyperparameters.method_options`), typed again."""

@@ -101,3 +101,27 @@ def test_a_write_is_committed_before_the_answer(world, monkeypatch):
     monkeypatch.undo()
     listed = world.http.get("/v1/files", headers=world.headers(world.key_a)).json()
     assert listed["data"] == []
+
+
+def test_a_file_object_carries_the_sha256_of_its_bytes(world):
+    import hashlib
+
+    sdk = world.sdk(world.key_a)
+    data = chat_lines(12)
+    created = sdk.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    digest = hashlib.sha256(data).hexdigest()
+    assert created.model_dump()["sha256"] == digest
+    listed = world.http.get("/v1/files", headers=world.headers(world.key_a)).json()["data"]
+    assert [(f["id"], f["sha256"]) for f in listed] == [(created.id, digest)]
+    assert world.http.get(f"/v1/files/{created.id}", headers=world.headers(world.key_a)).json()["sha256"] == digest
+
+
+def test_a_bad_file_points_at_its_own_full_report(world):
+    sdk = world.sdk(world.key_a)
+    data = chat_lines(3) + b'{"messages": [\n' + b'{"messages": "oops"}\n'
+    created = sdk.files.create(file=("bad.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    assert created.status == "error"
+    assert f"see GET /v1/files/{created.id}/validation)" in created.status_details
+    assert "{id}" not in created.status_details
+    report = world.http.get(f"/v1/files/{created.id}/validation", headers=world.headers(world.key_a))
+    assert report.status_code == 200

@@ -213,3 +213,46 @@ def test_gpu_requests_and_micro_batches_come_from_the_memory_model():
     small = memory.choose_micro_batch(llama_8b, training_type="lora", seq_len=1024,
                                       memory_bytes=40 * memory.GIB, batch_size=32, max_micro_batch=8)
     assert small.micro_batch_size < choice.micro_batch_size  # less memory: smaller micro-batches, more steps
+
+
+def _refused(world, **change) -> dict:
+    training = _upload(world.sdk(world.key_a), chat_lines(20))
+    body = {"model": world.base_model, "training_file": training, **change}
+    response = world.http.post("/v1/fine_tuning/jobs", json=body, headers=world.headers(world.key_a))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_an_unknown_parameter_is_answered_with_the_closest_known_name(world):
+    error = _refused(world, method={"type": "supervised", "supervised": {"hyperparameters": {"epochs": 3}}})
+    assert error["message"] == ("Unknown parameter(s): method.supervised.hyperparameters.epochs "
+                                "(did you mean n_epochs?)")
+    assert (error["param"], error["code"]) == ("method.supervised.hyperparameters.epochs", "unknown_parameter")
+    nested = _refused(world, training_type={"type": "lora", "rnak": 4})
+    assert nested["message"] == "Unknown parameter(s): training_type.rnak (did you mean rank?)"
+    top = _refused(world, sufix="x")
+    assert top["message"] == "Unknown parameter(s): sufix (did you mean suffix?)" and top["param"] == "sufix"
+    nothing_close = _refused(world, frobnicate=True)
+    assert nothing_close["message"] == "Unknown parameter(s): frobnicate"
+
+
+def test_a_value_of_the_wrong_type_gets_one_plain_sentence(world):
+    error = _refused(world, method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": "many"}}})
+    assert error["message"] == ('method.supervised.hyperparameters.n_epochs must be an integer or "auto", '
+                                'got "many"')
+    assert (error["param"], error["code"]) == ("method.supervised.hyperparameters.n_epochs", "invalid_value")
+    schedule = _refused(world, method={"type": "supervised", "supervised": {
+        "hyperparameters": {"lr_scheduler_type": "exponential"}}})
+    assert schedule["message"] == ('method.supervised.hyperparameters.lr_scheduler_type must be "linear", '
+                                   '"cosine", "constant" or "auto", got "exponential"')
+
+
+def test_an_unknown_model_names_the_closest_base_model_and_lists_them(world):
+    error = _refused(world, model="tiny-bse")
+    assert error["param"] == "model" and error["code"] == "model_not_available"
+    assert error["message"] == ("Model 'tiny-bse' is not available for fine-tuning or does not exist; did you mean "
+                                "'tiny-base'? Base models: tiny-base (GET /v1/models lists them with your "
+                                "fine-tuned models)")
+    assert "did you mean" not in _refused(world, model="zzzzzzzz")["message"]

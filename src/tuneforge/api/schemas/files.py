@@ -20,6 +20,8 @@ class FileObject(ApiObject):
     status: str = Field(description="uploaded, processed or error (the validation of a fine-tune file).")
     status_details: str | None = None
     expires_at: int | None = None
+    sha256: str = Field(description="Extension: the SHA-256 of the file's bytes (hex), to find a file already "
+                                    "uploaded with the same content.")
 
 
 class FileList(Page):

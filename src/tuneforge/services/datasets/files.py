@@ -158,7 +158,7 @@ def _validate(store: ObjectStore, row: FileRow, tier: str, contamination) -> Non
     row.data_format = report.data_format
     row.data_kind = report.kind
     row.status = "processed" if report.ok else "error"
-    row.status_details = report.summary() or None
+    row.status_details = report.summary(f"GET /v1/files/{row.file_id}/validation") or None
 
 
 def add_generated(

@@ -3,6 +3,7 @@ events (paged; followed live in services/training/event_streams.py), checkpoints
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -129,6 +130,24 @@ def _check_request(request: JobRequest, settings: Settings) -> None:
                       f"({resources.nodes})", param="resources.nodes")
 
 
+# base models named in the 400 of a model that does not exist (the rest: GET /v1/models)
+_NAMED_BASE_MODELS = 20
+
+
+def _model_not_available(session: Session, model: str) -> ApiError:
+    """The 400 for a `model` that is neither a base model nor one of the tenant's: the closest base
+    model's name, and the base models there are."""
+    names = sorted(row.name for row in base_model_repo.list_all(session))
+    message = f"Model {model!r} is not available for fine-tuning or does not exist"
+    close = difflib.get_close_matches(model, names, n=1, cutoff=0.5)
+    if close:
+        message += f"; did you mean {close[0]!r}?"
+    if names:
+        shown = ", ".join(names[:_NAMED_BASE_MODELS]) + (", …" if len(names) > _NAMED_BASE_MODELS else "")
+        message += f" Base models: {shown} (GET /v1/models lists them with your fine-tuned models)"
+    return invalid(message, param="model", code="model_not_available")
+
+
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request: JobRequest,
                   store: ObjectStore | None = None
                   ) -> tuple[BaseModelRow, FileRow, FileRow | None, JobRequest, parents.Parent | None]:
@@ -140,10 +159,7 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
     if base is None:
         parent = parents.find(session, tenant.tenant_id, tenant.name, request.model)
         if parent is None:
-            raise invalid(
-                f"Model {request.model!r} is not available for fine-tuning or does not exist",
-                param="model", code="model_not_available",
-            )
+            raise _model_not_available(session, request.model)
         base, request = _continued(session, request, parent)
     if store is not None:
         base_models.check_target_modules(store, base, request.training_type)

@@ -46,7 +46,8 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
     except DataCheckFailed as exc:
         platform.store.put_bytes(report_key, json.dumps(exc.report.to_dict()).encode())
         first = exc.report.errors.first() or {"code": "invalid_file"}
-        _fail(session, job, first["code"], exc.report.summary(), param=exc.which)
+        _fail(session, job, first["code"], exc.report.summary(f"GET /v1/fine_tuning/jobs/{job.job_id}/validation"),
+              param=exc.which)
         return
     except ApiError as exc:
         _fail(session, job, "invalid_hyperparameters", exc.message, param=exc.param)
