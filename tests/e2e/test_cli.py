@@ -13,7 +13,7 @@ import yaml
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
 from tests.helpers.cli import invoke
-from tuneforge.cli.jobs_cmd import loss_line
+from tuneforge.cli.follow import loss_line
 from tuneforge.demo.dataset import DEMO_HYPERPARAMETERS, chat_example, demo_facts, write_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only]

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tuneforge.cli import output
 from tuneforge.cli.lazy import Lazy
 from tuneforge.domain.errors import ApiError
 from tuneforge.security.redact import redact_url
@@ -113,11 +114,10 @@ def tenants_create(
 @tenants_app.command("list")
 def tenants_list() -> None:
     ctx = platform()
-    table = Table("tenant_id", "name", "tier")
     with ctx.db.session() as session:
-        for tenant in tenant_repo.list_all(session):
-            table.add_row(tenant.tenant_id, tenant.name, tenant.tier)
-    Console().print(table)
+        rows = [{"tenant_id": t.tenant_id, "name": t.name, "tier": t.tier} for t in tenant_repo.list_all(session)]
+    output.table(rows, [output.id_column("tenant_id", lambda t: t["tenant_id"]), ("name", lambda t: t["name"]),
+                        ("tier", lambda t: t["tier"])], empty="no tenants")
 
 
 @tenants_app.command("set-tier")

@@ -5,8 +5,8 @@ it; a URL without `/v1` gets it added), default this host's configured API; the 
 TUNEFORGE_API_KEY (or OPENAI_API_KEY). Every failure becomes one readable line and an exit code:
 
     0  done
-    1  the server refused the request (4xx: the message, code and field it names), or a job
-       the command waited for failed or was cancelled
+    1  the server refused the request (4xx: the message, code and field it names), a job the
+       command waited for failed or was cancelled, or a data file failed validation
     2  bad usage: a missing key, a bad option or file
     3  the server could not be reached (connection refused, DNS, timeout)
     4  the server failed (5xx; its request id is in the message)
@@ -25,6 +25,8 @@ import httpx
 import typer
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_SERVER = 1, 2, 3, 4
+# a data file that failed validation (an upload's, or `files validate`'s) is refused data: 1 as well
+EXIT_INVALID_DATA = EXIT_REFUSED
 TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
 

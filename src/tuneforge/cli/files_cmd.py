@@ -3,13 +3,14 @@ report, a preview of the loss mask, and the platform's checks run locally before
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import IO, Any
 
 import typer
 
 from tuneforge.cli import output
-from tuneforge.cli.api import EXIT_USAGE, Api, CliFailure
+from tuneforge.cli.api import EXIT_INVALID_DATA, EXIT_USAGE, Api, CliFailure
 from tuneforge.cli.output import JSON, err, out
 
 files_app = typer.Typer(help="Upload, list, inspect and download files.", no_args_is_help=True)
@@ -43,6 +44,40 @@ def upload_file(api: Api, path: Path, purpose: str = "fine-tune", *, quiet: bool
         return api.upload("/files", counted, path.name, {"purpose": purpose})
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def uploaded_copy(api: Api, path: Path, purpose: str) -> dict | None:
+    """The newest of the tenant's files with the bytes of `path` (by SHA-256 and size) and `purpose`
+    that did not fail validation, if there is one."""
+    size, digest = path.stat().st_size, sha256_of(path)
+    for item in api.pages("/files", purpose=purpose, page_size=1000):
+        if item.get("sha256") == digest and item.get("bytes") == size and item.get("status") != "error":
+            return item
+    return None
+
+
+def upload_or_reuse(api: Api, path: Path, purpose: str = "fine-tune") -> str:
+    """The id of a file with the bytes of `path`: one already uploaded (said on stderr), else a new upload."""
+    if not path.is_file():
+        raise CliFailure(f"no such file: {path}", EXIT_USAGE)
+    same = uploaded_copy(api, path, purpose)
+    if same is not None:
+        when = output.when(same.get("created_at"))
+        err.print(f"reusing {same['id']} for {path} (same content, uploaded {when} UTC)", markup=False)
+        return str(same["id"])
+    created = upload_file(api, path, purpose)
+    err.print(f"uploaded {path} as {created['id']}", markup=False)
+    if created.get("status") == "error":
+        err.print(f"{created['id']} failed validation: {created.get('status_details')}", markup=False)
+    return str(created["id"])
+
+
 def _show_file(item: dict) -> None:
     output.fields(item, ("id", "filename", "purpose", "bytes", "status", "status_details"))
     if item.get("created_at"):
@@ -52,8 +87,14 @@ def _show_file(item: dict) -> None:
 @files_app.command("upload")
 def files_upload(path: Path, purpose: str = typer.Option("fine-tune"), as_json: bool = JSON) -> None:
     """Upload a file (validated by the server when its purpose is fine-tune)."""
-    created = upload_file(Api(), path, purpose)
+    api = Api()
+    created = upload_file(api, path, purpose)
     output.emit(created, as_json, _show_file)
+    if created.get("status") == "error":
+        if not as_json:
+            print_report(api.get(f"/files/{created['id']}/validation"))
+        raise CliFailure(f"{created['id']} failed validation: {created.get('status_details')} (the whole report: "
+                         f"tuneforge files report {created['id']})", EXIT_INVALID_DATA)
 
 
 @files_app.command("list")
@@ -184,7 +225,7 @@ def files_validate(
         options.max_seq_length = None  # tokenizers without a limit report a huge sentinel
     report = check_dataset(path, options, tokenizer=tokenizer).to_dict()
     output.emit(report, as_json, print_report)
-    raise typer.Exit(code=0 if report["ok"] else 1)
+    raise typer.Exit(code=0 if report["ok"] else EXIT_INVALID_DATA)
 
 
 def _local_tokenizer(model: str):  # noqa: ANN202

@@ -9,7 +9,8 @@
     lock: {...}                                # written by `tuneforge jobs export`; checked by the server
 
 `file:` paths are relative to the job file's folder. Fields that take a file: `training_file`,
-`validation_file`, `eval.task_file`.
+`validation_file`, `eval.task_file`. A file the tenant already uploaded with the same bytes (same
+SHA-256) is reused instead of uploaded again.
 """
 
 from __future__ import annotations

@@ -4,16 +4,15 @@ with a live loss line, events, checkpoints, attempts, download, export, estimate
 from __future__ import annotations
 
 import json
-import math
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from tuneforge.cli import jobfile, output
-from tuneforge.cli.api import EXIT_REFUSED, EXIT_USAGE, Api, CliFailure, sse_data
-from tuneforge.cli.files_cmd import download, print_report, upload_file
+from tuneforge.cli.api import EXIT_USAGE, Api, CliFailure
+from tuneforge.cli.files_cmd import download, print_report, upload_or_reuse
+from tuneforge.cli.follow import follow_job
 from tuneforge.cli.output import JSON, err, out
 
 jobs_app = typer.Typer(help="Create, follow and manage fine-tuning jobs.", no_args_is_help=True)
@@ -88,7 +87,7 @@ def jobs_create(
     if job_file is not None:
         body = jobfile.load(job_file)
         body = jobfile.upload_references(body, job_file.parent,
-                                         lambda path, purpose: upload_file(api, path, purpose)["id"])
+                                         lambda path, purpose: upload_or_reuse(api, path, purpose))
     else:
         hp = {k: v for k, v in {"n_epochs": n_epochs, "batch_size": batch_size,
                                 "learning_rate": learning_rate}.items() if v is not None}
@@ -99,7 +98,7 @@ def jobs_create(
                    headers={"Idempotency-Key": idempotency_key} if idempotency_key else None)
     output.emit(job, as_json, _show_job)
     if follow:
-        _follow(api, job["id"], quiet=as_json)
+        follow_job(api, job["id"], quiet=as_json)
 
 
 @jobs_app.command("estimate")
@@ -113,7 +112,7 @@ def jobs_estimate(job_file: Path = typer.Option(None, "--file", "-f"), model: st
         model, training_file, None, None, method, _assignments(hyperparameter), None, None, None)
     if job_file is not None:
         body = jobfile.upload_references(body, job_file.parent,
-                                         lambda path, purpose: upload_file(api, path, purpose)["id"])
+                                         lambda path, purpose: upload_or_reuse(api, path, purpose))
     output.emit(api.post("/fine_tuning/jobs/estimate", body), as_json,
                 lambda shown: output.fields(shown, tuple(shown)))
 
@@ -127,7 +126,8 @@ def jobs_list(limit: int = typer.Option(20, min=1), status: str = typer.Option(N
             if status is None or status in (job.get("status"), job.get("precise_status"))][:limit]
     output.emit({"object": "list", "data": jobs}, as_json, lambda _: output.table(jobs, [
         ("id", lambda j: j["id"]), ("status", lambda j: j.get("precise_status") or j.get("status")),
-        ("model", lambda j: j.get("model")), ("fine-tuned model", lambda j: j.get("fine_tuned_model")),
+        output.id_column("model", lambda j: j.get("model")),
+        output.id_column("fine-tuned model", lambda j: j.get("fine_tuned_model")),
         ("created (UTC)", lambda j: output.when(j.get("created_at")))], empty="no jobs"))
 
 
@@ -162,7 +162,8 @@ def jobs_events(job_id: str, limit: int = typer.Option(50, min=1), as_json: bool
 def jobs_checkpoints(job_id: str, as_json: bool = JSON) -> None:
     items = list(Api().pages(f"/fine_tuning/jobs/{job_id}/checkpoints"))
     output.emit({"object": "list", "data": items}, as_json, lambda _: output.table(items, [
-        ("step", lambda c: c.get("step_number")), ("model", lambda c: c.get("fine_tuned_model_checkpoint")),
+        ("step", lambda c: c.get("step_number")),
+        output.id_column("model", lambda c: c.get("fine_tuned_model_checkpoint")),
         ("train loss", lambda c: (c.get("metrics") or {}).get("train_loss")),
         ("valid loss", lambda c: (c.get("metrics") or {}).get("valid_loss"))], empty="no checkpoints"))
 
@@ -210,47 +211,10 @@ def jobs_export(job_id: str, as_json: bool = JSON) -> None:
 def jobs_follow(job_id: str, as_json: bool = typer.Option(False, "--json", help="One JSON event per line.")) -> None:
     """Follow a job to its end: events as they happen and a live line of step, loss and speed. Exits 0 when
     it succeeds, 1 when it fails or is cancelled."""
-    _follow(Api(), job_id, quiet=False, as_json=as_json)
+    follow_job(Api(), job_id, quiet=False, as_json=as_json)
 
 
 @jobs_app.command("watch", hidden=True)
 def jobs_watch(job_id: str) -> None:
     """(The former name of `follow`.)"""
-    _follow(Api(), job_id, quiet=False)
-
-
-def loss_line(data: dict[str, Any], started: float | None = None) -> str:
-    """`step 12/40  loss 1.2345  val 1.3456  lr 1.0e-04  1234 tok/s  ETA 1m05s` from a metrics event."""
-    parts = [f"step {data.get('step', '?')}/{data.get('total_steps', '?')}"]
-    for key, label, shown in (("train_loss", "loss", "{:.4f}"), ("valid_loss", "val", "{:.4f}"),
-                              ("learning_rate", "lr", "{:.1e}"), ("tokens_per_second", "", "{:.0f} tok/s")):
-        value = data.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            parts.append(f"{label} {shown.format(value)}".strip())
-    step, total = data.get("step"), data.get("total_steps")
-    if started is not None and isinstance(step, int) and isinstance(total, int) and 0 < step < total:
-        left = (time.monotonic() - started) / step * (total - step)
-        parts.append(f"ETA {int(left // 60)}m{int(left % 60):02d}s")
-    return "  ".join(parts)
-
-
-def _follow(api: Api, job_id: str, *, quiet: bool, as_json: bool = False) -> None:
-    from rich.live import Live
-
-    started = time.monotonic()
-    with api.stream("GET", f"/fine_tuning/jobs/{job_id}/events", params={"stream": "true"}) as response, \
-            Live("", console=err, transient=True, auto_refresh=False) as live:
-        for event in sse_data(response):
-            if as_json:
-                typer.echo(json.dumps(event))
-            elif event.get("type") == "metrics":
-                live.update(loss_line(event.get("data") or {}, started), refresh=True)
-            elif not quiet:
-                live.console.print(f"{output.when(event.get('created_at'))}  {event.get('message')}")
-    job = api.get(f"/fine_tuning/jobs/{job_id}")
-    if not as_json:
-        err.print(f"{job['id']}: {job['status']}" + (f" -> {job['fine_tuned_model']}" if job.get("fine_tuned_model")
-                                                     else ""))
-    if job["status"] in ("failed", "cancelled"):
-        reason = (job.get("error") or {}).get("message")
-        raise CliFailure(f"{job_id} {job['status']}" + (f": {reason}" if reason else ""), EXIT_REFUSED)
+    follow_job(Api(), job_id, quiet=False)

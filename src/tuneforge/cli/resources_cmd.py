@@ -42,7 +42,8 @@ def models_list(include_deprecated: bool = typer.Option(False, "--include-deprec
     items = shown.get("data", [])
     output.emit(shown, as_json, lambda _: output.table(items, [
         ("id", lambda m: m["id"]), ("type", lambda m: m.get("type")), ("stage", lambda m: m.get("stage")),
-        ("base", lambda m: m.get("base_model")), ("created (UTC)", lambda m: output.when(m.get("created")))],
+        output.id_column("base", lambda m: m.get("base_model")),
+        ("created (UTC)", lambda m: output.when(m.get("created")))],
         empty="no models"))
 
 
@@ -159,7 +160,7 @@ def usage(month: str = typer.Option(None, help="YYYY-MM (UTC); default this mont
 
     def human(_: dict) -> None:
         output.table(shown.get("data", []), [
-            ("job", lambda u: u.get("job_id")), ("model", lambda u: u.get("model")),
+            output.id_column("job", lambda u: u.get("job_id")), output.id_column("model", lambda u: u.get("model")),
             ("status", lambda u: u.get("status")),
             ("GPU-s", lambda u: u.get("gpu_seconds")), ("billable GPU-s", lambda u: u.get("billable_gpu_seconds")),
             ("refunded GPU-s", lambda u: u.get("refunded_gpu_seconds"))], empty="no jobs this month")

@@ -8,7 +8,7 @@ import typer
 
 from tuneforge.cli import jobfile, output
 from tuneforge.cli.api import Api
-from tuneforge.cli.files_cmd import upload_file
+from tuneforge.cli.files_cmd import upload_or_reuse
 from tuneforge.cli.output import JSON, out
 
 sweeps_app = typer.Typer(help="Hyperparameter sweeps: trials of one job over a search space.", no_args_is_help=True)
@@ -23,7 +23,7 @@ def _show(sweep: dict) -> None:
     output.table(sweep.get("trials") or [], [
         ("trial", lambda t: t["number"]), ("params", lambda t: ", ".join(f"{k}={v}" for k, v in t["params"].items())),
         ("status", lambda t: t["status"]), ("objective", lambda t: t["objective"]),
-        ("GPU-s", lambda t: t["gpu_seconds"]), ("job", lambda t: t["job_id"])], empty="no trials yet")
+        ("GPU-s", lambda t: t["gpu_seconds"]), output.id_column("job", lambda t: t["job_id"])], empty="no trials yet")
     best = sweep.get("best_trial")
     if best:
         out.print(f"best: trial {best['number']} {best['params']} objective {best['objective']} "
@@ -39,7 +39,7 @@ def sweeps_create(sweep_file: Path = typer.Option(..., "--file", "-f", help="A s
     body = jobfile.load(sweep_file)
     if isinstance(body.get("job"), dict):
         body["job"] = jobfile.upload_references(body["job"], sweep_file.parent,
-                                                lambda path, purpose: upload_file(api, path, purpose)["id"])
+                                                lambda path, purpose: upload_or_reuse(api, path, purpose))
     output.emit(api.post("/fine_tuning/sweeps", body), as_json, _show)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +79,7 @@ def _param(loc: tuple) -> str | None:
     return ".".join(parts) or None
 
 
-def from_validation_errors(errors: list[Any], prefix: tuple[str, ...] = (),
+def from_validation_errors(errors: Sequence[Any], prefix: tuple[str, ...] = (),
                            model: type[BaseModel] | None = None) -> ApiError:
     """The 400 for pydantic validation errors, in the API's terms; `prefix`: where the validated
     value sits in the request body; `model`: what was validated, whose field names an unknown
@@ -102,7 +103,7 @@ def from_validation_errors(errors: list[Any], prefix: tuple[str, ...] = (),
     return ApiError(400, "Invalid value for " + "; ".join(messages), param=param, code="invalid_value")
 
 
-def _unknown_parameters(extra: list[Any], prefix: tuple[str, ...], model: type[BaseModel] | None) -> ApiError:
+def _unknown_parameters(extra: Sequence[Any], prefix: tuple[str, ...], model: type[BaseModel] | None) -> ApiError:
     named: dict[str, str] = {}
     for err in extra:
         name = _param((*prefix, *err["loc"])) or "?"
