@@ -96,6 +96,9 @@ def from_validation_errors(errors: Sequence[Any], prefix: tuple[str, ...] = (),
     param = _param(first["loc"])
     if first.get("type") == "missing":
         return ApiError(400, f"Missing required parameter: '{param}'", param=param, code="missing_required_parameter")
+    if param is None:  # the body as a whole: not a JSON object (e.g. curl -d without a JSON Content-Type)
+        return ApiError(400, "The request body must be a JSON object, sent with Content-Type: application/json",
+                        code="invalid_body")
     plain = _wrong_type(located, param)
     if plain is not None:
         return ApiError(400, plain, param=param, code="invalid_value")

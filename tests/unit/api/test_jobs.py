@@ -256,3 +256,14 @@ def test_an_unknown_model_names_the_closest_base_model_and_lists_them(world):
                                 "'tiny-base'? Base models: tiny-base (GET /v1/models lists them with your "
                                 "fine-tuned models)")
     assert "did you mean" not in _refused(world, model="zzzzzzzz")["message"]
+
+
+def test_a_body_that_is_not_a_json_object_says_what_a_body_must_be(world):
+    # `curl -d '{...}'` without `-H "Content-Type: application/json"` sends a form
+    headers = {**world.headers(world.key_a), "Content-Type": "application/x-www-form-urlencoded"}
+    for path in ("/v1/fine_tuning/jobs", "/v1/models/ft:x:y:z:w/promote"):
+        response = world.http.post(path, content=b'{"stage": "staging"}', headers=headers)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["message"] == ("The request body must be a JSON object, sent with Content-Type: "
+                                    "application/json") and error["code"] == "invalid_body"
