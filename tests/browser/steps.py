@@ -107,3 +107,16 @@ def plotted_points(page, chart: str, series: str) -> int:  # noqa: ANN001
 def nav(page, name: str):  # noqa: ANN001, ANN201 - a Playwright Page and Locator
     """A link of the console's main navigation."""
     return page.get_by_role("navigation", name="Main").get_by_role("link", name=name, exact=True)
+
+
+
+def load_every_event(page) -> int:  # noqa: ANN001
+    """Follow the events panel's "older" button until the API has no older page; the events it holds."""
+    count = page.get_by_test_id("event-count")
+    older = page.get_by_test_id("events-older")
+    while older.is_visible():
+        held = int(count.get_attribute("data-loaded"))
+        older.click()  # (Playwright waits until the button is enabled again after the last page)
+        page.wait_for_function("(n) => Number(document.querySelector('[data-testid=event-count]').dataset.loaded) > n",
+                               arg=held)
+    return int(count.get_attribute("data-loaded"))

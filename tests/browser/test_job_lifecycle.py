@@ -16,6 +16,7 @@ from tests.browser.steps import (
     all_events,
     assert_fits,
     client,
+    load_every_event,
     metric_points,
     nav,
     plotted_points,
@@ -117,7 +118,10 @@ def test_a_job_from_upload_to_promotion(plane, page, shots, tmp_path):
     assert history == sorted(set(history)), history
     assert len([count for count in history if 0 < count < steps]) >= 1, history
     assert page.get_by_test_id("job-progress").inner_text() == f"Step {steps} of {steps}"
-    assert page.locator('[data-testid="event-list"] li').count() == len(events)
+    # every event, metrics reports included, once the older pages are loaded
+    page.get_by_label("Show each metrics report", exact=True).check()
+    assert load_every_event(page) == len(events)
+    assert page.locator('[data-testid="event-list"] li[data-event-id]').count() == len(events)
 
     # eval results: the figures, the gate and its verdict
     verdict = page.get_by_test_id("eval-verdict")

@@ -43,7 +43,7 @@ def test_a_sweep_page_shows_its_trials_and_cancels_them(plane, page, shots):
     shots(page, "sweep running")
 
     page.get_by_role("button", name="Cancel sweep").click()
-    page.locator("#status").filter(has_text=f"Sweep {sweep_id} is cancelled.").wait_for()
+    page.locator("#status").filter(has_text=f"Sweep {sweep_id} was cancelled.").wait_for()
     assert page.get_by_test_id("sweep-status").inner_text() == "cancelled"
     shown = api.get(f"/v1/fine_tuning/sweeps/{sweep_id}").json()
     assert shown["status"] == "cancelled"

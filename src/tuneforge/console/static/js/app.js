@@ -5,7 +5,7 @@
 import {ApiError, session} from "./api.js";
 import {h, fill} from "./dom.js";
 import {current, match, route, go} from "./router.js";
-import {clearError, messageOf, showError} from "./ui.js";
+import {clearError, messageOf, resetStatus, showError} from "./ui.js";
 import {signInView} from "./views/signin.js";
 import {jobsView} from "./views/jobs.js";
 import {jobView} from "./views/job.js";
@@ -74,6 +74,7 @@ function leave() {
 async function render({focus = true} = {}) {
   leave();
   clearError();
+  resetStatus();
   renderCount += 1;
   const mine = renderCount;
   const main = document.getElementById("main");

@@ -6,12 +6,29 @@ import {ApiError} from "./api.js";
 const statusNode = () => document.getElementById("status");
 const errorNode = () => document.getElementById("error");
 
-/** Say `text` in the status line (screen readers announce it). */
-export function announce(text) {
+let pendingStatus = null;
+let carried = null;
+
+/**
+ * Say `text` in the status line (screen readers announce it). The line belongs to the page
+ * that said it: moving to another page clears it, unless `carry` (a message about the move
+ * itself, such as "Created job …" before its page opens) keeps it for the next page.
+ */
+export function announce(text, {carry = false} = {}) {
   const node = statusNode();
   // cleared first so that the same message twice is announced twice
   node.textContent = "";
-  window.setTimeout(() => { node.textContent = text; }, 20);
+  window.clearTimeout(pendingStatus);
+  pendingStatus = window.setTimeout(() => { node.textContent = text; }, 20);
+  carried = carry ? text : null;
+}
+
+/** A new page opens: the status line is its own (empty, or what the move carried to it). */
+export function resetStatus() {
+  const keep = carried;
+  carried = null;
+  window.clearTimeout(pendingStatus);
+  statusNode().textContent = keep || "";
 }
 
 /** The message an error shows: the API's `error.message`, never a stack trace. */
@@ -55,4 +72,17 @@ export async function busy(button, action) {
 export function inlineError(node, error) {
   node.textContent = error ? messageOf(error) : "";
   node.hidden = !error;
+}
+
+// How a sentence says each status: "Job … succeeded.", "Job … is running.", "Sweep … was cancelled."
+const STATUS_PHRASES = {
+  validating_files: "is validating its files", queued: "is queued", running: "is running",
+  evaluating: "is being evaluated", pausing: "is pausing", paused: "is paused",
+  succeeded: "succeeded", failed: "failed", cancelled: "was cancelled", completed: "has completed",
+};
+
+/** `subject` (e.g. "Job ftjob-1") and its status as a sentence. */
+export function statusSentence(subject, status) {
+  const phrase = STATUS_PHRASES[status] || `is ${String(status).replace(/_/g, " ")}`;
+  return `${subject} ${phrase}.`;
 }

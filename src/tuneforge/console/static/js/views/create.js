@@ -264,7 +264,7 @@ export async function createJobView(main, _params, query) {
         showFormError(error);
         return;
       }
-      announce(`Created job ${job.id}.`);
+      announce(`Created job ${job.id}.`, {carry: true});
       go(href("jobs", job.id).slice(1));
     });
   });

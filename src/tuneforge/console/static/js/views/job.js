@@ -2,14 +2,14 @@
 // eval results, checkpoints with downloads, and attempts.
 
 import {ApiError, download, followJobEvents, get, post} from "../api.js";
-import {LineChart} from "../chart.js";
+import {LineChart, smoothingControl} from "../chart.js";
 import {h, fill, facts, formatNumber, formatTime, formatValue, section, statusBadge, table} from "../dom.js";
 import {href} from "../router.js";
-import {announce, busy, showError} from "../ui.js";
+import {announce, busy, showError, statusSentence} from "../ui.js";
 import {evalResults} from "./evalresults.js";
+import {EVENTS_PAGE_SIZE, eventsPanel} from "./jobevents.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-const MAX_EVENTS_SHOWN = 1000;
 
 const CHARTS = [
   ["loss", "Loss", [{key: "train_loss", label: "Train loss"}, {key: "valid_loss", label: "Validation loss", dashed: true}]],
@@ -55,12 +55,15 @@ export async function jobView(main, params, _query, view) {
   const evalPanel = h("div", {"data-testid": "eval-results"});
   const checkpoints = h("div", {"data-testid": "checkpoints"});
   const attempts = h("div", {"data-testid": "attempts"});
-  const eventList = h("ol", {class: "events", "data-testid": "event-list", reversed: true});
-  const eventCount = h("span", {class: "muted", "data-testid": "event-count"}, "0 events");
+  const events = eventsPanel(jobId);
   const streamState = h("span", {class: "muted", "data-testid": "stream-state"}, "Connecting to the event stream…");
   const charts = Object.fromEntries(CHARTS.map(([name, title, series]) => [name, new LineChart(name, title, series)]));
   const chartBox = h("div", {class: "charts", "data-testid": "charts"}, CHARTS.map(([name]) => charts[name].element));
-  const metricCount = {value: 0};
+  let smoothing = 0;
+  const smoothingTool = smoothingControl((weight) => {
+    smoothing = weight;
+    for (const chart of Object.values(charts)) chart.setSmoothing(weight);
+  });
   let currentStatus = job.precise_status || job.status;
 
   const pauseButton = h("button", {type: "button", class: "secondary"}, "Pause");
@@ -72,9 +75,11 @@ export async function jobView(main, params, _query, view) {
     h("span", null, "Cancel this job? Its checkpoints are removed unless it keeps them on cancel."), confirmYes, confirmNo);
 
   // The stream replays the job's past events before the live ones: past status changes are
-  // shown but not announced. The newest event when the page opened marks where live begins.
+  // shown but not announced. The newest event when the page opened marks where live begins;
+  // the events panel has the ones up to it from the paged list, and takes the stream's after it.
   let live = false;
   let newestAtOpen = null;
+  let pastOpen = false;
 
   function setStatus(status, {say = true} = {}) {
     if (!status) return;
@@ -84,7 +89,7 @@ export async function jobView(main, params, _query, view) {
     pauseButton.disabled = !["queued", "running", "validating_files"].includes(status);
     resumeButton.disabled = status !== "paused";
     cancelButton.disabled = TERMINAL.has(status);
-    if (changed && say) announce(`Job ${jobId} is ${status}.`);
+    if (changed && say) announce(statusSentence(`Job ${jobId}`, status));
   }
 
   function drawJob() {
@@ -164,14 +169,14 @@ export async function jobView(main, params, _query, view) {
     }, 250);
   }
 
-  function onEvents(events) {
+  function onEvents(streamed) {
     if (!view.isCurrent()) return;
     const touched = new Set();
+    const newer = [];
     let sawStatus = false;
-    for (const event of events) {
+    for (const event of streamed) {
       const data = event.data || {};
       if (event.type === "metrics" && typeof data.step === "number") {
-        metricCount.value += 1;
         for (const [name, , series] of CHARTS) {
           for (const {key} of series) {
             if (charts[name].add(key, data.step, data[key])) touched.add(name);
@@ -184,6 +189,7 @@ export async function jobView(main, params, _query, view) {
           const name = `own:${figure}`;  // (apart from the fixed charts' names, whatever the method calls it)
           if (!charts[name]) {
             charts[name] = new LineChart(figure, metricTitle(figure), [{key: figure, label: metricTitle(figure)}]);
+            charts[name].weight = smoothing;
             chartBox.append(charts[name].element);
           }
           if (key !== figure) charts[name].addSeries({key, label: `Validation ${metricTitle(figure).toLowerCase()}`, dashed: true});
@@ -201,12 +207,11 @@ export async function jobView(main, params, _query, view) {
       }
       if (!live && (newestAtOpen === null || event.id === newestAtOpen)) live = true;
       if (data.checkpoint || data.fine_tuned_model || data.gates || data.eval) sawStatus = true;
-      eventList.prepend(h("li", {class: `event level-${event.level}`, "data-type": event.type},
-        h("time", null, formatTime(event.created_at)), " ", h("span", {class: "event-message"}, event.message)));
+      if (pastOpen) newer.push(event);
+      else if (event.id === newestAtOpen) pastOpen = true;
     }
-    while (eventList.children.length > MAX_EVENTS_SHOWN) eventList.lastElementChild.remove();
+    if (newer.length) events.addLive(newer);
     for (const name of touched) charts[name].render();
-    eventCount.textContent = `${eventList.children.length} event${eventList.children.length === 1 ? "" : "s"} · ${metricCount.value} metric reports`;
     if (sawStatus) refreshSoon();
   }
 
@@ -217,7 +222,7 @@ export async function jobView(main, params, _query, view) {
         job = await post(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/${action}`);
         after();
         drawJob();
-        announce(`Job ${jobId} is ${job.precise_status || job.status}.`);
+        announce(statusSentence(`Job ${jobId}`, job.precise_status || job.status));
       });
       setStatus(currentStatus, {say: false});  // busy() re-enabled the button whatever the status
     });
@@ -246,26 +251,29 @@ export async function jobView(main, params, _query, view) {
       h("div", {class: "actions"}, pauseButton, resumeButton, cancelButton)),
     confirmBox,
     h("div", {class: "progress-line"}, progress, progressText, streamState),
+    section("Training metrics", smoothingTool, chartBox),
     h("div", {class: "two-col"}, section("Overview", overview), section("Hyperparameters", hyperparameters)),
-    section("Training metrics", chartBox),
     section("Eval results", evalPanel),
     h("div", {class: "two-col"}, section("Checkpoints", checkpoints), section("Attempts", attempts)),
-    section("Events", eventCount,
-      h("div", {class: "scroll-box", tabindex: "0", role: "region", "aria-label": "Job events, newest first"}, eventList)));
+    section("Events", events.element));
+  events.older.addEventListener("click", () => busy(events.older, events.loadOlder));
 
   // The page and its controls are drawn: a panel that fails to load now (a busy server's 429, a
   // dropped connection) says so in the banner and fills in at the next refresh; it does not
   // replace the page. A key that stopped working still signs the console out (app.js).
   try {
     const [newest] = await Promise.all([
-      get(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/events`, {limit: 1}),
+      get(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/events`, {limit: EVENTS_PAGE_SIZE}),
       refreshCheckpoints(), refreshAttempts()]);
     newestAtOpen = newest.data.length ? newest.data[0].id : null;
+    if (view.isCurrent()) events.addPage(newest);
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) throw error;
     if (view.isCurrent()) showError(error);
   }
   if (!view.isCurrent()) return;
+  // with no newest event (none yet, or the page failed), every event the stream brings is new
+  pastOpen = newestAtOpen === null;
   const stop = followJobEvents(jobId, {
     onEvents: (events) => {
       streamState.textContent = "Live";

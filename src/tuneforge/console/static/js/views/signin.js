@@ -48,7 +48,7 @@ export function signInView(main, onSignedIn, notice = "") {
       }
       keyInput.value = "";
       session.signIn(key, role);
-      announce(role === "admin" ? "Signed in as the operator." : "Signed in.");
+      announce(role === "admin" ? "Signed in as the operator." : "Signed in.", {carry: true});
       onSignedIn(role);
     } finally {
       submit.disabled = false;

@@ -4,7 +4,7 @@
 import {get, post} from "../api.js";
 import {h, fill, facts, formatNumber, formatTime, section, table} from "../dom.js";
 import {href} from "../router.js";
-import {announce, busy, inlineError} from "../ui.js";
+import {announce, busy, inlineError, statusSentence} from "../ui.js";
 
 const RUNNING = "running";
 
@@ -72,7 +72,7 @@ export async function sweepView(main, routeParams) {
     draw();  // after busy() has given the button back: the sweep's state decides what is enabled
     if (message) announce(message);
   }
-  cancel.addEventListener("click", () => act(cancel, `${path}/cancel`, {}, () => `Sweep ${sweep.id} is cancelled.`));
+  cancel.addEventListener("click", () => act(cancel, `${path}/cancel`, {}, () => statusSentence(`Sweep ${sweep.id}`, sweep.status)));
   promote.addEventListener("click", () => act(promote, `${path}/promote`, {stage: "staging"},
     (model) => `${model.id} is now in ${model.stage}.`));
 
