@@ -111,9 +111,30 @@ def when(seconds: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
 
 
-def transfer(description: str, total: int | None) -> Progress:
-    """A bytes progress bar on stderr (hidden when stderr is not a terminal)."""
+class SilentProgress:
+    """`transfer` where stderr is not a terminal: a bar that draws nothing at all (a disabled rich
+    Progress still writes a blank line when it stops on some rich releases)."""
+
+    task_ids = [0]
+
+    def __enter__(self) -> SilentProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, task: int, **changes: Any) -> None:
+        return None
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        return None
+
+
+def transfer(description: str, total: int | None) -> Progress | SilentProgress:
+    """A bytes progress bar on stderr (nothing when stderr is not a terminal)."""
+    if not err.is_terminal:
+        return SilentProgress()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+                        TimeRemainingColumn(), console=err, transient=True)
     progress.add_task(description, total=total)
     return progress

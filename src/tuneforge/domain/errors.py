@@ -67,6 +67,8 @@ def quota_exceeded(message: str, code: str = "quota_exceeded") -> ApiError:
     return ApiError(403, message, "insufficient_quota", None, code)
 
 
+# pydantic's errors for a value that should have been an object
+_NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type")
 # where FastAPI says a value came from: the first part of an error's `loc`, not a field
 _LOCATIONS = ("body", "query", "path", "header", "form")
 
@@ -96,7 +98,8 @@ def from_validation_errors(errors: Sequence[Any], prefix: tuple[str, ...] = (),
     param = _param(first["loc"])
     if first.get("type") == "missing":
         return ApiError(400, f"Missing required parameter: '{param}'", param=param, code="missing_required_parameter")
-    if param is None:  # the body as a whole: not a JSON object (e.g. curl -d without a JSON Content-Type)
+    if param is None and all(e.get("type") in _NOT_AN_OBJECT for e in located):
+        # the body as a whole is not a JSON object (e.g. curl -d without a JSON Content-Type)
         return ApiError(400, "The request body must be a JSON object, sent with Content-Type: application/json",
                         code="invalid_body")
     plain = _wrong_type(located, param)
