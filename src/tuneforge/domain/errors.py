@@ -115,6 +115,10 @@ def _unknown_parameters(extra: Sequence[Any], prefix: tuple[str, ...], model: ty
         name = _param((*prefix, *err["loc"])) or "?"
         known = _field_names(model, err["loc"][:-1]) if model is not None else []
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6) if known else []
+        if not close and model is not None:  # a known name at the wrong level: where it belongs
+            scope = _field_names_model(model, err["loc"][:-1])
+            deeper = _paths_to(scope, str(err["loc"][-1])) if scope is not None else []
+            close = [".".join(p for p in (_param((*prefix, *err["loc"][:-1])), deeper[0]) if p)] if deeper else []
         named[name] = f"{name} (did you mean {close[0]}?)" if close else name
     names = sorted(named)
     return ApiError(400, f"Unknown parameter(s): {', '.join(named[n] for n in names)}", param=names[0],
@@ -123,6 +127,14 @@ def _unknown_parameters(extra: Sequence[Any], prefix: tuple[str, ...], model: ty
 
 def _field_names(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
     """The names a body may give beside the last part of `path` in `model` (list indexes skipped)."""
+    current = _field_names_model(model, path)
+    if current is None:
+        return []
+    return [info.alias or name for name, info in current.model_fields.items()]
+
+
+def _field_names_model(model: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model that holds the fields at `path` in `model` (None where `path` leaves the models)."""
     current: type[BaseModel] | None = model
     for part in path:
         if isinstance(part, int) or part in _LOCATIONS or current is None:
@@ -130,9 +142,24 @@ def _field_names(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
         field = current.model_fields.get(str(part)) or next(
             (f for f in current.model_fields.values() if f.alias == part), None)
         current = _model_in(field.annotation) if field is not None else None
-    if current is None:
-        return []
-    return [info.alias or name for name, info in current.model_fields.items()]
+    return current
+
+
+def _paths_to(model: type[BaseModel], name: str, depth: int = 3) -> list[str]:
+    """Dotted paths below `model` (at most `depth` levels) that end in a field `name`, shortest first:
+    where a name given at the wrong level belongs (`n_epochs` -> `hyperparameters.n_epochs`)."""
+    found: list[str] = []
+    if depth <= 0:
+        return found
+    for field_name, info in model.model_fields.items():
+        inner = _model_in(info.annotation)
+        if inner is None:
+            continue
+        key = info.alias or field_name
+        if name in inner.model_fields or any(f.alias == name for f in inner.model_fields.values()):
+            found.append(f"{key}.{name}")
+        found += [f"{key}.{path}" for path in _paths_to(inner, name, depth - 1)]
+    return sorted(found, key=lambda path: (path.count("."), path))
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -267,3 +267,10 @@ def test_a_body_that_is_not_a_json_object_says_what_a_body_must_be(world):
         error = response.json()["error"]
         assert error["message"] == ("The request body must be a JSON object, sent with Content-Type: "
                                     "application/json") and error["code"] == "invalid_body"
+
+
+def test_a_known_name_at_the_wrong_level_is_answered_with_where_it_belongs(world):
+    error = _refused(world, n_epochs=3)  # a job file's hyperparameter written at the top
+    assert error["message"] == "Unknown parameter(s): n_epochs (did you mean hyperparameters.n_epochs?)"
+    assert _refused(world, rank=8)["message"] == "Unknown parameter(s): rank (did you mean training_type.rank?)"
+    assert _refused(world, zzz=1)["message"] == "Unknown parameter(s): zzz"
