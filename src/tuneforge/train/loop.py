@@ -350,32 +350,42 @@ def finish_step(run: Run, stats: StepStats) -> None:
     if stats.metrics:  # the objective's own figures, apart from the loop's (`domain/metrics.py`)
         row[OBJECTIVE_METRICS_KEY] = dict(stats.metrics)
     diverged = check_divergence(run, stats)
-    policy = run.spec.checkpoint
-    # the batch of this step was the epoch's last: its position wrapped to the next epoch's start. Only
-    # the epoch ends retention keeps at the end are written (the last keep_last): an earlier one would
-    # be pruned anyway, and preemption is covered by every_steps / every_minutes and the SIGTERM save
-    epoch_end = state.index_in_epoch == 0 and (
-        policy.keep_last <= 0 or state.epoch > run.spec.hyperparameters.n_epochs - policy.keep_last)
-    checkpoint_due = (policy.every_steps > 0 and state.step % policy.every_steps == 0) or (
-        policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60) or (
-        policy.every_epoch and epoch_end)
-    checkpoint_due = checkpoint_due and state.bad_steps == 0  # never save a state that may be diverging
-    checkpoint_due = run.dist.any(checkpoint_due)  # clocks differ between ranks: one decides for all
+    due = run.dist.any(checkpoint_due(run))  # clocks differ between ranks: one decides for all
     every = getattr(run.objective, "validate_every", None)  # an objective may validate between checkpoints
-    validation_due = checkpoint_due or bool(every and state.step % every(run.total_steps) == 0)
+    validation_due = due or bool(every and state.step % every(run.total_steps) == 0)
     if validation_due and run.valid_set:
         record_validation(row, validate(run))
-    state.history.append(row)
-    if run.trackers is not None:
-        run.trackers.log(state.step, row)
-    run.reporter.progress(state.step, run.total_steps)
-    run.reporter.report("events", metrics_event(metrics_data(row, run.total_steps)))
+    publish_step(run, row)
     log.info("step %d/%d loss %.4f acc %.3f lr %.2e", state.step, run.total_steps,
              stats.train_loss, stats.train_accuracy, stats.learning_rate)
     if diverged is not None:
         raise diverged
-    if checkpoint_due:
+    if due:
         save_checkpoint(run)
+
+
+def checkpoint_due(run: Run) -> bool:
+    """Whether the step just booked ends with a checkpoint under the job's policy, in this process's
+    view: every_steps, every_minutes, or the end of an epoch retention keeps (the last keep_last:
+    an earlier one would be pruned anyway, and preemption is covered by every_steps / every_minutes
+    and the SIGTERM save). Never on a state that may be diverging."""
+    state, policy = run.state, run.spec.checkpoint
+    # the batch of this step was the epoch's last: its position wrapped to the next epoch's start
+    epoch_end = state.index_in_epoch == 0 and (
+        policy.keep_last <= 0 or state.epoch > run.spec.hyperparameters.n_epochs - policy.keep_last)
+    due = (policy.every_steps > 0 and state.step % policy.every_steps == 0) or (
+        policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60) or (
+        policy.every_epoch and epoch_end)
+    return due and state.bad_steps == 0
+
+
+def publish_step(run: Run, row: dict[str, Any]) -> None:
+    """A booked step's row into the history, the trackers, the progress and a metrics event."""
+    run.state.history.append(row)
+    if run.trackers is not None:
+        run.trackers.log(run.state.step, row)
+    run.reporter.progress(run.state.step, run.total_steps)
+    run.reporter.report("events", metrics_event(metrics_data(row, run.total_steps)))
 
 
 class Validation(NamedTuple):

@@ -47,17 +47,26 @@ import torch
 
 from tuneforge.data.tokenize import IGNORE_INDEX
 from tuneforge.domain.exit_codes import TrainerExit
-from tuneforge.domain.metrics import checkpoint_metrics, metrics_data
+from tuneforge.domain.metrics import checkpoint_metrics
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
 from tuneforge.train.guards import check_divergence
-from tuneforge.train.loop import Validation, ensure_current, next_batch, record_validation, save_final, stop_reason
+from tuneforge.train.loop import (
+    Validation,
+    checkpoint_due,
+    ensure_current,
+    next_batch,
+    publish_step,
+    record_validation,
+    save_final,
+    stop_reason,
+)
 from tuneforge.train.model import fetch_base_model, load_adapter_weights, load_base_model, prepare_trainable
 from tuneforge.train.objective import Objective, token_units
-from tuneforge.train.reporter import Reporter, message_event, metrics_event
+from tuneforge.train.reporter import Reporter, message_event
 from tuneforge.train.run import Run, StepStats, TrainerState
 from tuneforge.train.setup import lr_schedule, pick_device, seed_everything
 from tuneforge.train.tracking import Trackers
@@ -222,8 +231,8 @@ def _step(run: Run, channel: PoolChannel, indices: list[int], schedule: Callable
 
 def _finish_step(run: Run, channel: PoolChannel, stats: StepStats) -> None:
     """Book the step as the loop does (`loop.finish_step`): history, metrics, validation and
-    checkpoint when due, divergence."""
-    state, policy = run.state, run.spec.checkpoint
+    checkpoint when due (`loop.checkpoint_due`), divergence."""
+    state = run.state
     state.step += 1
     state.trained_tokens += stats.num_tokens
     row: dict[str, Any] = {
@@ -233,19 +242,10 @@ def _finish_step(run: Run, channel: PoolChannel, stats: StepStats) -> None:
         "tokens_per_second": stats.num_tokens / max(stats.elapsed_s, 1e-9),
     }
     diverged = check_divergence(run, stats)
-    epoch_end = state.index_in_epoch == 0 and (
-        policy.keep_last <= 0 or state.epoch > run.spec.hyperparameters.n_epochs - policy.keep_last)
-    due = (policy.every_steps > 0 and state.step % policy.every_steps == 0) or (
-        policy.every_minutes > 0 and time.monotonic() - run.last_checkpoint_time >= policy.every_minutes * 60) or (
-        policy.every_epoch and epoch_end)
-    due = due and state.bad_steps == 0
+    due = checkpoint_due(run)
     if due and run.valid_set:
         row["valid_loss"] = _valid_loss(run, channel)
-    state.history.append(row)
-    if run.trackers is not None:
-        run.trackers.log(state.step, row)
-    run.reporter.progress(state.step, run.total_steps)
-    run.reporter.report("events", metrics_event(metrics_data(row, run.total_steps)))
+    publish_step(run, row)
     log.info("step %d/%d loss %.4f lr %.2e (shared pool)", state.step, run.total_steps, stats.train_loss,
              stats.learning_rate)
     if diverged is not None:

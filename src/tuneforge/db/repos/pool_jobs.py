@@ -3,6 +3,7 @@ tenant, looked up platform-wide on purpose (no tenant owns them), and their atte
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
 from sqlalchemy import select
@@ -29,3 +30,13 @@ def unfinished_of(session: Session, tenant_id: str, statuses: Sequence[str]) -> 
 
 def newest_attempt(session: Session, job_id: str) -> Attempt | None:
     return session.scalar(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number.desc()).limit(1))
+
+
+def current_attempt(session: Session, job_id: str, token_digest: str) -> Attempt | None:
+    """The job's newest attempt while it starts or runs, when `token_digest` (sha256 hex of a job
+    token) is that attempt's; None otherwise: an earlier attempt's token is no longer good."""
+    attempt = newest_attempt(session, job_id)
+    if attempt is None or attempt.status not in ("starting", "running") or \
+            not secrets.compare_digest(attempt.token_hash, token_digest):
+        return None
+    return attempt

@@ -24,7 +24,6 @@ device seconds), at the training API's prices; the attempt itself holds no GPU.
 from __future__ import annotations
 
 import hashlib
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,9 +98,8 @@ class JobClients:
             from tuneforge.db.repos import pool_jobs
 
             with self.training.platform.db.session() as session:
-                attempt = pool_jobs.newest_attempt(session, job_id)
-                if attempt is None or attempt.status not in ("starting", "running") or \
-                        not secrets.compare_digest(attempt.token_hash, digest):
+                attempt = pool_jobs.current_attempt(session, job_id, digest)
+                if attempt is None:
                     return None
                 job = pool_jobs.by_id(session, job_id)
                 resolved = job.resolved if job is not None else None

@@ -161,11 +161,8 @@ class ScheduledPools:
 
         def check() -> int | None:
             with self.platform.db.session() as session:
-                attempt = pool_jobs.newest_attempt(session, job_id)
-                if attempt is not None and attempt.status in ("starting", "running") and \
-                        secrets.compare_digest(attempt.token_hash, digest):
-                    return attempt.number
-                return None
+                attempt = pool_jobs.current_attempt(session, job_id, digest)
+                return None if attempt is None else attempt.number
 
         from starlette.concurrency import run_in_threadpool
 
