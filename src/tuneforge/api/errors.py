@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuneforge.domain.errors import ApiError, from_validation_errors
 from tuneforge.domain.ids import correlation_id
+from tuneforge.storage.envelope import KeyUnavailable
 
 log = logging.getLogger("tuneforge.api")
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -78,6 +79,17 @@ def install(app: FastAPI) -> None:
         response = respond(ApiError(
             503, f"The service is busy; nothing was changed. Retry in a moment (request id {request_id}).",
             type="server_error", code="server_busy", retry_after=BUSY_RETRY_AFTER_S))
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+
+    @app.exception_handler(KeyUnavailable)
+    async def _data_key(request: Request, exc: KeyUnavailable) -> JSONResponse:
+        # the tenant's data key is revoked (its deletion) or the object is damaged: never a 500
+        request_id = correlation_id("req")
+        log.warning("object not opened [%s] %s %s: %s", request_id, request.method, request.url.path, exc)
+        response = respond(ApiError(
+            410, f"This data can no longer be read: its tenant's data key was revoked (request id {request_id}).",
+            code="data_key_revoked"))
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 

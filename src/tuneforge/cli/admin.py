@@ -211,6 +211,29 @@ def tenants_set_pii_policy(name: str, policy: str = typer.Argument(..., help="wa
     console.print(f"{name}: PII policy {policy}")
 
 
+@tenants_app.command("revoke-data-key")
+def tenants_revoke_data_key(
+    name: str,
+    yes: bool = typer.Option(False, "--yes", help="Confirm: nothing the tenant stored can be read afterwards."),
+) -> None:
+    """Erase tenant NAME's data key: every object it stored under envelope encryption
+    (TUNEFORGE_ENCRYPT_TENANT_OBJECTS) becomes unreadable, for good, and it can store nothing more."""
+    if not yes:
+        console.print("[red]error:[/red] this cannot be undone: every object the tenant stored becomes unreadable; "
+                      "run again with --yes")
+        raise typer.Exit(code=2)
+    ctx = platform()
+    from tuneforge.services.tenancy.data_keys import TenantKeyRing
+
+    try:
+        with ctx.db.session() as session:
+            tenant_id = tenant_service.tenant_named(session, name).tenant_id
+    except ApiError as exc:
+        fail(exc)
+    erased = TenantKeyRing(ctx.db, ctx.sealer).revoke(tenant_id)
+    console.print(f"{name}: {erased} data key(s) erased; its stored objects can no longer be opened")
+
+
 def _when(stamp: int | None) -> str:
     return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(stamp))
 

@@ -448,3 +448,17 @@ class SweepTrial(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (UniqueConstraint("sweep_id", "number", name="uq_sweep_trials_sweep_number"),)
+
+
+class TenantDataKey(Base):
+    """A tenant's key for its objects' data keys (storage/envelope.py), sealed under the
+    operator's key (security/crypto.py). Revoked: `sealed` is erased and `revoked_at` set; what
+    was sealed under it can no longer be opened by anyone (services/tenancy/data_keys.py)."""
+
+    __tablename__ = "tenant_data_keys"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), index=True)
+    key_id: Mapped[str] = mapped_column(String(64), unique=True)
+    sealed: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

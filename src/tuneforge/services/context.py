@@ -13,7 +13,9 @@ from tuneforge.security.crypto import Sealer, sealer_for
 from tuneforge.security.env import private_dirs
 from tuneforge.services.stream_slots import StreamSlots
 from tuneforge.services.tenancy.api_keys import KeyCache
+from tuneforge.services.tenancy.data_keys import TenantKeyRing
 from tuneforge.settings import Settings
+from tuneforge.storage.envelope import EncryptingStore
 from tuneforge.storage.store import FsspecStore, open_store
 
 if TYPE_CHECKING:
@@ -70,12 +72,15 @@ class Platform:
     @classmethod
     def from_settings(cls, settings: Settings) -> Platform:
         private_dirs(settings.home)
-        return cls(
-            settings=settings,
-            db=Database(settings.resolved_database_url, pool_size=settings.database_pool_size,
-                        max_overflow=settings.database_max_overflow),
-            store=open_store(settings.resolved_storage_url, settings.storage_options()),
-        )
+        db = Database(settings.resolved_database_url, pool_size=settings.database_pool_size,
+                      max_overflow=settings.database_max_overflow)
+        if not settings.encrypt_tenant_objects:
+            return cls(settings=settings, db=db, store=open_store(settings.resolved_storage_url,
+                                                                  settings.storage_options()))
+        sealer = sealer_for(settings.secrets_key, settings.home)
+        store = EncryptingStore(settings.resolved_storage_url, settings.storage_options(),
+                                keys=TenantKeyRing(db, sealer))
+        return cls(settings=settings, db=db, store=store, _sealer=sealer)
 
     def inference_engine(self) -> InferenceEngine:
         """This process's inference engine, created by the first caller: torch and transformers

@@ -113,6 +113,12 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
                                   "keys) or 'aws:kms' (with TUNEFORGE_S3_SSE_KMS_KEY_ID, else the account's "
                                   "default KMS key); unset: the bucket's default.")
     s3_sse_kms_key_id: str | None = Field(default=None, description="KMS key id or ARN for s3_sse = 'aws:kms'.")
+    encrypt_tenant_objects: bool = Field(
+        default=False, description="Envelope encryption of every object under a tenant's prefix "
+                                   "(storage/envelope.py): a data key per object, wrapped by the tenant's own key, "
+                                   "itself sealed under the secrets key; revoking a tenant's key "
+                                   "(`tuneforge tenants revoke-data-key`, tenant deletion) makes its data unreadable. "
+                                   "Trainers must then read through the control plane.")
     secrets_key: str | None = Field(
         default=None, description="Fernet keys (comma-separated, newest first) sealing tenant secrets and webhook "
                                   "signing secrets at rest; unset: a key generated once in HOME/secrets.key. "

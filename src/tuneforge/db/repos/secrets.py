@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import TenantSecret
+from tuneforge.db.tables import TenantDataKey, TenantSecret
 from tuneforge.db.tenancy import owned
 
 
@@ -35,3 +35,23 @@ def count_locked(session: Session, tenant_id: str) -> int:
 def all_rows(session: Session) -> list[TenantSecret]:
     """Every tenant's secrets (key rotation only)."""
     return list(session.scalars(select(TenantSecret).order_by(TenantSecret.pk)))
+
+
+def data_keys(session: Session) -> list[TenantDataKey]:
+    """Every tenant's live data key (key rotation only)."""
+    return list(session.scalars(select(TenantDataKey).where(TenantDataKey.sealed.is_not(None))
+                                .order_by(TenantDataKey.pk)))
+
+
+def newest_data_key(session: Session, tenant_id: str) -> TenantDataKey | None:
+    return session.scalar(select(TenantDataKey).where(TenantDataKey.tenant_id == tenant_id)
+                          .order_by(TenantDataKey.pk.desc()).limit(1))
+
+
+def data_key(session: Session, key_id: str) -> TenantDataKey | None:
+    return session.scalar(select(TenantDataKey).where(TenantDataKey.key_id == key_id))
+
+
+def live_data_keys(session: Session, tenant_id: str) -> list[TenantDataKey]:
+    return list(session.scalars(select(TenantDataKey).where(TenantDataKey.tenant_id == tenant_id,
+                                                            TenantDataKey.revoked_at.is_(None))))

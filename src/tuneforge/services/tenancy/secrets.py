@@ -90,4 +90,8 @@ def rotate(session: Session, sealer: Sealer) -> int:
     for endpoint in webhook_repo.all_endpoints(session):
         endpoint.secret = sealer.reseal(endpoint.secret)
         count += 1
+    for data_key in repo.data_keys(session):  # tenants' data keys (services/tenancy/data_keys.py)
+        assert data_key.sealed is not None
+        data_key.sealed = sealer.reseal(data_key.sealed)
+        count += 1
     return count

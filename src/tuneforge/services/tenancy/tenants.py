@@ -123,6 +123,11 @@ def list_tenants(session: Session) -> list[Tenant]:
     return tenant_repo.list_all(session)
 
 
+def tenant_named(session: Session, name: str) -> Tenant:
+    """The tenant called `name`; 404 when there is none."""
+    return _named(session, name)
+
+
 def _named(session: Session, name: str) -> Tenant:
     tenant = tenant_repo.by_name(session, name)
     if tenant is None:
