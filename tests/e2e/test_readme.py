@@ -4,7 +4,8 @@ here is replaced: the installs are skipped (this environment has them), port 800
 port, the placeholders (`tf-...`, `ftjob-...`, `ft:tiny:acme:...`) become the values the earlier
 commands printed, and the demo's tiny model (which the README registers from the folder the demo
 leaves) is put where the demo would have left it. The outcomes the README promises are asserted:
-the job learns the example's facts and the fine-tuned model answers them."""
+the job learns the example's facts and the fine-tuned model answers them, and most of the held-out
+questions (the same facts in wordings the training file never pairs with them)."""
 
 from __future__ import annotations
 
@@ -137,8 +138,14 @@ def test_the_readmes_using_it_runs_as_written_and_the_model_answers(tmp_path, ti
         assert "model: tiny" in (reader.cwd / "rerun.yaml").read_text()
 
         # 4. the fine-tuned model answers what examples/train.jsonl taught it
+        # and most of examples/heldout.jsonl, the same facts in wordings never trained with them
         exec(compile(reader.filled(blocks[3][1]), "README.md (python)", "exec"), namespace)  # noqa: S102
-        assert capsys.readouterr().out.strip() == "KR-104"
+        answer, held_out = capsys.readouterr().out.strip().splitlines()
+        assert answer == "KR-104"
+        right = int(held_out.split(" of ")[0])
+        assert held_out == f"{right} of 16 held-out questions" and right >= 12, held_out
+        trained = {line for line in (reader.cwd / "examples" / "train.jsonl").read_text().splitlines()}
+        assert not trained & set((reader.cwd / "examples" / "heldout.jsonl").read_text().splitlines())
 
         # 5. promotion: an answer in the API's terms, as far as the gates allow
         reader.values["ft:tiny:acme:..."] = job.fine_tuned_model
