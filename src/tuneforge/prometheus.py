@@ -18,6 +18,7 @@ only, `_ratio` for 0–1 gauges. No label holds a tenant's name, a job id or any
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -94,6 +95,28 @@ def count_trainer_steps(steps: int) -> None:
         TRAINER_STEPS.inc(steps)
 
 
+# What trainers' GPUs said (train/gpu_telemetry.py), one observation per reported step: the
+# distribution over the platform's running trainers, never per job (no job id in a label)
+GPU_UTILIZATION = Histogram("tuneforge_trainer_gpu_utilization_ratio",
+                            "Busy share of trainers' GPUs (NVML) over each reported step (0 to 1).",
+                            buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 1.0))
+GPU_MEMORY = Histogram("tuneforge_trainer_gpu_memory_used_bytes", "Memory used on trainers' GPUs (NVML) "
+                       "at each reported step.", buckets=tuple(float(gib * 2**30) for gib in (8, 16, 24, 40, 80, 141)))
+GPU_POWER = Histogram("tuneforge_trainer_gpu_power_watts", "Mean power of trainers' GPUs (NVML) over each "
+                      "reported step.", buckets=(100.0, 200.0, 300.0, 400.0, 500.0, 700.0, 1000.0))
+GPU_TEMPERATURE = Histogram("tuneforge_trainer_gpu_temperature_celsius", "Highest temperature of trainers' GPUs "
+                            "(NVML) over each reported step.", buckets=(40.0, 60.0, 70.0, 80.0, 85.0, 90.0))
+
+
+def observe_gpu(data: dict[str, Any]) -> None:
+    """A metrics event's GPU readings, where it has numbers (free-form data: anything else is skipped)."""
+    for key, histogram, scale in (("gpu_utilization", GPU_UTILIZATION, 1.0), ("gpu_memory_used_mb", GPU_MEMORY, 2**20),
+                                  ("gpu_power_w", GPU_POWER, 1.0), ("gpu_temperature_c", GPU_TEMPERATURE, 1.0)):
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            histogram.observe(float(value) * scale)
+
+
 class PlatformCollector(Collector):
     """The database-derived families of one scrape (`state`: usage.Snapshot plus totals)."""
 
@@ -122,7 +145,9 @@ class PlatformCollector(Collector):
         yield GaugeMetricFamily("tuneforge_gpus_busy", "GPUs held by starting or running attempts.",
                                 value=snap.gpus_busy)
         if snap.gpu_utilization is not None:
-            yield GaugeMetricFamily("tuneforge_gpu_utilization_ratio", "Busy GPUs over total GPUs (0 to 1).",
+            yield GaugeMetricFamily("tuneforge_gpu_utilization_ratio",
+                                    "GPUs held by attempts over the executor's GPUs (0 to 1): allocation, not load "
+                                    "(NVML's: tuneforge_trainer_gpu_utilization_ratio).",
                                     value=round(snap.gpu_utilization, 6))
         yield CounterMetricFamily("tuneforge_preemptions", "Attempts that were preempted.", value=snap.preemptions)
         gpu_seconds = CounterMetricFamily("tuneforge_gpu_seconds", "GPU-seconds attempts held from launch to end "

@@ -46,3 +46,39 @@ def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
     assert page.locator('[data-testid="charts"] figure').count() == 4 + 2
     assert page.locator('[data-chart="mfu"]').count() == 0
     shots(page, "own figures charted")
+
+
+def test_what_nvml_said_of_the_gpu_gets_its_charts_and_a_cpu_job_none(plane, page, shots):
+    api = client(plane.url, plane.key_a)
+    training = upload_rows(api, [chat_example(fact) for fact in demo_facts(16)], "codes.jsonl")
+    created = api.post("/v1/fine_tuning/jobs", json={
+        "model": "tiny-chat", "training_file": training["id"], "seed": 0,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 8}}}})
+    assert created.status_code == 200, created.text
+    job_id = created.json()["id"]
+    assert wait_for_job(api, job_id)["precise_status"] == "succeeded"
+    sign_in(page, plane.url, plane.key_a)
+    page.goto(f"{plane.url}/console#/jobs/{job_id}")
+    page.locator('[data-testid="stream-state"][data-finished="true"]').wait_for()
+    assert page.locator('[data-chart^="gpu_"]').count() == 0  # trained on a CPU: no GPU chart
+
+    # what a GPU trainer's metrics carry (train/gpu_telemetry.py), as a second attempt's steps
+    with plane.plane.platform.db.session() as session:
+        job = session.query(Job).filter_by(job_id=job_id).one()
+        for step, (busy, used) in enumerate(((0.9, 30000.0), (0.6, 42000.0), (0.8, 36000.0)), start=100):
+            event_repo.add(session, job, f"Step {step}/102", event_type="metrics", attempt=2,
+                           data={"step": step, "total_steps": 102, "gpu_utilization": busy,
+                                 "gpu_memory_used_mb": used, "gpu_memory_peak_mb": 42000.0 if step > 100 else used,
+                                 "gpu_power_w": 500.0, "gpu_temperature_c": 65.0})
+    page.reload()
+    page.locator('[data-testid="stream-state"][data-finished="true"]').wait_for()
+    for name, title in (("gpu_utilization", "GPU utilisation"), ("gpu_memory", "GPU memory (MiB)"),
+                        ("gpu_power", "GPU power (W)"), ("gpu_temperature", "GPU temperature (°C)")):
+        assert page.locator(f'[data-chart="{name}"] figcaption').inner_text() == title
+    assert plotted_points(page, "gpu_utilization", "gpu_utilization") == 3
+    assert plotted_points(page, "gpu_memory", "gpu_memory_used_mb") == 3
+    assert plotted_points(page, "gpu_memory", "gpu_memory_peak_mb") == 3
+    assert page.locator('[data-chart="gpu_memory"] .legend li').all_inner_texts() == ["Used", "Peak"]
+    # no chart named after a GPU figure itself: they live in the GPU charts
+    assert page.locator('[data-chart="gpu_memory_used_mb"]').count() == 0
+    shots(page, "gpu charts")

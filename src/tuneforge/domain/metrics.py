@@ -22,6 +22,8 @@ from typing import Any
 # Keys of a history row beyond the results-file columns (docs/trainer.md).
 ROW_EXTRA_KEYS = (
     "learning_rate", "grad_norm", "tokens_per_second", "padding_fraction", "peak_memory_mb", "mfu",
+    # what NVML says of the GPU (train/gpu_telemetry.py); absent without one
+    "gpu_utilization", "gpu_memory_used_mb", "gpu_memory_peak_mb", "gpu_power_w", "gpu_temperature_c",
 )
 # Key of a history row holding the objective's own figures ({name: value}).
 OBJECTIVE_METRICS_KEY = "objective_metrics"

@@ -66,6 +66,7 @@ from tuneforge.train import checkpoint as ckpt
 from tuneforge.train.artifacts import MODEL_CARD, model_card, results_csv, upload_adapter, upload_full_model
 from tuneforge.train.batches import epoch_order
 from tuneforge.train.errors import AttemptFenced, TrainingDiverged
+from tuneforge.train.gpu_telemetry import GpuSampler, SlowdownWatch
 from tuneforge.train.guards import check_divergence
 from tuneforge.train.hooks import NO_HOOKS, Hooks
 from tuneforge.train.model import (
@@ -104,6 +105,9 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
         run.trackers = Trackers.from_spec(spec, store, reporter) if dist.main else Trackers([], reporter)
         run.trackers.start({"method": spec.method, "training_type": spec.training_type, "seed": spec.seed,
                             **spec.hyperparameters.flat(), **{f"lora_{k}": v for k, v in asdict(spec.lora).items()}})
+        if device.type == "cuda":  # NVML's readings of this rank's GPU, where there are any
+            run.gpu = GpuSampler.open(device.index or 0)
+            run.slowdown = SlowdownWatch() if run.gpu is not None else None
         # ------------------------------------------------------------------ resume
         run.state = resume_or_start(run)
         objective.prepare(run)
@@ -126,6 +130,8 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
     finally:
         if run is not None and run.trackers is not None:
             run.trackers.finish({}, succeeded=False)  # a stopped attempt keeps its log
+        if run is not None and run.gpu is not None:
+            run.gpu.close()
         dist.close()
 
 
@@ -324,8 +330,16 @@ def train_step(run: Run, indices: list[int]) -> StepStats:
 
 
 def telemetry(run: Run, stats: StepStats) -> dict[str, Any]:
-    return step_telemetry(num_tokens=stats.num_tokens, num_slots=stats.num_slots, elapsed_s=stats.elapsed_s,
+    """The step's throughput, padding, memory and MFU, and what the GPU said since the last step
+    (train/gpu_telemetry.py); a sustained slow spell reports a warning naming its likely cause."""
+    data = step_telemetry(num_tokens=stats.num_tokens, num_slots=stats.num_slots, elapsed_s=stats.elapsed_s,
                           parameters=run.num_parameters, device=run.device, gpus=max(1, run.spec.gpus))
+    window = run.gpu.window() if run.gpu is not None else None
+    if window is not None:
+        data.update(window.row())
+    if run.slowdown is not None and (warning := run.slowdown.observe(data["tokens_per_second"], window)):
+        run.reporter.report("events", message_event(warning, level="warn", data={"code": "slow_training"}))
+    return data
 
 
 def _would_overrun(run: Run, started: float, done: int, total: int) -> bool:

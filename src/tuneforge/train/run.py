@@ -60,6 +60,8 @@ class Run:
     last_checkpoint_time: float = field(default_factory=time.monotonic)
     epoch_cache: tuple[int, list[int]] = (-1, [])
     trackers: Any = None  # the job's experiment trackers (train/tracking.py); rank 0's, else none
+    gpu: Any = None  # this rank's GPU readings (train/gpu_telemetry.GpuSampler); none without NVML
+    slowdown: Any = None  # the tokens/s watch that names a slow spell's cause (gpu_telemetry.SlowdownWatch)
 
     @property
     def num_parameters(self) -> int:

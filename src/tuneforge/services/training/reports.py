@@ -197,6 +197,7 @@ def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Event
             step = item.data.get("step")  # free-form data: a step that is not a count is not a 500
             attempt.step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else attempt.step
             prometheus.count_trainer_steps(1)  # a trainer reports every optimizer step it takes
+            prometheus.observe_gpu(item.data)  # what NVML said of its GPU, when it said anything
         applied += 1
     return applied
 

@@ -17,11 +17,19 @@ const CHARTS = [
   ["grad_norm", "Gradient norm", [{key: "grad_norm", label: "Gradient norm"}]],
   ["tokens_per_second", "Tokens per second", [{key: "tokens_per_second", label: "Tokens per second"}]],
 ];
+// What NVML says of the job's GPU (absent on a CPU host): each chart made when its first figure comes.
+const GPU_CHARTS = [
+  ["gpu_utilization", "GPU utilisation", [{key: "gpu_utilization", label: "Busy share (0-1)"}]],
+  ["gpu_memory", "GPU memory (MiB)", [{key: "gpu_memory_used_mb", label: "Used"},
+    {key: "gpu_memory_peak_mb", label: "Peak", dashed: true}]],
+  ["gpu_power", "GPU power (W)", [{key: "gpu_power_w", label: "Power"}]],
+  ["gpu_temperature", "GPU temperature (°C)", [{key: "gpu_temperature_c", label: "Temperature"}]],
+];
 // The trainer's own figures of a step that have no chart of their own. Any other number in a
 // metrics event is one a training method reports of its own: it gets a chart named after it.
 const NOT_CHARTED = new Set(["step", "total_steps", "train_mean_token_accuracy", "valid_mean_token_accuracy",
   "padding_fraction", "peak_memory_mb", "mfu",
-  ...CHARTS.flatMap(([, , series]) => series.map(({key}) => key))]);
+  ...[...CHARTS, ...GPU_CHARTS].flatMap(([, , series]) => series.map(({key}) => key))]);
 
 /** "rollout_mean_length" → "Rollout mean length". */
 function metricTitle(key) {
@@ -178,6 +186,17 @@ export async function jobView(main, params, _query, view) {
       const data = event.data || {};
       if (event.type === "metrics" && typeof data.step === "number") {
         for (const [name, , series] of CHARTS) {
+          for (const {key} of series) {
+            if (charts[name].add(key, data.step, data[key])) touched.add(name);
+          }
+        }
+        for (const [name, title, series] of GPU_CHARTS) {
+          if (!series.some(({key}) => typeof data[key] === "number")) continue;
+          if (!charts[name]) {
+            charts[name] = new LineChart(name, title, series);
+            charts[name].weight = smoothing;
+            chartBox.append(charts[name].element);
+          }
           for (const {key} of series) {
             if (charts[name].add(key, data.step, data[key])) touched.add(name);
           }
