@@ -6,7 +6,7 @@ thread of the trainer (each rank its own GPU) and added to each step's metrics a
     gpu_memory_used_mb (the last sample), gpu_memory_peak_mb (the attempt's highest),
     gpu_power_w (mean), gpu_temperature_c (highest),
 
-which the events, the results file, the trackers, the console's charts and the control plane's
+which the events, the trackers, the console's charts and the control plane's
 /metrics histograms carry on. On a host without an NVIDIA GPU, NVML or `pynvml`, nothing is
 sampled, nothing is added and nothing is logged.
 
