@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tuneforge.domain.vocab import TIERS
 from tuneforge.settings.cluster import CapacityPool, ClusterSettings
+from tuneforge.settings.gates import GateSettings
 from tuneforge.settings.money import MoneySettings
 from tuneforge.settings.serving import ServingSettings
 
@@ -71,7 +72,7 @@ def default_home() -> Path:
     return (Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share") / "tuneforge"
 
 
-class Settings(ClusterSettings, ServingSettings, MoneySettings, BaseSettings):
+class Settings(ClusterSettings, ServingSettings, MoneySettings, GateSettings, BaseSettings):
     # protected_namespaces=(): fields such as model_delete_grace_s are settings, not pydantic API (older
     # pydantic releases warn about the "model_" prefix otherwise)
     model_config = SettingsConfigDict(env_prefix="TUNEFORGE_", extra="ignore", protected_namespaces=())

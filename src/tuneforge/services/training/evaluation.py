@@ -15,12 +15,14 @@ from sqlalchemy.orm import Session
 
 from tuneforge import methods
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Job
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import EvalConfig, JobRequest
 from tuneforge.domain.resolved import ResolvedEval, ResolvedGate
 from tuneforge.eval import gates as eval_gates
 from tuneforge.eval import metrics as task_metrics
+from tuneforge.eval import policy as eval_policy
 from tuneforge.eval import refusal
 from tuneforge.eval.openai_chat import ChatEndpoint, Credentials
 from tuneforge.security.crypto import Sealer
@@ -34,8 +36,11 @@ TASK_FILE_PURPOSES = ("fine-tune", "evals")
 def check_request(session: Session, settings: Settings, tenant_id: str, request: JobRequest) -> None:
     """At creation: the task file is the tenant's and usable; metrics, gates and detector parse;
     every endpoint they name passes the egress policy or is one the operator offers, and every
-    secret they name exists."""
+    secret they name exists; nothing turns off or loosens what the tenant's tier requires
+    (`eval/policy.py`)."""
     config = request.eval
+    tier = tenant_repo.tier_of(session, tenant_id) or ""
+    eval_policy.check(settings.gate_policy_of(tier), config, tier)
     if config is None:
         return
     if config.task_file:
@@ -118,6 +123,8 @@ def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRe
     defaults = methods.get(request.method_type).default_eval
     unset = {"golden": defaults.golden, "safety": defaults.safety}  # the method's default where the body is silent
     config = config.model_copy(update={k: v for k, v in unset.items() if k not in config.model_fields_set})
+    policy = settings.gate_policy_of(tenant_repo.tier_of(session, tenant_id))
+    config = config.model_copy(update=eval_policy.required_evals(policy))  # the body was checked at creation
     asked = config.model_dump(mode="json")
     task_file_key = None
     if config.task_file:
@@ -128,6 +135,7 @@ def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRe
         metrics = [spec_name(s) for s in task_metrics.parse_metrics(None)]
     gates = asked["gates"] if config.gates is not None else [
         gate.as_dict() for gate in default_gates(settings, config)]
+    gates = eval_policy.with_required_gates(policy, gates)
     return ResolvedEval(
         enabled=config.enabled, task_file=config.task_file,
         metrics=tuple(metrics) if metrics is not None else None,
