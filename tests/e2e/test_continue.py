@@ -106,12 +106,15 @@ def test_a_job_on_an_ft_model_learns_a_second_mapping_and_keeps_the_first(runnin
     reply = sdk.chat.completions.create(model=checkpoint, max_tokens=8, temperature=0,
                                         messages=first_examples[0]["messages"][:2])
     assert reply.model == checkpoint and reply.choices[0].message.content
-    # promoted like a final model: registered first (its adapter copied out of pruning's reach)
-    promoted = httpx.post(f"{running.url}/v1/models/{checkpoint}/promote", json={"stage": "staging"},
-                          headers={"Authorization": f"Bearer {running.key_a}"})
-    assert promoted.status_code == 200, promoted.text
-    assert promoted.json()["stage"] == "staging" and promoted.json()["lineage"]["checkpoint_step"] == \
-        checkpoints[0].step_number
+    # registered when first asked to move (its adapter copied out of pruning's reach); it was not
+    # evaluated, so it stays in dev
+    auth = {"Authorization": f"Bearer {running.key_a}"}
+    registered = httpx.post(f"{running.url}/v1/models/{checkpoint}/promote", json={"stage": "dev"}, headers=auth)
+    assert registered.status_code == 200, registered.text
+    assert registered.json()["stage"] == "dev" and registered.json()["evaluated"] is False
+    assert registered.json()["lineage"]["checkpoint_step"] == checkpoints[0].step_number
+    refused = httpx.post(f"{running.url}/v1/models/{checkpoint}/promote", json={"stage": "staging"}, headers=auth)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_not_evaluated", refused.text
     assert checkpoint in [m.id for m in sdk.models.list().data]
     third = _job(sdk, checkpoint, _upload(sdk, tmp_path, "c.jsonl", second_examples), n_epochs=1)
     assert third.model_extra["parent"] == {"model": checkpoint, "job_id": first.id,

@@ -359,9 +359,9 @@ def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_promote
     peft_model, peft_tokenizer = load_finetuned(running.model_dir, extract(tmp_path / "model.tar.gz", tmp_path / "x"))
     assert mapping_accuracy(peft_model, peft_tokenizer, examples) == 1.0
 
-    # promoted through the stages like any model (this plane evaluates no model by default: no gate)
-    promoted = api(running.key_a, "POST", f"/v1/models/{model['id']}/promote", json={"stage": "staging"})
-    assert promoted.status_code == 200 and promoted.json()["stage"] == "staging", promoted.text
+    # nothing evaluated it: it stays in dev (a job that continues it evaluates what it trains)
+    refused = api(running.key_a, "POST", f"/v1/models/{model['id']}/promote", json={"stage": "staging"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_not_evaluated", refused.text
 
     # continued by an ordinary job: the adapter's shape kept, its weights the starting point (on
     # the plane's one GPU slot, once the idle co-training worker has let it go)

@@ -18,7 +18,10 @@ def add_adapter_model(session: Session, store: ObjectStore, tenant: Tenant, base
                       adapter_dir: Path, **fields: Any) -> str:
     """A succeeded job of `tenant` on `base` and its model `ft:BASE:TENANT:NAME:…` whose adapter
     is `adapter_dir` (uploaded to where a trained one would be); `fields` set the model row's
-    columns (stage, promotable, gate_report, ...). Returns the model id."""
+    columns (stage, promotable, gate_report, ...); by default it was evaluated and passed its gates.
+    Returns the model id."""
+    fields.setdefault("eval_results", {"base": {}, "fine_tuned": {}})
+    fields.setdefault("gate_report", {"passed": True, "gates": [], "suggestions": []})
     now = int(time.time())
     job_id = f"ftjob-{name}"
     session.add(Job(job_id=job_id, tenant_id=tenant.tenant_id, model=base.name, base_model_sha256=base.sha256,

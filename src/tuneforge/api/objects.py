@@ -19,6 +19,7 @@ from tuneforge.db.tables import (
 from tuneforge.domain.job_config import BLOCK_FIELDS
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import parents
+from tuneforge.registry.models import evaluated
 
 
 def file_object(row: FileRow) -> dict[str, Any]:
@@ -191,7 +192,8 @@ def fine_tuned_model_object(row: FineTunedModel) -> dict[str, Any]:
     return {"id": row.model_id, "object": "model", "created": row.created_at, "owned_by": row.tenant_id,
             # extensions
             "type": "fine-tuned", "base_model": row.base_model, "job_id": row.job_id,
-            "artifact": row.artifact_kind, "stage": row.stage, "promotable": row.promotable,
+            "artifact": row.artifact_kind, "stage": row.stage, "evaluated": evaluated(row),
+            "promotable": bool(row.promotable and evaluated(row)),
             "gate_failures": [g.get("reason") for g in gates.get("gates", []) if not g.get("passed")],
             "suggestions": gates.get("suggestions", []),
             "eval_results": row.eval_results, "gates": gates.get("gates"), "lineage": lineage,

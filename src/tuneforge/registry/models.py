@@ -4,7 +4,11 @@ A model is registered once its job's trainer has written the artifacts and
 the eval results are in: lineage, eval results and the gate report are stored
 with it, and the SHA-256 of every artifact file, so a changed artifact is
 detected (`verify_artifacts`). A model whose gates failed is registered but
-cannot reach staging or production without an audited admin override."""
+cannot reach staging or production without an audited admin override. A model
+that was never evaluated (its job's eval was off; a checkpoint; a training-API
+checkpoint) has no gate report to override: it stays in dev, whoever asks.
+Staging and production also hold a challenger to its lineage's champion
+(`registry/champion.py`)."""
 
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
         model_id=model_id, tenant_id=job.tenant_id, job_id=job.job_id, base_model=job.model,
         base_model_sha256=job.base_model_sha256, artifact_prefix=artifact_prefix, created_at=int(time.time()),
         artifact_kind=artifact_kind, stage="dev",
-        promotable=bool(gate_report is None or gate_report.get("passed")),
+        promotable=bool(eval_results is not None and gate_report is not None and gate_report.get("passed")),
         eval_results=eval_results, gate_report=gate_report, config_hash=job.config_hash,
         lineage=lineage.build_lineage(job, training, validation, attempts=attempts,
                                       artifact_prefix=artifact_prefix, artifact_files=digests),
@@ -54,21 +58,18 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
 
 def register_checkpoint(session: Session, store: ObjectStore, job: Job, *, model_id: str, step: int,
                         source_prefix: str) -> FineTunedModel:
-    """A checkpoint registered as a model, to be promoted like a final one: its adapter copied
-    where pruning cannot reach it. It was never evaluated: a job with eval gates gets a model that
-    cannot reach staging or production without an admin override."""
+    """A checkpoint registered as a model: its adapter copied where pruning cannot reach it. It
+    was never evaluated, so it stays in dev (it serves for trying out; a job that continues it
+    evaluates what it trains)."""
     target = copy_adapter_files(store, source_prefix, layout.checkpoint_model_prefix(job.tenant_id, job.job_id, step))
     training = file_repo.get(session, job.tenant_id, job.training_file)
     validation = file_repo.get(session, job.tenant_id, job.validation_file) if job.validation_file else None
-    evaluation = job.resolved.eval if job.resolved is not None else None
-    gated = bool(evaluation is not None and evaluation.enabled and evaluation.gates)
-    report = {"passed": not gated, "suggestions": [], "gates": [
-        {"metric": "eval", "passed": False, "reason": f"checkpoint at step {step} was not evaluated against the "
-                                                      "job's gates"}] if gated else []}
+    report = unevaluated_report(f"checkpoint at step {step} was not evaluated; only an evaluated model goes "
+                                "beyond dev (continue it with a job that evaluates it)")
     row = FineTunedModel(
         model_id=model_id, tenant_id=job.tenant_id, job_id=job.job_id, base_model=job.model,
         base_model_sha256=job.base_model_sha256, artifact_prefix=target, created_at=int(time.time()),
-        artifact_kind="adapter", stage="dev", promotable=not gated, eval_results=None, gate_report=report,
+        artifact_kind="adapter", stage="dev", promotable=False, eval_results=None, gate_report=report,
         config_hash=None,  # not the job's final weights: not a twin of anything
         lineage={**lineage.build_lineage(job, training, validation, attempts=job.attempt, artifact_prefix=target,
                                          artifact_files=lineage.artifact_digests(store, target)),
@@ -81,21 +82,17 @@ def register_checkpoint(session: Session, store: ObjectStore, job: Job, *, model
 
 def register_training_checkpoint(session: Session, store: ObjectStore, *, tenant_id: str, model_id: str,
                                  base: dict[str, str], source: dict[str, Any], source_prefix: str,
-                                 target_prefix: str, adapter: dict[str, Any], gated: bool) -> FineTunedModel:
+                                 target_prefix: str, adapter: dict[str, Any]) -> FineTunedModel:
     """A training-API checkpoint (`source`: its run, path and time) registered as a model: its
     adapter copied to `target_prefix`, where deleting the checkpoint or its run cannot reach it.
-    No job made it and nothing evaluated it: where the platform evaluates models by default
-    (`gated`), it cannot reach staging or production without an admin override, as a job's
-    checkpoint cannot."""
+    No job made it and nothing evaluated it: it stays in dev, as a job's checkpoint does."""
     target = copy_adapter_files(store, source_prefix, target_prefix)
-    reason = ("registered from a training-API checkpoint, which was not evaluated against the platform's gates; "
-              "continue it with a job that evaluates it, or ask an admin to override")
-    report = {"passed": not gated, "suggestions": [],
-              "gates": [{"metric": "eval", "passed": False, "reason": reason}] if gated else []}
+    report = unevaluated_report("registered from a training-API checkpoint, which was not evaluated; only an "
+                                "evaluated model goes beyond dev (continue it with a job that evaluates it)")
     row = FineTunedModel(
         model_id=model_id, tenant_id=tenant_id, job_id=None, base_model=base["name"],
         base_model_sha256=base["sha256"], artifact_prefix=target, created_at=int(time.time()),
-        artifact_kind="adapter", stage="dev", promotable=not gated, eval_results=None, gate_report=report,
+        artifact_kind="adapter", stage="dev", promotable=False, eval_results=None, gate_report=report,
         config_hash=None,
         lineage={"base_model": dict(base), "training_run": source["run_id"], "checkpoint": source["tinker_path"],
                  "checkpoint_time": source.get("time"), "method": "training_api", "training_type": "lora",
@@ -105,6 +102,19 @@ def register_training_checkpoint(session: Session, store: ObjectStore, *, tenant
     session.add(row)
     session.flush()
     return row
+
+
+def unevaluated_report(reason: str) -> dict[str, Any]:
+    """The gate report of a model nothing evaluated: failed, and marked so that no override passes it."""
+    return {"passed": False, "evaluated": False, "suggestions": [],
+            "gates": [{"metric": "eval", "passed": False, "reason": reason}]}
+
+
+def evaluated(row: FineTunedModel) -> bool:
+    """Whether the model has eval results and a gate report from them: the least a model needs to
+    go beyond dev."""
+    report = row.gate_report
+    return row.eval_results is not None and report is not None and report.get("evaluated", True) is not False
 
 
 def same_config(session: Session, tenant_id: str, config_hash: str | None, *,
@@ -156,6 +166,10 @@ def promote(session: Session, row: FineTunedModel, target: str, *, actor: str, o
                        param="stage", code="invalid_stage_transition")
     if target == "archived":
         refuse_while_routed(session, row, "archived")
+    if target in GATED and not evaluated(row):
+        reasons = "; ".join(failure_reasons(row)) or "its job's eval was off"
+        raise ApiError(409, f"{row.model_id} was not evaluated and cannot go beyond dev, not even with an admin "
+                            f"override: {reasons}", param="stage", code="model_not_evaluated")
     if target in GATED and not row.promotable:
         if not override:
             reasons = "; ".join(failure_reasons(row)) or "its gates failed"

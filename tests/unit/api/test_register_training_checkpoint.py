@@ -42,7 +42,12 @@ def test_a_registered_checkpoint_is_gated_registers_once_and_downloads_its_adapt
 
     staging = world.http.post(f"/v1/models/{model['id']}/promote", json={"stage": "staging"},
                               headers=world.headers(world.key_a))
-    assert staging.status_code == 409 and staging.json()["error"]["code"] == "gates_failed"
+    assert staging.status_code == 409 and staging.json()["error"]["code"] == "model_not_evaluated"
+    # nothing evaluated it: there is no failed gate for an admin to override either
+    world.platform.settings.admin_api_key = "adm"
+    override = world.http.post(f"/v1/admin/models/{model['id']}/promote", headers=world.headers("adm"),
+                               json={"stage": "staging", "override": True, "reason": "trust me"})
+    assert override.status_code == 409 and override.json()["error"]["code"] == "model_not_evaluated"
 
     download = world.http.get(f"/v1/models/{model['id']}/download", headers=world.headers(world.key_a))
     assert download.status_code == 200

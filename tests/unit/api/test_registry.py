@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import openai
 import pytest
 
 from tests.helpers.platform import chat_lines
@@ -36,7 +37,8 @@ def _job(world, key: str, *, seed: int = 3, lines: bytes | None = None) -> str:
     return sdk.fine_tuning.jobs.create(model=world.base_model, training_file=training, seed=seed).id
 
 
-def _register(world, job_id: str, gate_report: dict | None, *, files: dict[str, bytes] | None = None) -> str:
+def _register(world, job_id: str, gate_report: dict | None, *, files: dict[str, bytes] | None = None,
+              eval_results: dict | None = None) -> str:
     """What the control plane does when a trainer reports its result: artifacts in the store,
     the job finished, the model registered."""
     platform = world.platform
@@ -52,8 +54,8 @@ def _register(world, job_id: str, gate_report: dict | None, *, files: dict[str, 
         job.config_hash = lineage.config_hash(job, training, None)
         job.status, job.fine_tuned_model, job.trained_tokens = "succeeded", f"ft:tiny-base:x::{job_id[-6:]}", 1234
         row = registry.register(session, platform.store, job, model_id=job.fine_tuned_model, artifact_prefix=prefix,
-                                artifact_kind="adapter", attempts=2, eval_results={"base": {}, "fine_tuned": {}},
-                                gate_report=gate_report)
+                                artifact_kind="adapter", attempts=2, gate_report=gate_report,
+                                eval_results={"base": {}, "fine_tuned": {}} if eval_results is None else eval_results)
         return row.model_id
 
 
@@ -120,6 +122,34 @@ def test_a_model_that_failed_its_gates_needs_an_audited_admin_override(admin_wor
     history = world.http.get(f"/v1/models/{model_id}/stages", headers=h).json()["data"]
     assert history == [{**history[0], "from_stage": "dev", "to_stage": "staging", "actor": "admin",
                         "override": True, "reason": "accepted risk, ticket 12"}]
+
+
+def test_a_model_whose_job_was_not_evaluated_stays_in_dev_even_for_an_admin(admin_world):
+    """Its job's eval was off: no eval results, no gate report — nothing for an override to pass."""
+    world = admin_world
+    model_id = _register(world, _job(world, world.key_a), None, eval_results={})
+    with world.platform.db.session() as session:  # what the trainer's report leaves when eval is off
+        session.query(FineTunedModel).filter_by(model_id=model_id).update({"eval_results": None})
+    sdk = world.sdk(world.key_a)
+    shown = sdk.models.retrieve(model_id).model_extra
+    assert shown["promotable"] is False and shown["evaluated"] is False
+    for stage in ("staging", "production"):
+        with pytest.raises(openai.ConflictError) as info:
+            sdk.post(f"/models/{model_id}/promote", body={"stage": stage}, cast_to=object)
+        assert info.value.body["code"] in ("model_not_evaluated", "invalid_stage_transition")
+    assert info.value.body["code"] == "invalid_stage_transition"  # dev -> production is not a move at all
+    with pytest.raises(openai.ConflictError) as info:
+        sdk.post(f"/models/{model_id}/promote", body={"stage": "staging"}, cast_to=object)
+    assert info.value.body["code"] == "model_not_evaluated" and "not evaluated" in info.value.body["message"]
+    override = world.http.post(f"/v1/admin/models/{model_id}/promote", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                               json={"stage": "staging", "override": True, "reason": "ship it"})
+    assert override.status_code == 409 and override.json()["error"]["code"] == "model_not_evaluated"
+    # nor may a route send it traffic from dev
+    route = world.http.post("/v1/routes", headers=world.headers(world.key_a),
+                            json={"name": "r", "versions": [{"model": model_id, "weight": 100}]})
+    assert route.status_code == 409 and route.json()["error"]["code"] == "model_not_evaluated"
+    with world.platform.db.session() as session:
+        assert session.query(FineTunedModel).filter_by(model_id=model_id).one().stage == "dev"
 
 
 def test_another_tenants_model_is_not_found(world):

@@ -48,8 +48,9 @@ def _checkpoint(http, spec, seq: int, epoch: int, loss: float) -> None:
 def _finish(platform, http, spec, seq: int) -> None:
     adapter = f"tenants/{spec.tenant_id}/jobs/{spec.job_id}/artifacts/adapter"
     platform.store.put_bytes(f"{adapter}/adapter_config.json", b"{}")
-    assert _report(http, spec, "result", {"seq": seq, "trained_tokens": 10, "adapter_prefix": adapter}).status_code \
-        == 200
+    measured = {"golden.loss": 1.0, "golden.token_accuracy": 0.5, "safety.refusal_rate": 1.0}  # the default gates pass
+    assert _report(http, spec, "result", {"seq": seq, "trained_tokens": 10, "adapter_prefix": adapter,
+                                          "eval": {"base": measured, "fine_tuned": measured}}).status_code == 200
 
 
 def test_asha_stops_the_trials_behind_and_the_best_wins(setup):

@@ -29,6 +29,7 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import FineTunedModel, Route, RouteRequest
 from tuneforge.domain.errors import ApiError, conflict, invalid, not_found
 from tuneforge.domain.ids import new_id
+from tuneforge.registry import models as registry_models
 from tuneforge.registry.stages import GATED
 from tuneforge.serve import routing
 
@@ -173,6 +174,9 @@ def traffic_refusal(row: FineTunedModel | None, model: str) -> ApiError | None:
         return not_found(f"the model '{model}' does not exist", param="model", code="model_not_found")
     if row.stage == "archived":
         return conflict(f"{model} is archived; move it back to dev first", param="model", code="model_archived")
+    if row.stage not in GATED and not registry_models.evaluated(row):
+        return conflict(f"{model} was not evaluated and cannot take production traffic", param="model",
+                        code="model_not_evaluated")
     if not (row.promotable or row.stage in GATED):
         return conflict(f"{model} failed its eval gates and cannot take production traffic", param="model",
                         code="gates_failed")

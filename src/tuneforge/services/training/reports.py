@@ -328,7 +328,7 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
                attempt=attempt.number)
     transition(session, job, JobStatus.SUCCEEDED, "The job has successfully completed",
                data={"fine_tuned_model": model_id, "trained_tokens": job.trained_tokens,
-                     "promotable": bool(report is None or report.get("passed"))})
+                     "promotable": bool(eval_results is not None and report is not None and report.get("passed"))})
 
 
 def _gate(session: Session, job: Job, results: dict[str, Any] | None) -> tuple[dict | None, dict | None]:

@@ -53,8 +53,7 @@ def register(session: Session, platform: Any, tenant: Tenant, source: str, suffi
     return registry.register_training_checkpoint(
         session, store, tenant_id=tenant.tenant_id, model_id=model_id,
         base={"name": base.name, "sha256": base.sha256}, source=record, source_prefix=prefix,
-        target_prefix=layout.registered_model_prefix(tenant.tenant_id, tag), adapter=adapter,
-        gated=bool(platform.settings.eval_by_default))
+        target_prefix=layout.registered_model_prefix(tenant.tenant_id, tag), adapter=adapter)
 
 
 def _adapter_settings(store: Any, prefix: str) -> dict[str, Any]:
