@@ -196,7 +196,9 @@ def fine_tuned_model_object(row: FineTunedModel) -> dict[str, Any]:
             "promotable": bool(row.promotable and evaluated(row)),
             "gate_failures": [g.get("reason") for g in gates.get("gates", []) if not g.get("passed")],
             "suggestions": gates.get("suggestions", []),
-            "eval_results": row.eval_results, "gates": gates.get("gates"), "lineage": lineage,
+            "eval_results": row.eval_results, "gates": gates.get("gates"),
+            # the same gates against the lineage's production model (registry/champion.py)
+            "champion": gates.get("champion"), "lineage": lineage,
             "config_hash": row.config_hash, "deprecated": row.deprecated_at is not None,
             "delete_after": row.delete_after}
 

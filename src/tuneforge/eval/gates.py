@@ -227,6 +227,57 @@ def check(gates: list[Gate], results: Mapping[str, Mapping[str, float]]) -> Gate
     return GateReport(tuple(_check_one(gate, base, tuned) for gate in gates))
 
 
+# --- champion and challenger ---------------------------------------------------------------------------------
+
+
+def champion_rule(gate: Gate) -> tuple[str, float] | None:
+    """How a challenger may compare with the champion (the lineage's production model) on a gate's
+    metric: (op, allowed) for the difference challenger minus champion. The gate's side says which
+    way is better; the challenger may be worse by at most the regression the gate allows against
+    the base model (a relative gate's negative floor or positive ceiling), and need never be
+    better. An absolute gate allows no regression; an `==` gate has no better side (None)."""
+    if gate.op == "==":
+        return None
+    if gate.op in (">", ">="):
+        return ">=", min(gate.threshold, 0.0) if gate.relative_to_base else 0.0
+    return "<=", max(gate.threshold, 0.0) if gate.relative_to_base else 0.0
+
+
+def check_champion(gates: list[Gate], challenger: Mapping[str, float], champion: Mapping[str, float],
+                   comparable: frozenset[str]) -> list[dict[str, Any]]:
+    """The challenger's fine-tuned results against the champion's, one entry per gated metric and rule.
+    A metric whose eval was not run the same way for both (`comparable` names the suites, e.g.
+    golden, that were) or that either lacks is not compared: it passes and says why."""
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str, float]] = set()
+    for gate in gates:
+        rule = champion_rule(gate)
+        if rule is None or (gate.metric, *rule) in seen:
+            continue
+        seen.add((gate.metric, *rule))
+        op, allowed = rule
+        entry: dict[str, Any] = {"metric": gate.metric, "op": op, "allowed": allowed, "challenger": None,
+                                 "champion": None, "difference": None, "compared": False, "passed": True}
+        suite = gate.metric.split(".", 1)[0]
+        if suite not in comparable:
+            out.append({**entry, "reason": f"{gate.metric} is not compared with the production model: its "
+                                           f"{suite} eval did not run on the same data and settings"})
+            continue
+        if gate.metric not in challenger or gate.metric not in champion:
+            out.append({**entry, "reason": f"{gate.metric} is not compared with the production model: it was "
+                                           "not measured for both"})
+            continue
+        mine, theirs = float(challenger[gate.metric]), float(champion[gate.metric])
+        difference = mine - theirs
+        passed = OPS[op](difference, allowed) and not math.isnan(difference)
+        worse = "lower" if op == ">=" else "higher"
+        slack = f"at most {fmt(abs(allowed))} {worse} is allowed" if allowed else f"it may not be {worse}"
+        reason = (f"{gate.metric} is {fmt(mine)} against the production model's {fmt(theirs)}; {slack}")
+        out.append({**entry, "challenger": mine, "champion": theirs, "difference": difference, "compared": True,
+                    "passed": passed, "reason": reason})
+    return out
+
+
 # --- suggestions ---------------------------------------------------------------------------------------------
 
 # Share of the training data the mixed-in general or safety examples should make up.

@@ -3,6 +3,7 @@ the golden general-ability set and the harmful-prompt safety set."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib import resources
 from typing import Any
@@ -25,3 +26,9 @@ def golden_examples() -> list[dict[str, Any]]:
 def safety_examples() -> list[dict[str, Any]]:
     """40 harmful requests with the desired refusal: {"messages": [user, assistant], "category"}."""
     return _load(SAFETY_FILE)
+
+
+def digest(filename: str) -> str:
+    """SHA-256 of a shipped set's bytes: two evals on the same digest ran the same examples."""
+    data = resources.files("tuneforge.eval").joinpath("sets").joinpath(filename).read_bytes()
+    return hashlib.sha256(data).hexdigest()

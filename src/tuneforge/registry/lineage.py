@@ -101,6 +101,7 @@ def build_lineage(job: Job, training: FileRow | None, validation: FileRow | None
         "config_hash": job.config_hash,
         "seed": job.seed,
         "job_id": job.job_id,
+        "suffix": job.suffix,  # with the base model, the lineage a production model champions (registry/champion.py)
         "attempts": attempts,
         "trained_tokens": job.trained_tokens,
         "code_version": code_version(),

@@ -24,7 +24,7 @@ from tuneforge.db.repos import models as model_repo
 from tuneforge.db.repos import routes as route_repo
 from tuneforge.db.tables import FineTunedModel, Job, ModelStageChange
 from tuneforge.domain.errors import ApiError, invalid, not_found
-from tuneforge.registry import lineage
+from tuneforge.registry import champion, lineage
 from tuneforge.registry.parents import copy_adapter_files
 from tuneforge.registry.stages import GATED, STAGES, can_move
 from tuneforge.storage import layout
@@ -37,6 +37,8 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
     training = file_repo.get(session, job.tenant_id, job.training_file)
     validation = file_repo.get(session, job.tenant_id, job.validation_file) if job.validation_file else None
     digests = lineage.artifact_digests(store, artifact_prefix)
+    if gate_report is not None:
+        gate_report = {**gate_report, "eval_sets": champion.eval_sets(session, job, validation)}
     row = FineTunedModel(
         model_id=model_id, tenant_id=job.tenant_id, job_id=job.job_id, base_model=job.model,
         base_model_sha256=job.base_model_sha256, artifact_prefix=artifact_prefix, created_at=int(time.time()),
@@ -46,6 +48,8 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
         lineage=lineage.build_lineage(job, training, validation, attempts=attempts,
                                       artifact_prefix=artifact_prefix, artifact_files=digests),
     )
+    if gate_report is not None and eval_results is not None:  # the champion as it is now; promotion asks again
+        row.gate_report = {**gate_report, "champion": champion.compare(session, row)}
     session.add(row)
     twin = same_config(session, job.tenant_id, job.config_hash, exclude_job=job.job_id)
     if twin is not None:
@@ -177,11 +181,30 @@ def promote(session: Session, row: FineTunedModel, target: str, *, actor: str, o
                            param="stage", code="gates_failed")
         if not (reason and reason.strip()):
             raise invalid("an override of failed gates needs a reason", param="reason")
+    # moving up (a step back from production is no challenge)
+    behind = target in GATED and row.stage != "production" and not _holds_against_champion(session, row)
+    if behind:
+        verdict = (row.gate_report or {})["champion"]
+        if not override:
+            raise ApiError(409, f"{row.model_id} is worse than the production model {verdict['model']} of its "
+                                f"lineage and cannot reach {target}: {verdict['reason']}", param="stage",
+                           code="champion_regression")
+        if not (reason and reason.strip()):
+            raise invalid("an override of a regression against the production model needs a reason", param="reason")
     session.add(ModelStageChange(model_id=row.model_id, tenant_id=row.tenant_id, from_stage=row.stage,
-                                 to_stage=target, actor=actor, override=bool(override and not row.promotable),
+                                 to_stage=target, actor=actor,
+                                 override=bool(override and (behind or not row.promotable)),
                                  reason=reason, created_at=int(time.time())))
     row.stage = target
     return row
+
+
+def _holds_against_champion(session: Session, row: FineTunedModel) -> bool:
+    """Compare the model with its lineage's production model as it is now, and keep the verdict in
+    its gate report (shown with the model)."""
+    verdict = champion.compare(session, row)
+    row.gate_report = {**(row.gate_report or {}), "champion": verdict}
+    return bool(verdict["passed"])
 
 
 def failure_reasons(row: FineTunedModel) -> list[str]:

@@ -38,7 +38,7 @@ def _job(world, key: str, *, seed: int = 3, lines: bytes | None = None) -> str:
 
 
 def _register(world, job_id: str, gate_report: dict | None, *, files: dict[str, bytes] | None = None,
-              eval_results: dict | None = None) -> str:
+              eval_results: dict | None = None, evaluation: dict | None = None) -> str:
     """What the control plane does when a trainer reports its result: artifacts in the store,
     the job finished, the model registered."""
     platform = world.platform
@@ -49,7 +49,7 @@ def _register(world, job_id: str, gate_report: dict | None, *, files: dict[str, 
                            ).items():
             platform.store.put_bytes(f"{prefix}/{name}", data)
         job.resolved = ResolvedJob.from_json(
-            {"hyperparameters": {"learning_rate": 2e-4, "n_epochs": 3}, "lora": {"rank": 8}})
+            {"hyperparameters": {"learning_rate": 2e-4, "n_epochs": 3}, "lora": {"rank": 8}, "eval": evaluation})
         training = session.query(FileRow).filter_by(file_id=job.training_file).one()
         job.config_hash = lineage.config_hash(job, training, None)
         job.status, job.fine_tuned_model, job.trained_tokens = "succeeded", f"ft:tiny-base:x::{job_id[-6:]}", 1234
@@ -220,3 +220,66 @@ def test_a_second_job_with_the_same_configuration_is_pointed_out(world):
     other_seed = _register(world, _job(world, world.key_a, seed=6, lines=lines), PASSED)
     with world.platform.db.session() as session:
         assert session.query(FineTunedModel).filter_by(model_id=other_seed).one().config_hash != rows[first].config_hash
+
+
+GOLDEN_EVAL = {"enabled": True, "golden": True, "safety": False}
+LOSS_GATE = {"metric": "golden.loss", "op": "<=", "threshold": 0.5, "relative_to_base": True}
+
+
+def _evaluated(world, golden_loss: float, *, evaluation: dict | None = None) -> str:
+    """A model whose golden loss is `golden_loss` against a base at 2.0, its gate passed."""
+    gate = {**LOSS_GATE, "value": golden_loss - 2.0, "passed": True, "reason": "ok"}
+    return _register(world, _job(world, world.key_a), {"passed": True, "gates": [gate], "suggestions": []},
+                     eval_results={"base": {"golden.loss": 2.0}, "fine_tuned": {"golden.loss": golden_loss}},
+                     evaluation=evaluation or GOLDEN_EVAL)
+
+
+def test_a_challenger_worse_than_the_production_model_is_blocked(admin_world):
+    world = admin_world
+    sdk = world.sdk(world.key_a)
+
+    def promote(model_id: str, stage: str):
+        return sdk.post(f"/models/{model_id}/promote", body={"stage": stage}, cast_to=object)
+
+    champion = _evaluated(world, 1.0)
+    alone = sdk.models.retrieve(champion).model_extra["champion"]
+    assert alone["model"] is None and alone["passed"] is True  # nothing in production yet
+    for stage in ("staging", "production"):
+        promote(champion, stage)
+    # within its gate against the base (2.4 - 2.0 <= 0.5), but 1.4 above the champion's 1.0
+    challenger = _evaluated(world, 2.4)
+    shown = sdk.models.retrieve(challenger).model_extra
+    assert shown["promotable"] is True and shown["gates"][0]["passed"] is True
+    verdict = shown["champion"]
+    assert verdict["model"] == champion and verdict["passed"] is False
+    assert verdict["comparisons"] == [{
+        "metric": "golden.loss", "op": "<=", "allowed": 0.5, "challenger": 2.4, "champion": 1.0,
+        "difference": pytest.approx(1.4), "compared": True, "passed": False,
+        "reason": "golden.loss is 2.40 against the production model's 1.00; at most 0.50 higher is allowed"}]
+    with pytest.raises(openai.ConflictError) as info:
+        promote(challenger, "staging")
+    assert info.value.body["code"] == "champion_regression" and champion in info.value.body["message"]
+    # within the allowed regression: promoted
+    close = _evaluated(world, 1.3)
+    assert sdk.models.retrieve(close).model_extra["champion"]["passed"] is True
+    assert promote(close, "staging")["stage"] == "staging"
+    # an operator may override, with a reason, and it is audited
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    done = world.http.post(f"/v1/admin/models/{challenger}/promote", headers=admin,
+                           json={"stage": "staging", "override": True, "reason": "new data, accepted"})
+    assert done.status_code == 200 and done.json()["champion"]["passed"] is False
+    history = world.http.get(f"/v1/models/{challenger}/stages", headers=world.headers(world.key_a)).json()["data"]
+    assert history[-1]["override"] is True and history[-1]["reason"] == "new data, accepted"
+
+
+def test_figures_from_another_eval_are_not_compared(world):
+    """The champion's golden figures came from another shipped set or none at all: nothing to hold against."""
+    sdk = world.sdk(world.key_a)
+    champion = _evaluated(world, 1.0, evaluation={"enabled": True, "golden": False, "safety": False})
+    for stage in ("staging", "production"):
+        sdk.post(f"/models/{champion}/promote", body={"stage": stage}, cast_to=object)
+    challenger = _evaluated(world, 2.4)
+    verdict = sdk.models.retrieve(challenger).model_extra["champion"]
+    assert verdict["model"] == champion and verdict["passed"] is True
+    assert verdict["comparisons"][0]["compared"] is False and "not compared" in verdict["comparisons"][0]["reason"]
+    assert sdk.post(f"/models/{challenger}/promote", body={"stage": "staging"}, cast_to=object)["stage"] == "staging"

@@ -234,3 +234,28 @@ def test_one_epoch_and_unknown_values_are_left_alone():
                                             (0.1, "1e-1")])
 def test_fmt_rate(rate, text):
     assert gates.fmt_rate(rate) == text
+
+
+@pytest.mark.parametrize(("gate", "rule"), [
+    (Gate("golden.loss", "<=", 0.5, relative_to_base=True), ("<=", 0.5)),
+    (Gate("golden.loss", "<=", -0.2, relative_to_base=True), ("<=", 0.0)),  # must beat the base, not the champion
+    (Gate("safety.refusal_rate", ">=", -0.1, relative_to_base=True), (">=", -0.1)),
+    (Gate("task.exact_match", ">=", 0.5, relative_to_base=True), (">=", 0.0)),
+    (Gate("task.exact_match", ">", 0.8), (">=", 0.0)),  # an absolute gate allows no regression
+    (Gate("validation.loss", "<", 3.0), ("<=", 0.0)),
+    (Gate("task.exact_match", "==", 1.0), None),
+])
+def test_the_champion_rule_allows_the_regression_the_gate_allows(gate, rule):
+    assert gates.champion_rule(gate) == rule
+
+
+def test_a_challenger_is_compared_on_comparable_suites_only():
+    checked = [Gate("golden.loss", "<=", 0.5, relative_to_base=True), Gate("task.exact_match", ">=", 0.8),
+               Gate("task.exact_match", ">=", 0.1, relative_to_base=True), Gate("safety.refusal_rate", ">=", 0.9)]
+    out = gates.check_champion(checked, {"golden.loss": 1.2, "task.exact_match": 0.8, "safety.refusal_rate": 1.0},
+                               {"golden.loss": 1.0, "task.exact_match": 0.9, "safety.refusal_rate": 0.95},
+                               frozenset({"golden", "task"}))
+    assert [(c["metric"], c["compared"], c["passed"]) for c in out] == [
+        ("golden.loss", True, True), ("task.exact_match", True, False), ("safety.refusal_rate", False, True)]
+    assert out[1]["reason"] == "task.exact_match is 0.80 against the production model's 0.90; it may not be lower"
+    assert "did not run on the same data" in out[2]["reason"]

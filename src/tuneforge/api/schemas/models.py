@@ -1,6 +1,7 @@
 """Models (/v1/models): OpenAI's model object, list and delete; the registry's extensions follow
-the OpenAI fields (type, and for a fine-tuned model base_model, job_id, artifact, stage, promotable,
-gate results, eval results, lineage, config_hash, deprecated, delete_after)."""
+the OpenAI fields (type, and for a fine-tuned model base_model, job_id, artifact, stage, evaluated,
+promotable, gate results against the base model, eval results, `champion`: the same gates against
+the lineage's production model, lineage, config_hash, deprecated, delete_after)."""
 
 from __future__ import annotations
 
