@@ -60,6 +60,20 @@ function lineageFacts(lineage) {
   ];
 }
 
+// The same gates against the lineage's production model (registry/champion.py).
+function championSection(verdict) {
+  if (!verdict) return h("p", {class: "muted"}, "Not compared: the model was not evaluated, or was registered before this comparison existed.");
+  const head = verdict.model
+    ? h("p", {"data-testid": "champion-verdict"}, verdict.passed ? "✓ " : "✗ ", "Against ",
+      h("a", {href: href("models", verdict.model)}, verdict.model), `: ${verdict.reason}`)
+    : h("p", {class: "muted", "data-testid": "champion-verdict"}, "No model of this lineage is in production: nothing to compare with.");
+  const rows = (verdict.comparisons || []).map((c) => [c.metric, formatValue(c.champion), formatValue(c.challenger),
+    formatValue(c.difference), `${c.op} ${formatValue(c.allowed)}`,
+    c.compared ? (c.passed ? "✓ Passed" : "✗ Failed") : "not compared", c.reason]);
+  return [head, rows.length ? h("div", {class: "table-wrap"}, table("Production model vs this model",
+    ["Metric", "Production", "This model", "Difference", "Allowed", "Verdict", "Why"], rows, {testid: "champion-table", hideCaption: true})) : null];
+}
+
 export async function modelView(main, params) {
   const modelId = params.modelId;
   const path = `/v1/models/${encodeURIComponent(modelId)}`;
@@ -78,7 +92,9 @@ export async function modelView(main, params) {
 
   function drawModel() {
     fill(stageSlot, h("span", {class: `badge stage-${model.stage}`}, model.stage));
-    promotableSlot.textContent = model.promotable ? "yes: its gates passed" : "no: staging and production need passing gates";
+    promotableSlot.textContent = model.promotable ? "yes: its gates passed"
+      : model.evaluated === false ? "no: it was not evaluated, so it stays in dev"
+      : "no: staging and production need passing gates";
     stageSelect.value = model.stage === "dev" ? "staging" : model.stage;
   }
 
@@ -114,9 +130,10 @@ export async function modelView(main, params) {
       ["Artifact", model.artifact], ["Job", model.job_id ? h("a", {href: href("jobs", model.job_id)}, model.job_id) : "—"],
       ["Created", formatTime(model.created)]]),
     section("Promotion",
-      h("div", {class: "row", "aria-live": "polite"}, field("Stage", stageSelect, "dev, staging, production or archived; staging and production only for models whose gates passed."), promote),
+      h("div", {class: "row", "aria-live": "polite"}, field("Stage", stageSelect, "dev, staging, production or archived; staging and production only for evaluated models whose gates passed and that are not worse than the production model."), promote),
       promoteError, h("h3", null, "Stage history"), history),
-    section("Eval results", h("div", {"data-testid": "eval-results"}, ...evalResults(model.eval_results, report))),
+    section("Eval results: base model vs this model", h("div", {"data-testid": "eval-results"}, ...evalResults(model.eval_results, report))),
+    section("Against production: the production model vs this model", h("div", {"data-testid": "champion"}, ...[championSection(model.champion)].flat())),
     section("Lineage", ...[lineageFacts(model.lineage)].flat()),
     section("Try it", h("p", null, h("a", {href: `#/playground?model=${encodeURIComponent(model.id)}`}, "Compare it with its base model in the playground"))));
   await drawHistory();
