@@ -170,7 +170,8 @@ def promote(session: Session, row: FineTunedModel, target: str, *, actor: str, o
                        param="stage", code="invalid_stage_transition")
     if target == "archived":
         refuse_while_routed(session, row, "archived")
-    if target in GATED and not evaluated(row):
+    moving_up = target in GATED and row.stage != "production"  # a step back from production is no challenge
+    if moving_up and not evaluated(row):
         reasons = "; ".join(failure_reasons(row)) or "its job's eval was off"
         raise ApiError(409, f"{row.model_id} was not evaluated and cannot go beyond dev, not even with an admin "
                             f"override: {reasons}", param="stage", code="model_not_evaluated")
@@ -181,8 +182,7 @@ def promote(session: Session, row: FineTunedModel, target: str, *, actor: str, o
                            param="stage", code="gates_failed")
         if not (reason and reason.strip()):
             raise invalid("an override of failed gates needs a reason", param="reason")
-    # moving up (a step back from production is no challenge)
-    behind = target in GATED and row.stage != "production" and not _holds_against_champion(session, row)
+    behind = moving_up and not _holds_against_champion(session, row)
     if behind:
         verdict = (row.gate_report or {})["champion"]
         if not override:
