@@ -292,7 +292,7 @@ def test_forward_backward_custom_runs_its_loss_on_the_client_and_trains_through_
     assert second.metrics["loss:sum"] < first.metrics["loss:sum"]  # the step followed the custom loss down
 
 
-def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_promotes_and_is_continued(
+def test_a_training_api_checkpoint_registered_as_a_model_chats_downloads_stays_in_dev_and_is_continued(
         releasing, sdk, tmp_path) -> None:
     running = releasing
     from tests.e2e.test_lifecycle import wait_for
