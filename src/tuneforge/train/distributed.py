@@ -62,6 +62,7 @@ from tuneforge.domain.exit_codes import TrainerExit
 from tuneforge.domain.rendezvous import (  # noqa: F401 - RENDEZVOUS_ENV, rendezvous_env: re-exported
     ADDR_ENV,
     LOCAL_RANK_ENV,
+    PORT_ENV,
     RANK_ENV,
     RENDEZVOUS_ENV,
     WORLD_ENV,
@@ -244,7 +245,7 @@ class Dist:
 
     @property
     def enabled(self) -> bool:
-        return self.world > 1
+        return self.world > 1 or self._joined  # (a group of one: FSDP2 on one GPU, `join(shard_alone=...)`)
 
     @property
     def main(self) -> bool:
@@ -395,13 +396,17 @@ class Dist:
                 if names is None or name in names}
 
 
-def join(device: torch.device, strategy: str = "") -> Dist:
-    """Join the process group this process was started into (no-op alone)."""
+def join(device: torch.device, strategy: str = "", *, shard_alone: bool = False) -> Dist:
+    """Join the process group this process was started into (no-op alone). `shard_alone`: a lone
+    process still joins a group of one and shards with FSDP2 (the GPU check runs FSDP2's code
+    path on one GPU so; the planner never gives a one-GPU job a strategy)."""
     rank, world = rank_from_env()
-    if world <= 1:
+    if world <= 1 and not (shard_alone and strategy == "fsdp"):
         return Dist(device=device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     os.environ.setdefault(ADDR_ENV, "127.0.0.1")
+    if world <= 1:
+        os.environ.setdefault(PORT_ENV, str(_free_port()))
     torch_dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
     log.info("rank %d of %d joined (%s, %s)", rank, world, backend, strategy or "ddp")
     return Dist(rank, world, strategy or "ddp", device, _joined=True)

@@ -97,7 +97,8 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
         raise ValueError(f"unknown lr_scheduler_type {hp.lr_scheduler_type!r}")
     seed_everything(spec.seed)
     device = pick_device(spec.gpus, distributed.local_rank_from_env())
-    dist = distributed.join(device, spec.distributed_strategy or distributed.default_strategy(spec.training_type))
+    dist = distributed.join(device, spec.distributed_strategy or distributed.default_strategy(spec.training_type),
+                            shard_alone=spec.distributed_strategy == "fsdp")
     run = None
     try:
         run = load(spec, store, reporter, stop, objective, device, dist)

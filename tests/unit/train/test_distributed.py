@@ -200,6 +200,20 @@ def test_fsdp_full_fine_tune_trains_the_same_steps_as_one_process(
     assert {"state-__0_0.distcp", "state-__1_0.distcp", "state-.metadata"} <= names and "model.safetensors" not in names
 
 
+def test_fsdp_in_a_group_of_one_trains_the_steps_of_the_unsharded_process(
+        tmp_path: Path, tiny_model_dir: Path, full_fsdp_two_ranks: Run) -> None:
+    """The GPU check's "FSDP2 on one GPU" (benchmarks/gpu_cases.py): asked for explicitly, a lone
+    process joins a group of one and shards; its steps are those of two ranks and of no sharding."""
+    alone, store = stage_job(tmp_path / "alone", tiny_model_dir, **FULL)
+    alone = replace(alone, training_type="full", gpus=1, distributed_strategy="fsdp")
+    code, losses, err = _run(alone, tmp_path / "alone.json")
+    assert code == TrainerExit.SUCCESS, err[-3000:]
+    assert "rank 0 of 1 joined (gloo, fsdp)" in err and "sharded 2 layers" in err
+    assert _close(losses, full_fsdp_two_ranks.losses) and len(losses) == 4
+    names = {key.rsplit("/", 1)[-1] for key in store.list(layout.checkpoint_prefix(alone.tenant_id, alone.job_id, 4))}
+    assert {"state-__0_0.distcp", "state-.metadata"} <= names
+
+
 def test_lora_sharded_with_fsdp_matches_ddp(tmp_path: Path, tiny_model_dir: Path, lora_two_ranks: Run) -> None:
     runs = {}
     for strategy in ("ddp", "fsdp"):
