@@ -1,6 +1,7 @@
 """The whole workflow on a GPU host, in minutes: control plane, upload, jobs, training, results.
 
-Started by `benchmarks/gpu_smoke.sh` (which skips it on a machine without a CUDA GPU). It
+Started by `GPU_SMOKE_WORKFLOW=1 bash benchmarks/gpu_smoke.sh` (which skips it on a machine without a
+CUDA GPU; without the variable the script runs `benchmarks/gpu_cases.py` only). It
 starts the control plane on the embedded defaults in a temporary home (SQLite, a local
 folder, the local executor with one slot per GPU), registers two base models — the demo's
 tiny random model, built here, and a ~0.5B instruct model (`--model`: a hub id, fetched once,
@@ -13,9 +14,9 @@ Printed per job: its status (or the API's refusal, e.g. a full fine-tune that do
 GPU), steps, real tokens/s (median over its steps), MFU and peak GPU memory as the trainer
 reports them in its `metrics` events, the held-out loss at the end and the wall time.
 
-    bash benchmarks/gpu_smoke.sh                                 # tiny + Qwen2.5-0.5B-Instruct
-    bash benchmarks/gpu_smoke.sh --model /models/qwen2.5-0.5b    # a local copy
-    bash benchmarks/gpu_smoke.sh --tiny-only
+    GPU_SMOKE_WORKFLOW=1 bash benchmarks/gpu_smoke.sh                               # + Qwen2.5-0.5B-Instruct
+    GPU_SMOKE_WORKFLOW=1 bash benchmarks/gpu_smoke.sh --model /models/qwen2.5-0.5b  # a local copy
+    GPU_SMOKE_WORKFLOW=1 bash benchmarks/gpu_smoke.sh --tiny-only
     python benchmarks/gpu_smoke.py --cpu --tiny-only             # the same flow on CPU slots (no QLoRA)
 
 Then the built-in inference engine on the GPU: for each base model, every fine-tuned LoRA model
