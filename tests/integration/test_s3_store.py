@@ -94,8 +94,10 @@ def test_objects_are_written_with_server_side_encryption_when_configured(
         assert head["ServerSideEncryption"] == sse
         if sse == "aws:kms":
             assert head["SSEKMSKeyId"].endswith("alias/tuneforge")
-    # trainers get the same setting through their allow-listed environment
-    assert settings.trainer_env()["TUNEFORGE_S3_SSE"] == sse
+    # trainers given the store itself (not the object proxy) get the same setting through their
+    # allow-listed environment; behind the proxy they get no store setting at all
+    assert "TUNEFORGE_S3_SSE" not in settings.trainer_env()
+    assert Settings(trainer_storage="direct").trainer_env()["TUNEFORGE_S3_SSE"] == sse
 
 
 def test_an_unknown_server_side_encryption_is_refused() -> None:

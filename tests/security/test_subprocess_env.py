@@ -67,11 +67,21 @@ def _plane_settings(tmp_path, **overrides) -> Settings:
 
 
 def _store_settings_pass(env: dict[str, str]) -> None:
-    # the trainer needs its store, so the store's own settings pass, explicitly
+    # a trainer reaches the store through the control plane's object proxy: it holds none of the
+    # store's settings, credentials least of all
+    assert not [name for name in env if name.startswith("TUNEFORGE_S3_") or name.startswith("AWS_")]
+    assert "store-secret" not in repr(env) and "store-id" not in repr(env)
+
+
+def test_a_trainer_given_the_store_itself_gets_its_settings_explicitly(planted, captured, tmp_path):
+    settings = _plane_settings(tmp_path, trainer_warm_start=False, trainer_storage="direct")
+    LocalExecutor(settings).launch(_spec(), Placement(node="node-0", gpu_ids=[0]))
+    (env,) = captured.envs
+    _no_plant(env)
     assert env["TUNEFORGE_S3_ACCESS_KEY_ID"] == "store-id" and env["TUNEFORGE_S3_SECRET_ACCESS_KEY"] == "store-secret"
 
 
-def test_a_local_trainer_gets_the_store_settings_and_no_planted_secret(planted, captured, tmp_path):
+def test_a_local_trainer_gets_no_store_setting_and_no_planted_secret(planted, captured, tmp_path):
     settings = _plane_settings(tmp_path, trainer_warm_start=False)
     LocalExecutor(settings).launch(_spec(), Placement(node="node-0", gpu_ids=[0]))
     (env,) = captured.envs

@@ -26,6 +26,7 @@ from tuneforge.api.routes import (
     jobs,
     metrics,
     models,
+    objects,
     secrets,
     sweeps,
     tinker,
@@ -36,6 +37,7 @@ from tuneforge.api.routes import (
 )
 from tuneforge.prometheus import RequestMetrics
 from tuneforge.services.context import Platform
+from tuneforge.services.training.objects import Grants
 from tuneforge.services.training_api import TrainingApiHost
 from tuneforge.settings import Settings
 
@@ -60,7 +62,7 @@ def _telemetry(enabled: bool) -> dict:
 # per app) and the routes polled hardest come first (measured: matching /healthz against the fifty
 # routes before it was a third of its CPU).
 _ROUTERS = (jobs.router, files.router, uploads.router, models.router, usage.router, metrics.router,
-            jobs.together_router, admin.router, internal.router, inference.router, webhooks.router,
+            jobs.together_router, admin.router, objects.router, internal.router, inference.router, webhooks.router,
             secrets.router, traffic.router, sweeps.router, graders.router, tinker.router, tinker.internal)
 _shared: list[BaseRoute] = []
 _shared_lock = threading.Lock()
@@ -94,6 +96,7 @@ def create_app(settings: Settings | None = None, *, platform: Platform | None = 
     app.state.platform = platform
     app.state.key_lookups = KeyLookups(platform)
     app.state.trainer_tokens = TrainerTokens(platform)
+    app.state.object_grants = Grants(platform.db)
     app.state.job_bodies = JobBodies(platform)
     app.state.event_pages = EventPages(platform)
     app.state.rate_limiter = RequestLimiter.from_settings(platform.settings) if rate_limiter is None else rate_limiter

@@ -47,6 +47,8 @@ from tuneforge.services.tenancy.api_keys import Caller
 
 UPLOAD_PATH = "/v1/files"
 PART_PATH = re.compile(r"^/v1/uploads/[^/]+/parts/?$")
+# a trainer's object written through the proxy (api/routes/objects.py): streamed, never read here
+OBJECT_PATH = re.compile(r"^/internal/v1/jobs/[^/]+/objects/.")
 # threads for large JSON checks: a request beyond them waits for a turn without holding a thread
 _JSON_CHECKS = anyio.CapacityLimiter(MAX_CONCURRENT_JSON_CHECKS)
 
@@ -105,6 +107,10 @@ class RequestGuard:
             from tuneforge.services.datasets.uploads import MAX_PART_BYTES
 
             await _MeteredUpload(self.app, MAX_PART_BYTES + MULTIPART_OVERHEAD_BYTES)(scope, receive, send)
+            return
+        if scope["method"] == "PUT" and OBJECT_PATH.match(scope["path"]) and caller is None:
+            settings = scope["app"].state.platform.settings
+            await _MeteredUpload(self.app, settings.trainer_object_max_bytes)(scope, receive, send)
             return
         body = await _read_body(scope, receive, MAX_JSON_BODY_BYTES)
         if body is None:  # the client went away

@@ -69,9 +69,7 @@ class LocalExecutor:
         log_path = self.workdir / f"{stem}.log"
         with open_private(spec_path, "w") as handle:  # the spec holds the job token: this user's only
             handle.write(spec.to_json())
-        env = child_env({**self.settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false",
-                         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_ids),
-                         "TUNEFORGE_NODE": placement.node})
+        env = self.attempt_env(placement)
         handle = {"spec_path": str(spec_path), "log_path": str(log_path), "node": placement.node}
         if self._warm is not None:
             forked = self._warm.launch(str(spec_path), env, str(self.workdir), str(log_path))
@@ -86,6 +84,13 @@ class LocalExecutor:
             )
         self._children[proc.pid] = proc
         return {"pid": proc.pid, **handle}
+
+    def attempt_env(self, placement: Placement) -> dict[str, str]:
+        """The whole environment of an attempt's trainer: the allow-list, the platform's trainer
+        variables (no store credential unless TUNEFORGE_TRAINER_STORAGE=direct), its GPUs and node."""
+        return child_env({**self.settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false",
+                          "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in placement.gpu_ids),
+                          "TUNEFORGE_NODE": placement.node})
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
         if "pid" not in handle:  # launched by another executor (the platform moved): its lease decides

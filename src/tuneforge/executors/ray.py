@@ -52,6 +52,8 @@ class StorageUnreachable(ValueError):
 
 
 def check_storage(settings: Settings) -> None:
+    if settings.trainer_storage == "proxy":  # trainers reach the store through the control plane
+        return
     url = settings.resolved_storage_url
     if "://" in url and not url.startswith("file://"):  # s3:// or another remote store
         return
@@ -299,10 +301,7 @@ class RayExecutor:
         timeout_s = max(self.settings.start_timeout_s, CALL_TIMEOUT_S)  # actor start-up, runtime_env included
         where = ray.get([host.where.remote() for host in hosts], timeout=timeout_s)
         master = where[0]
-        # in the call, not in a runtime_env the dashboard shows; the operator's runtime_env variables
-        # are passed on by name, since a trainer gets no other variable of its host
-        operator_env = (self.settings.ray_runtime_env or {}).get("env_vars") or {}
-        env = {**operator_env, **self.settings.trainer_env()}
+        env = self.attempt_env()
         # each node forks its ranks from its warm trainer, waiting for it at most half the call's time
         warm_wait_s = min(WARM_WAIT_S, timeout_s / 2) if self.settings.trainer_warm_start else None
         world, first, calls = sum(ranks_per_node), 0, []
@@ -312,6 +311,15 @@ class RayExecutor:
             first += count
         ray.get(calls, timeout=timeout_s)
         return [w["address"] for w in where]
+
+    def attempt_env(self) -> dict[str, str]:
+        """The variables every rank of an attempt is given, beside its node's allow-listed ones
+        (ray_host.py): the platform's trainer variables (no store credential unless
+        TUNEFORGE_TRAINER_STORAGE=direct). Passed in the call, not in a runtime_env the dashboard
+        shows; the operator's runtime_env variables are passed on by name, since a trainer gets no
+        other variable of its host."""
+        operator_env = (self.settings.ray_runtime_env or {}).get("env_vars") or {}
+        return {**operator_env, **self.settings.trainer_env()}
 
     def _hosts(self, handle: dict[str, Any]) -> list[Any]:
         """The attempt's actors, rank 0's first; ValueError if one of them does not exist."""

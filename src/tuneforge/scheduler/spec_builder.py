@@ -20,6 +20,7 @@ from tuneforge.domain.spec import (
 )
 from tuneforge.settings import Settings
 from tuneforge.storage import layout
+from tuneforge.storage.proxy import proxy_url
 
 
 def build_spec(session: Session, settings: Settings, job: Job, number: int, token: str) -> JobSpec:
@@ -53,7 +54,7 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
         lora=resolved.lora,
         hyperparameters=resolved.hyperparameters,
         checkpoint=resolved.checkpoint,
-        storage_url=settings.resolved_storage_url,
+        storage_url=trainer_storage_url(settings, job.job_id),
         callback_url=settings.resolved_public_url,
         job_token=token,
         gpus=resolved.gpus,
@@ -78,6 +79,14 @@ def build_spec(session: Session, settings: Settings, job: Job, number: int, toke
     )
 
 
+def trainer_storage_url(settings: Settings, job_id: str) -> str:
+    """The store a trainer of `job_id` opens: the control plane's object proxy for that job, which its
+    job token opens (storage/proxy.py), unless the operator hands trainers the store itself."""
+    if settings.trainer_storage == "direct":
+        return settings.resolved_storage_url
+    return proxy_url(settings.resolved_public_url, job_id)
+
+
 def _starting_weights(job: Job, base: BaseModelRow) -> BaseModelRef:
     """The weights the job starts from: its base model's; a job continuing a full fine-tune starts
     from that model's (its files read in place; cached on trainer nodes under a key of their own)."""
@@ -99,7 +108,8 @@ def _pool_spec(session: Session, settings: Settings, job: Job, number: int, toke
         base_model=BaseModelRef(name=base.name, sha256=base.sha256, prefix=base.prefix, source=base.source),
         training_file=DataFileRef(file_id="", key=""), validation_file=None, method=POOL_METHOD,
         training_type="lora", lora=LoraConfig(), hyperparameters=Hyperparameters(), checkpoint=CheckpointPolicy(),
-        storage_url=settings.resolved_storage_url, callback_url=settings.resolved_public_url, job_token=token,
+        storage_url=trainer_storage_url(settings, job.job_id), callback_url=settings.resolved_public_url,
+        job_token=token,
         gpus=job.resolved.gpus, heartbeat_interval_s=settings.heartbeat_interval_s,
         preempt_grace_s=settings.preempt_grace_s,
         cache_dir=str(layout.home_base_model_cache_dir(settings.home).resolve()), extra=dict(job.resolved.extra))

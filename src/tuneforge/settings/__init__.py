@@ -109,6 +109,18 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, GateSettings, Ba
     )
     s3_secret_access_key: str | None = Field(default=None, description="S3 secret key.")
 
+    trainer_storage: Literal["proxy", "direct"] = Field(
+        default="proxy",
+        description="How trainers reach the object store. 'proxy' (default): through the control plane's "
+                    "object routes with their job token, which answer only for their own job's objects, data "
+                    "and starting weights; a trainer holds no store credential (docs/security.md). 'direct': "
+                    "the store's URL and TUNEFORGE_S3_* credentials are handed to every trainer, which can "
+                    "then read every tenant's objects; only for a single-tenant cluster that needs the "
+                    "store's bandwidth without the control plane in the path.")
+    trainer_object_max_bytes: int = Field(
+        default=256 * 1024**3, ge=1,
+        description="The largest object a trainer may write through the object proxy (bytes); a larger "
+                    "upload is refused with 413 and nothing of it is kept.")
     s3_sse: str | None = Field(
         default=None, description="Server-side encryption of every object written to S3: 'AES256' (S3-managed "
                                   "keys) or 'aws:kms' (with TUNEFORGE_S3_SSE_KMS_KEY_ID, else the account's "
@@ -428,8 +440,9 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, GateSettings, Ba
 
     def trainer_env(self) -> dict[str, str]:
         """The platform's variables a trainer gets (security/env.py passes it nothing else of ours):
-        its object store's settings and the egress allow-list its eval endpoints are checked against."""
-        env = self.trainer_storage_env()
+        the egress allow-list its eval endpoints are checked against, and, only where the operator
+        chose `trainer_storage = "direct"`, its object store's settings (credentials included)."""
+        env = self.trainer_storage_env() if self.trainer_storage == "direct" else {}
         if self.egress_allow:
             env["TUNEFORGE_EGRESS_ALLOW"] = self.egress_allow
         return env

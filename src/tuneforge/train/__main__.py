@@ -150,6 +150,13 @@ def _main(spec_path: str, stop: threading.Event) -> int:
 
 
 def _open_store(spec: JobSpec):  # noqa: ANN202
+    """The attempt's object store: by default the control plane's object proxy, with the job token
+    (storage/proxy.py); the store itself only where the operator chose TUNEFORGE_TRAINER_STORAGE=direct."""
+    from tuneforge.storage.proxy import ProxyStore, is_proxy_url
+
+    if is_proxy_url(spec.storage_url):
+        return ProxyStore(spec.storage_url, spec.job_token)
+
     from tuneforge.settings import Settings
     from tuneforge.storage.store import open_store
 

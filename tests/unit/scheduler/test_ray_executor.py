@@ -14,12 +14,17 @@ from tuneforge.settings import Settings
 
 
 def test_a_local_object_store_is_refused_unless_every_node_shares_it(tmp_path):
+    direct = {"home": tmp_path, "executor": "ray", "trainer_storage": "direct"}
     with pytest.raises(StorageUnreachable, match="TUNEFORGE_STORAGE_URL=s3://"):
-        check_storage(Settings(home=tmp_path, executor="ray"))
-    check_storage(Settings(home=tmp_path, executor="ray", storage_url="s3://bucket/prefix"))
-    check_storage(Settings(home=tmp_path, executor="ray", ray_shared_storage=True))
+        check_storage(Settings(**direct))
+    check_storage(Settings(**direct, storage_url="s3://bucket/prefix"))
+    check_storage(Settings(**direct, ray_shared_storage=True))
     with pytest.raises(StorageUnreachable):  # refused before any connection to a cluster is tried
-        make_executor(Settings(home=tmp_path, executor="ray", ray_address="127.0.0.1:1"))
+        make_executor(Settings(**direct, ray_address="127.0.0.1:1"))
+
+
+def test_trainers_behind_the_object_proxy_need_no_shared_store(tmp_path):
+    check_storage(Settings(home=tmp_path, executor="ray"))  # they reach it through the control plane
 
 
 def test_an_unknown_executor_names_the_setting_and_the_choices(tmp_path):

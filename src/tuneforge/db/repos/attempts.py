@@ -54,3 +54,10 @@ def token_known(session: Session, job_id: str, token_hash: str) -> bool:
     found = session.scalar(select(Attempt.pk).where(Attempt.job_id == job_id, Attempt.token_hash == token_hash)
                            .limit(1))
     return found is not None
+
+
+def holding_token(session: Session, job_id: str, token_hash: str) -> tuple[Job, Attempt] | None:
+    """The job `job_id` and its attempt holding the token of `token_hash`, if one does."""
+    row = session.execute(select(Job, Attempt).join(Attempt, Attempt.job_id == Job.job_id)
+                          .where(Job.job_id == job_id, Attempt.token_hash == token_hash).limit(1)).first()
+    return (row[0], row[1]) if row is not None else None
