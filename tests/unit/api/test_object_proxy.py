@@ -118,3 +118,14 @@ def test_an_upload_past_the_bound_is_refused_and_leaves_nothing(setup):  # noqa:
         store.put_bytes(key, b"x" * 5000)  # announced: refused before a byte is read
     store.put_bytes(key, b"x" * 1000)
     assert platform.store.get_bytes(key) == b"x" * 1000
+
+
+def test_the_scope_the_plane_grants_is_the_one_the_spec_names(setup):  # noqa: F811
+    platform, *_ = setup
+    spec = _started(setup)
+    from tuneforge.db.repos import jobs as job_repo
+    from tuneforge.services.training.objects import scope_of
+    from tuneforge.storage.access import spec_scope
+
+    with platform.db.session() as session:
+        assert scope_of(session, job_repo.get(session, spec.tenant_id, spec.job_id)) == spec_scope(spec)
