@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.test_lifecycle import create_demo_job, wait_for
 from tests.helpers.net import wait_until
+from tuneforge.security.env import child_env
 
 pytestmark = pytest.mark.e2e
 
@@ -120,7 +121,9 @@ def test_a_trainer_reaches_its_own_objects_and_nothing_else(watched, tmp_path):
     spec_path = tmp_path / "attempt.json"
     spec_path.write_text(spec.to_json())
     os.chmod(spec_path, 0o600)
-    probe = subprocess.run([sys.executable, "-c", _PROBE, str(spec_path), theirs], env=env,
+    # what the trainer's process has: the node's allow-listed variables and the executor's (for the
+    # local executor `env` is that whole environment already; a Ray host adds its own allow-list)
+    probe = subprocess.run([sys.executable, "-c", _PROBE, str(spec_path), theirs], env=child_env(env),
                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
     assert probe.returncode == 0, probe.stderr[-3000:]
     answers = json.loads(probe.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
@@ -25,8 +25,10 @@ import httpx
 
 SCHEME_PREFIX = "tuneforge+"
 _CHUNK_BYTES = 4 * 1024 * 1024
-_TRIES = 4
+# a trainer outlives a control plane's restart: requests are tried again for this long
+_RETRY_WINDOW_S = 180.0
 _RETRY_PAUSE_S = 0.5
+_MAX_PAUSE_S = 10.0
 _TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=300.0, pool=30.0)
 
 
@@ -77,6 +79,24 @@ class _Download(io.RawIOBase):
         super().close()
 
 
+def _chunks_of(stream: Any) -> Iterator[bytes]:
+    while chunk := stream.read(_CHUNK_BYTES):
+        yield chunk
+
+
+class _Counted:
+    """A stream that counts what was read from it."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._stream.read(size)
+        self.read_bytes += len(chunk)
+        return chunk
+
+
 class ProxyStore:
     """ObjectStore over the control plane's object routes, with the attempt's job token."""
 
@@ -99,46 +119,50 @@ class ProxyStore:
         return f"{self._base}/{quote(key, safe='/')}"
 
     def _send(self, method: str, url: str, *, retry: bool = True, stream: bool = False,
-              **kwargs: Any) -> httpx.Response:
-        """The answer to one request, retried while the control plane is briefly away (a
-        restart); a refusal raises ObjectAccessError, a missing object FileNotFoundError."""
+              body: Callable[[], Any] | None = None, **kwargs: Any) -> httpx.Response:
+        """The answer to one request, retried for up to `_RETRY_WINDOW_S` while the control plane is
+        away or busy (a restart, a deploy); `body` makes each try's content afresh. A refusal raises
+        ObjectAccessError, a missing object FileNotFoundError."""
         headers = {**self._auth, **kwargs.pop("headers", {})}
-        for attempt in range(_TRIES if retry else 1):
+        deadline = time.monotonic() + (_RETRY_WINDOW_S if retry else 0.0)
+        pause_s = _RETRY_PAUSE_S
+        while True:
             try:
-                request = self._client.build_request(method, url, headers=headers, **kwargs)
+                content = body() if body is not None else kwargs.get("content")
+                request = self._client.build_request(method, url, headers=headers,
+                                                     **{**kwargs, "content": content})
                 response = self._client.send(request, stream=stream)
             except httpx.TransportError:
-                if attempt + 1 >= (_TRIES if retry else 1):
+                if time.monotonic() + pause_s > deadline:
                     raise
-                time.sleep(_RETRY_PAUSE_S * (2 ** attempt))
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, _MAX_PAUSE_S)
                 continue
-            if response.status_code >= 500 and retry and attempt + 1 < _TRIES:
+            if response.status_code >= 500 and time.monotonic() + pause_s <= deadline:
                 response.close()
-                time.sleep(_RETRY_PAUSE_S * (2 ** attempt))
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, _MAX_PAUSE_S)
                 continue
             _raise_for(response, url)
             return response
-        raise AssertionError("unreachable")
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._send("PUT", self._key_url(key), content=data)
 
     def put_file(self, key: str, local_path: Path) -> None:
+        """Streamed from the file, which is read again from its start if a try fails."""
         with open(local_path, "rb") as source:
-            self.put_stream(key, source)
+            def from_start() -> Iterator[bytes]:
+                source.seek(0)
+                return _chunks_of(source)
+
+            self._send("PUT", self._key_url(key), body=from_start)
 
     def put_stream(self, key: str, stream: IO[bytes]) -> int:
-        written = 0
-
-        def chunks() -> Iterator[bytes]:
-            nonlocal written
-            while chunk := stream.read(_CHUNK_BYTES):
-                written += len(chunk)
-                yield chunk
-
-        # a stream cannot be replayed: one try
-        self._send("PUT", self._key_url(key), content=chunks(), retry=False)
-        return written
+        counted = _Counted(stream)
+        # a stream cannot be read again: one try
+        self._send("PUT", self._key_url(key), content=_chunks_of(counted), retry=False)
+        return counted.read_bytes
 
     def get_bytes(self, key: str) -> bytes:
         return self._send("GET", self._key_url(key)).content
