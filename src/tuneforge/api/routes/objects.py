@@ -11,10 +11,13 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from tuneforge.api.object_io import parse_range, read_chunks, receive_into
+from tuneforge.api.schemas.base import ObjectRoute
+from tuneforge.api.schemas.internal import ObjectKeys, ObjectWritten
 from tuneforge.domain.errors import ApiError
 from tuneforge.services.training.objects import Grant, check_key, check_prefix
 
-router = APIRouter(prefix="/internal/v1/jobs/{job_id}/objects", tags=["internal"], include_in_schema=False)
+router = APIRouter(prefix="/internal/v1/jobs/{job_id}/objects", tags=["internal"], include_in_schema=False,
+                   route_class=ObjectRoute)
 
 
 async def _grant(request: Request, job_id: str, authorization: str | None) -> Grant:
@@ -28,7 +31,7 @@ async def _size(request: Request, key: str) -> int:
         raise ApiError(404, f"no object {key}", "invalid_request_error", "key", "object_not_found") from None
 
 
-@router.get("")
+@router.get("", response_model=ObjectKeys)
 async def list_objects(request: Request, job_id: str, prefix: str = Query(max_length=1024),
                        authorization: str | None = Header(default=None)) -> dict:
     """The keys under `prefix`, which must lie inside one of the attempt's folders."""
@@ -36,7 +39,7 @@ async def list_objects(request: Request, job_id: str, prefix: str = Query(max_le
     return {"keys": await run_in_threadpool(request.app.state.platform.store.list, prefix)}
 
 
-@router.api_route("/{key:path}", methods=["HEAD"])
+@router.api_route("/{key:path}", methods=["HEAD"], response_class=Response)
 async def head_object(request: Request, job_id: str, key: str,
                       authorization: str | None = Header(default=None)) -> Response:
     key = check_key(await _grant(request, job_id, authorization), "read", key, write=False)
@@ -45,7 +48,7 @@ async def head_object(request: Request, job_id: str, key: str,
                     media_type="application/octet-stream")
 
 
-@router.get("/{key:path}")
+@router.get("/{key:path}", response_class=StreamingResponse)
 async def get_object(request: Request, job_id: str, key: str, authorization: str | None = Header(default=None),
                      range_header: str | None = Header(default=None, alias="range")) -> Response:
     """The object, or one `Range: bytes=a-b` of it (206)."""
@@ -61,7 +64,7 @@ async def get_object(request: Request, job_id: str, key: str, authorization: str
                              headers=headers, media_type="application/octet-stream")
 
 
-@router.put("/{key:path}", status_code=201)
+@router.put("/{key:path}", status_code=201, response_model=ObjectWritten)
 async def put_object(request: Request, job_id: str, key: str,
                      authorization: str | None = Header(default=None)) -> dict:
     """Writes the body to `key`, at most TUNEFORGE_TRAINER_OBJECT_MAX_BYTES."""
@@ -76,7 +79,7 @@ async def put_object(request: Request, job_id: str, key: str,
     return {"key": key, "size_bytes": written}
 
 
-@router.delete("/{key:path}", status_code=204)
+@router.delete("/{key:path}", status_code=204, response_class=Response)
 async def delete_object(request: Request, job_id: str, key: str,
                         authorization: str | None = Header(default=None)) -> Response:
     key = check_key(await _grant(request, job_id, authorization), "delete", key, write=True)

@@ -28,3 +28,12 @@ class ReportAnswer(ApiObject):
 class JudgeAnswer(ApiObject):
     replies: list[dict[str, Any]] = Field(description="Per conversation, in order: {text, tokens, completion_tokens, "
                                                       "refused}, or {error}: why the judge did not answer it.")
+
+
+class ObjectKeys(ApiObject):
+    keys: list[str] = Field(description="Every key under the prefix asked, recursively, sorted.")
+
+
+class ObjectWritten(ApiObject):
+    key: str = Field(description="The key written.")
+    size_bytes: int = Field(description="How many bytes were written.")
