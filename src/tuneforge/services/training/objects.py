@@ -8,7 +8,6 @@ built from the same rows the attempt's JobSpec was built from (scheduler/spec_bu
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -19,15 +18,12 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.repos import files as file_repo
-from tuneforge.db.tables import Attempt, Job
+from tuneforge.db.tables import Job
 from tuneforge.domain.errors import ApiError, unauthorized
-from tuneforge.domain.status import ATTEMPT_ACTIVE, AttemptStatus, JobStatus
+from tuneforge.services.training.reports import require_current, token_hash
 from tuneforge.storage.access import KeyRefused, ObjectScope, job_scope
 
 log = logging.getLogger(__name__)
-
-_RUNNING = (JobStatus.RUNNING.value, JobStatus.EVALUATING.value)
-
 
 @dataclass(frozen=True)
 class Grant:
@@ -72,11 +68,11 @@ def check_prefix(grant: Grant, prefix: str) -> str:
 def grant_for(session: Session, job_id: str, authorization: str | None) -> Grant:
     """The grant of the attempt whose token `authorization` carries, if it is `job_id`'s current one."""
     token = (authorization or "").partition(" ")[2].strip()
-    found = attempt_repo.holding_token(session, job_id, _hash(token)) if token else None
+    found = attempt_repo.holding_token(session, job_id, token_hash(token)) if token else None
     if found is None:
         raise unauthorized("invalid job token", code="invalid_job_token")
     job, attempt = found
-    _require_current(job, attempt)
+    require_current(job, attempt)
     return Grant(job.job_id, job.tenant_id, attempt.number, scope_of(session, job))
 
 
@@ -101,17 +97,6 @@ def scope_of(session: Session, job: Job) -> ObjectScope:
     return job_scope(job.tenant_id, job.job_id, data_keys=data, model_prefixes=models)
 
 
-def _require_current(job: Job, attempt: Attempt) -> None:
-    if attempt.number != job.attempt or AttemptStatus(attempt.status) not in ATTEMPT_ACTIVE \
-            or job.status not in _RUNNING:
-        raise ApiError(409, f"attempt {attempt.number} of {job.job_id} is no longer current",
-                       "invalid_request_error", "attempt", "stale_attempt")
-
-
-def _hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 class Grants:
     """Grants remembered for `ttl_s`, so that the hundred files of a checkpoint cost one look-up:
     an attempt that ends keeps its reach for at most that long."""
@@ -126,7 +111,7 @@ class Grants:
 
     def get(self, job_id: str, authorization: str | None) -> Grant:
         """Blocking (a database look-up): call it in a thread."""
-        key = (job_id, _hash((authorization or "").partition(" ")[2].strip()))
+        key = (job_id, token_hash((authorization or "").partition(" ")[2].strip()))
         now = time.monotonic()
         with self._lock:
             known = self._known.get(key)

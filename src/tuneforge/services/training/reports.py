@@ -65,7 +65,9 @@ def authorize(session: Session, job_id: str, number: int, authorization: str | N
     return job, attempt
 
 
-def _require_current(job: Job, attempt: Attempt) -> None:
+def require_current(job: Job, attempt: Attempt) -> None:
+    """409 `stale_attempt` unless `attempt` is its running (or evaluating) job's current one: what
+    every request of a trainer's is held to (reports, credentials, judges, objects)."""
     if attempt.number != job.attempt or AttemptStatus(attempt.status) not in ATTEMPT_ACTIVE:
         raise _stale(f"attempt {attempt.number} of {job.job_id} is no longer current")
     if job.status not in (JobStatus.RUNNING.value, JobStatus.EVALUATING.value):
@@ -76,7 +78,7 @@ def credentials(session: Session, platform: Any, job: Job, attempt: Attempt) -> 
     """The credentials the current attempt needs: its eval's (its tenant's secrets and the operator's
     endpoints its config names) and its trackers' (`tracking`, services/training/integrations.py); a stale
     attempt gets 409 like its reports."""
-    _require_current(job, attempt)
+    require_current(job, attempt)
     found = evaluation.credentials_for(session, platform.settings, platform.sealer, job)
     return {"secrets": dict(found.secrets), "endpoints": {k: dict(v) for k, v in found.endpoints.items()},
             "tracking": integrations.access_for(session, platform.settings, platform.sealer, job)}
@@ -96,7 +98,7 @@ def judge(session: Session, platform: Any, job: Job, attempt: Attempt, body: Any
     from tuneforge.graders.score import JudgeError, judge_schema
     from tuneforge.services.serving.judges import TenantJudges
 
-    _require_current(job, attempt)
+    require_current(job, attempt)
     raw = job.resolved.hyperparameters.method_options.get("grader") if job.resolved is not None else None
     name = body.get("grader") if isinstance(body, dict) else None
     grader = judges(parse(raw, "grader")).get(name) if raw and isinstance(name, str) else None
@@ -164,7 +166,7 @@ def apply(session: Session, store: ObjectStore, job: Job, attempt: Attempt, mess
 def heartbeat(session: Session, job: Job, attempt: Attempt, body: reports.Heartbeat) -> dict[str, str]:
     if job.cancel_requested or job.status == JobStatus.CANCELLED.value:
         return {"action": "stop"}
-    _require_current(job, attempt)
+    require_current(job, attempt)
     now = time.time()
     attempt.heartbeat_at = now
     if attempt.status == AttemptStatus.STARTING.value:
@@ -181,7 +183,7 @@ def heartbeat(session: Session, job: Job, attempt: Attempt, body: reports.Heartb
 
 
 def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Events) -> int:
-    _require_current(job, attempt)
+    require_current(job, attempt)
     applied = 0
     for item in sorted(body.events, key=lambda e: e.seq):
         if _already_applied(attempt, item.seq):
@@ -203,7 +205,7 @@ def add_events(session: Session, job: Job, attempt: Attempt, body: reports.Event
 
 
 def add_checkpoint(session: Session, job: Job, attempt: Attempt, body: reports.CheckpointWritten) -> None:
-    _require_current(job, attempt)
+    require_current(job, attempt)
     seq = body.seq
     if _already_applied(attempt, seq):
         return
@@ -230,7 +232,7 @@ def resumed(session: Session, store: ObjectStore, job: Job, attempt: Attempt, bo
     away, then SIGKILLed): the checkpoint's own history fills in every step up to
     `step` that has no metrics event, and the checkpoint is listed if it is not.
     Returns how many steps' metrics were recovered."""
-    _require_current(job, attempt)
+    require_current(job, attempt)
     seq = body.seq
     if _already_applied(attempt, seq):
         return 0
@@ -286,7 +288,7 @@ def evaluating(session: Session, job: Job, attempt: Attempt, body: reports.Evalu
     seq = body.seq
     if _already_applied(attempt, seq):
         return
-    _require_current(job, attempt)
+    require_current(job, attempt)
     attempt.last_seq = seq
     if job.status == JobStatus.RUNNING.value:
         transition(session, job, JobStatus.EVALUATING,
@@ -306,7 +308,7 @@ def complete(session: Session, store: ObjectStore, job: Job, attempt: Attempt, b
     seq = body.seq
     if _already_applied(attempt, seq):
         return
-    _require_current(job, attempt)
+    require_current(job, attempt)
     attempt.result, attempt.last_seq = body.model_dump(mode="json", ), seq
     attempt.status, attempt.ended_at = AttemptStatus.SUCCEEDED.value, time.time()
     tenant = tenant_repo.by_id(session, job.tenant_id)
@@ -360,7 +362,7 @@ def fail(session: Session, job: Job, attempt: Attempt, body: reports.Failure) ->
     seq = body.seq
     if _already_applied(attempt, seq):
         return
-    _require_current(job, attempt)
+    require_current(job, attempt)
     error = tenant_error(body)
     attempt.failure, attempt.last_seq = {**error, "classification": body.classification}, seq
     if body.classification not in reports.FINAL_FAILURE_CLASSES:
