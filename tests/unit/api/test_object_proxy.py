@@ -98,6 +98,10 @@ def test_a_wrong_or_earlier_token_opens_nothing(setup):  # noqa: F811
         with pytest.raises(ObjectAccessError) as refused:
             _store(http, spec, token).get_bytes(spec.training_file.key)
         assert refused.value.status_code == 401 and refused.value.code == "invalid_job_token"
+    own = layout.results_key(spec.tenant_id, spec.job_id)
+    with pytest.raises(ObjectAccessError) as refused:  # refused at the edge, before the body is read
+        _store(http, spec, "not-a-token").put_bytes(own, b"x" * 100)
+    assert refused.value.status_code == 401 and not platform.store.exists(own)
     # the attempt is no longer current once its job is cancelled
     assert http.post(f"/v1/fine_tuning/jobs/{spec.job_id}/cancel", headers=auth).status_code == 200
     with pytest.raises(ObjectAccessError) as fenced:
