@@ -25,6 +25,7 @@ from tuneforge.storage.access import KeyRefused, ObjectScope, job_scope
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Grant:
     """What one attempt's token opens."""
