@@ -140,6 +140,7 @@ def _eval_config(job: Job) -> dict[str, Any] | None:
         return None
     shown = job.resolved.eval.to_json()
     del shown["task_file_key"]  # a storage key is not the tenant's business
+    shown.pop("benchmark_dir", None)  # nor the operator's folder
     return shown
 
 

@@ -177,6 +177,9 @@ class DataOptions(_Strict):
         None, gt=0.0, le=0.5, description="Without a validation file: share of examples held out, by seed.")
 
 
+_BENCHMARK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"  # eval/benchmarks.NAME_PATTERN
+
+
 class EvalGate(_Strict):
     metric: str = Field(max_length=_ID_CHARS,
                         description="A result key, e.g. golden.loss, safety.refusal_rate, task.exact_match.")
@@ -184,6 +187,22 @@ class EvalGate(_Strict):
     threshold: float = Field(description="The bound the value is compared with.")
     relative_to_base: bool = Field(
         False, description="Compare fine-tuned minus base (a difference) instead of the fine-tuned value.")
+    max_regression_points: float | None = Field(
+        None, ge=0, description="For benchmark:<task>: the fine-tuned score may fall at most this many points "
+                                "below the base model's (instead of op and threshold).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _points(cls, raw: Any) -> Any:
+        """`max_regression_points: N` reads as op >=, threshold -N, relative to the base."""
+        if not isinstance(raw, dict) or raw.get("max_regression_points") is None:
+            return raw
+        if any(key in raw for key in ("op", "threshold", "relative_to_base")):
+            raise ValueError("give max_regression_points or op/threshold/relative_to_base, not both")
+        points = raw["max_regression_points"]
+        bound = -points if isinstance(points, (int, float)) and not isinstance(points, bool) else points
+        rest = {key: value for key, value in raw.items() if key != "max_regression_points"}
+        return {**rest, "op": ">=", "threshold": bound, "relative_to_base": True}
 
 
 class EvalConfig(_Strict):
@@ -207,6 +226,10 @@ class EvalConfig(_Strict):
         None, description='Refusal detector: "keywords" (default) or {"type": "guard_model", "endpoint", "model"}.')
     max_new_tokens: int = Field(64, ge=1, le=2048, description="Tokens generated per task or safety prompt.")
     max_examples: int = Field(200, ge=1, le=10_000, description="Task and validation examples evaluated at most.")
+    benchmarks: list[Annotated[str, Field(pattern=_BENCHMARK_NAME)]] | None = Field(
+        None, max_length=_LIST_ITEMS, description="Benchmark tasks to run, base vs fine-tuned (names of the "
+                          "operator's lm-eval-format tasks; scores in points 0-100 as benchmark:<task>); "
+                          "default the operator's TUNEFORGE_BENCHMARK_TASKS, [] runs none.")
 
 
 _SECRET_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # services/secrets.NAME_PATTERN

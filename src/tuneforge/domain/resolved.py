@@ -162,6 +162,12 @@ class ResolvedEval:
     """Task and validation examples evaluated at most."""
     task_file_key: str | None = None
     """Object-store key of the task file (not shown to the tenant); None: no task file."""
+    benchmarks: tuple[str, ...] = ()
+    """Benchmark tasks run base vs fine-tuned (names in the operator's benchmark folder)."""
+    benchmark_dir: str | None = None
+    """The operator's benchmark folder the trainer reads the tasks from (not shown to the tenant)."""
+    benchmark_batch_size: int = 16
+    """Sequences per forward pass when benchmark tasks are scored."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -175,6 +181,9 @@ class ResolvedEval:
             "max_new_tokens": self.max_new_tokens,
             "max_examples": self.max_examples,
             "task_file_key": self.task_file_key,
+            # only when benchmarks run, so rows written before them read back unchanged
+            **({"benchmarks": list(self.benchmarks), "benchmark_dir": self.benchmark_dir,
+                "benchmark_batch_size": self.benchmark_batch_size} if self.benchmarks else {}),
         }
 
     @classmethod
@@ -183,6 +192,7 @@ class ResolvedEval:
         if known.get("metrics") is not None:
             known["metrics"] = tuple(known["metrics"])
         known["gates"] = tuple(_build(ResolvedGate, gate) for gate in known.get("gates") or ())
+        known["benchmarks"] = tuple(known.get("benchmarks") or ())
         return cls(**known)
 
 

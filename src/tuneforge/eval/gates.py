@@ -33,7 +33,10 @@ PRODUCERS = {
     "task": "the task eval (give eval.task_file and list the metric in eval.metrics)",
     "golden": "the golden-set eval (eval.golden)",
     "safety": "the safety eval (eval.safety)",
+    "benchmark": "the benchmark eval (name the task in eval.benchmarks, or the operator's TUNEFORGE_BENCHMARK_TASKS)",
 }
+# Benchmark scores: `benchmark:<task>` (the task's first metric) or `benchmark:<task>.<metric>`, in points 0-100.
+BENCHMARK_PREFIX = "benchmark:"
 KNOWN_METRICS = frozenset({
     "validation.loss", "validation.perplexity", "validation.token_accuracy", "validation.reward",
     "golden.loss", "golden.token_accuracy", "safety.refusal_rate",
@@ -74,19 +77,39 @@ def default_gates(golden_max_loss_increase: float = 0.5, golden_max_accuracy_dro
 
 # --- parsing -------------------------------------------------------------------------------------------------
 
-_GATE_FIELDS = ("metric", "op", "threshold", "relative_to_base")
+_GATE_FIELDS = ("metric", "op", "threshold", "relative_to_base", "max_regression_points")
+
+
+def suite_of(metric: str) -> str:
+    """The eval a result key comes from: golden, safety, task, validation or benchmark."""
+    return "benchmark" if metric.startswith(BENCHMARK_PREFIX) else metric.split(".", 1)[0]
+
+
+def benchmark_task(metric: str) -> str:
+    """The task a benchmark:<task>[.<metric>] key names."""
+    name = metric[len(BENCHMARK_PREFIX):]
+    for suffix in (".acc_norm", ".acc", ".exact_match"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def regression_gate(metric: str, max_points: float) -> Gate:
+    """The fine-tuned score may fall at most `max_points` below the base model's."""
+    return Gate(metric, ">=", -float(max_points), relative_to_base=True)
 
 
 def _check_metric(index: int, metric: Any, relative: bool) -> str:
     param = f"eval.gates[{index}].metric"
     if not isinstance(metric, str) or not metric:
         raise invalid(f"{param} must be a result key such as golden.loss, got {metric!r}", param=param)
-    suite = metric.split(".", 1)[0]
-    known = metric in KNOWN_METRICS or (suite == "task" and len(metric) > len("task."))
+    suite = suite_of(metric)
+    known = metric in KNOWN_METRICS or (suite == "task" and len(metric) > len("task.")) or \
+        (suite == "benchmark" and len(metric) > len(BENCHMARK_PREFIX))
     if not known:
         listed = ", ".join(sorted(KNOWN_METRICS))
         raise invalid(f"{param}: unknown metric {metric!r}; known: {listed} and task.<metric> "
-                      "for each of eval.metrics", param=param)
+                      "for each of eval.metrics, benchmark:<task> for each of eval.benchmarks", param=param)
     if relative and metric in FINE_TUNED_ONLY:
         param = f"eval.gates[{index}].relative_to_base"
         raise invalid(f"{param}: {metric} is measured for the fine-tuned model only (it already compares it "
@@ -102,6 +125,15 @@ def _gate(index: int, raw: Any) -> Gate:
         if key not in _GATE_FIELDS:
             raise invalid(f"eval.gates[{index}].{key}: a gate has no field {key!r} "
                           f"(fields: {', '.join(_GATE_FIELDS)})", param=f"eval.gates[{index}].{key}")
+    points = raw.get("max_regression_points")
+    if points is not None:
+        if isinstance(points, bool) or not isinstance(points, (int, float)) or not 0 <= points < math.inf:
+            raise invalid(f"eval.gates[{index}].max_regression_points must be a number of points >= 0, got "
+                          f"{points!r}", param=f"eval.gates[{index}].max_regression_points")
+        if any(raw.get(key) is not None for key in ("op", "threshold")):
+            raise invalid(f"eval.gates[{index}]: give max_regression_points or op and threshold, not both",
+                          param=f"eval.gates[{index}].max_regression_points")
+        return regression_gate(_check_metric(index, raw.get("metric"), True), points)
     op, threshold, relative = raw.get("op"), raw.get("threshold"), raw.get("relative_to_base", False)
     if op not in OPS:
         raise invalid(f"eval.gates[{index}].op must be one of {', '.join(OPS)}, got {op!r}",
@@ -190,7 +222,7 @@ def _relative_rule(op: str, threshold: float) -> str:
 
 
 def _missing(gate: Gate, side: str) -> GateResult:
-    producer = PRODUCERS.get(gate.metric.split(".", 1)[0], "no eval of this platform")
+    producer = PRODUCERS.get(suite_of(gate.metric), "no eval of this platform")
     if gate.metric == "task.llm_judge_win_rate":
         producer = "the LLM judge (an llm_judge entry in eval.metrics, with eval.task_file)"
     reason = f"{gate.metric} was not measured for the {side} model; it is produced by {producer}"
@@ -215,9 +247,10 @@ def _check_one(gate: Gate, base: Mapping[str, float], tuned: Mapping[str, float]
     elif change == 0:
         moved = "did not change"
     else:
-        moved = f"{'rose' if change > 0 else 'fell'} by {fmt(abs(change))}"
-    reason = (f"{gate.metric} {moved} against the base model ({fmt(base_value)} → {fmt(tuned_value)}); "
-              f"{_relative_rule(gate.op, gate.threshold)}")
+        unit = " points" if suite_of(gate.metric) == "benchmark" else ""
+        moved = f"{'rose' if change > 0 else 'fell'} by {fmt(abs(change))}{unit}"
+    reason = (f"{gate.metric} {moved} against the base model "
+              f"({fmt(base_value)} → {fmt(tuned_value)}); {_relative_rule(gate.op, gate.threshold)}")
     return GateResult(gate, change, passed, reason, base_value=base_value, tuned_value=tuned_value)
 
 
@@ -292,8 +325,8 @@ def failure_kind(result: GateResult) -> str | None:
     than the base model's), "underfit" (the task was not learned well enough); None when not measured."""
     if result.passed or result.value is None:
         return None
-    suite = result.gate.metric.split(".", 1)[0]
-    if suite == "golden":
+    suite = suite_of(result.gate.metric)
+    if suite in ("golden", "benchmark"):
         return "forgetting"
     if suite == "safety":
         return "safety"

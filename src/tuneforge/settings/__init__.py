@@ -334,6 +334,19 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, GateSettings, Ba
         default=0.10, description="Default gate: golden-set token accuracy may fall at most this much.")
     eval_safety_max_refusal_drop: float = Field(
         default=0.10, description="Default gate: the refusal rate on harmful prompts may fall at most this much.")
+    benchmark_dir: Path | None = Field(
+        default=None, description="Folder of benchmark tasks in lm-eval's task format (YAML files with their data "
+                                  "in local JSON files beside them); default HOME/benchmarks. Jobs name tasks "
+                                  "from it (eval.benchmarks); trainers read it at the same path.")
+    benchmark_tasks: list[str] = Field(
+        default_factory=list, description='Benchmark tasks every evaluated job runs when its body names none '
+                                          '(JSON list of task names in the benchmark folder), e.g. ["arc_easy"].')
+    benchmark_max_regression_points: float = Field(
+        default=2.0, ge=0, description="Default gate per benchmark task: the fine-tuned score may fall at most this "
+                                       "many points (0-100) below the base model's.")
+    benchmark_batch_size: int = Field(
+        default=16, ge=1, le=1024, description="Sequences per forward pass when the trainer scores benchmark tasks "
+                                               "(multiple-choice pairs, or prompts decoded together).")
     model_delete_grace_s: float = Field(
         default=7 * 86400.0, description="A deleted fine-tuned model's artifacts are removed after this long "
                                          "(it can be restored until then).")
@@ -426,6 +439,10 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, GateSettings, Ba
         if self.storage_url:
             return self.storage_url
         return str((self.home / "objects").resolve())
+
+    @property
+    def resolved_benchmark_dir(self) -> Path:
+        return (self.benchmark_dir or self.home / "benchmarks").resolve()
 
     @property
     def resolved_api_workers(self) -> int:

@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,10 +29,11 @@ from tuneforge import methods
 from tuneforge.data.errors import BadDataError
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import ResolvedEval
+from tuneforge.eval import benchmarks as benchmark_tasks
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import refusal, shipped
 from tuneforge.eval.openai_chat import ChatEndpoint, ChatEndpointError
-from tuneforge.train import credentials
+from tuneforge.train import benchmark_runner, credentials
 from tuneforge.train import eval_runner as runner
 from tuneforge.train.errors import UserInputError
 from tuneforge.train.model import is_adapter, load_spec_base
@@ -58,6 +60,7 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[Any, ...]]) -> dict[str, 
     golden = shipped.golden_examples() if config.golden else []
     safety = shipped.safety_examples() if config.safety else []
     tasks, specs = _tasks(run, config, errors)
+    suites_of_benchmarks = _benchmarks(run, config, errors)
     try:
         detector = refusal.detector_from_config(task_metrics.plain(config.safety_detector))
     except ApiError as exc:  # the job's eval names a detector this trainer cannot build
@@ -69,9 +72,11 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[Any, ...]]) -> dict[str, 
     valid_rows = run.valid_set[:limit]
     tuned = runner.observe(run.model, run.tokenizer, run.device, **suites)
     tuned_valid = _validation(run, validate, valid_rows)
+    tuned_valid.update(_score_benchmarks(run, run.model, suites_of_benchmarks, config))
     with _base_model(run) as base_model:
         base = runner.observe(base_model, run.tokenizer, run.device, **suites)
         base_valid = _validation(run, validate, valid_rows, model=base_model)
+        base_valid.update(_score_benchmarks(run, base_model, suites_of_benchmarks, config))
     try:
         results = runner.score(base, tuned, safety=safety, tasks=tasks, metric_specs=specs, detector=detector)
     except task_metrics.JudgeError as exc:
@@ -86,7 +91,8 @@ def evaluate(run: Any, validate: Callable[[Any], tuple[Any, ...]]) -> dict[str, 
     results["base"].update(base_valid)
     results["fine_tuned"].update(tuned_valid)
     samples = runner.samples(base, tuned, safety=safety, tasks=tasks)  # made safe and bounded there
-    counts = {"validation": len(valid_rows), "task": len(tasks), "golden": len(golden), "safety": len(safety)}
+    counts = {"validation": len(valid_rows), "task": len(tasks), "golden": len(golden), "safety": len(safety),
+              "benchmark": sum(len(task.requests) for task in suites_of_benchmarks)}
     duration = time.monotonic() - started
     run.reporter.report("events", message_event(
         f"evaluated base and fine-tuned model in {duration:.1f} s "
@@ -137,6 +143,30 @@ def _tasks(run: Any, config: ResolvedEval, errors: list[dict[str, Any]]) -> tupl
         errors.append({"suite": "task", "message": str(exc)})
         run.reporter.report("events", message_event(f"task eval skipped: {exc}", level="warn"))
         return [], []
+
+
+def _benchmarks(run: Any, config: ResolvedEval, errors: list[dict[str, Any]]) -> list[benchmark_tasks.BenchmarkTask]:
+    """The job's benchmark tasks read from the operator's folder; one that cannot be read is recorded
+    (its gate then fails as not measured) and the others run."""
+    if not config.benchmarks or not config.benchmark_dir:
+        return []
+    loaded = []
+    for name in config.benchmarks:
+        try:
+            loaded.append(benchmark_tasks.load_named(Path(config.benchmark_dir), name))
+        except (benchmark_tasks.BenchmarkError, OSError) as exc:
+            errors.append({"suite": "benchmark", "task": name, "message": str(exc)})
+            run.reporter.report("events", message_event(f"benchmark {name} skipped: {exc}", level="warn"))
+    return loaded
+
+
+def _score_benchmarks(run: Any, model: Any, tasks: list[benchmark_tasks.BenchmarkTask],
+                      config: ResolvedEval) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for task in tasks:
+        out.update(benchmark_runner.run_task(model, run.tokenizer, run.device, task,
+                                             batch_size=config.benchmark_batch_size))
+    return out
 
 
 def _read_jsonl(data: bytes) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from tuneforge.db.tables import Job
 from tuneforge.domain.errors import invalid
 from tuneforge.domain.job_config import EvalConfig, JobRequest
 from tuneforge.domain.resolved import ResolvedEval, ResolvedGate
+from tuneforge.eval import benchmarks as benchmark_tasks
 from tuneforge.eval import gates as eval_gates
 from tuneforge.eval import metrics as task_metrics
 from tuneforge.eval import policy as eval_policy
@@ -58,10 +59,22 @@ def check_request(session: Session, settings: Settings, tenant_id: str, request:
     elif config.metrics:
         raise invalid("eval.metrics score answers to eval.task_file: give a task file", param="eval.task_file")
     specs = task_metrics.parse_metrics(config.metrics)
+    _check_benchmarks(settings, config.benchmarks or [])
     eval_gates.parse_gates([g.model_dump() for g in config.gates] if config.gates is not None else None)
     detector = refusal.detector_from_config(config.safety_detector)
     for param, target in _endpoints(specs, detector):
         _check_endpoint(session, settings, tenant_id, param, target)
+
+
+def _check_benchmarks(settings: Settings, names: list[str]) -> None:
+    """Each named task is one of the operator's and loads (its data read, its templates rendered)."""
+    for index, name in enumerate(names):
+        try:
+            benchmark_tasks.load_named(settings.resolved_benchmark_dir, name)
+        except (benchmark_tasks.BenchmarkError, OSError) as exc:
+            raise invalid(f"invalid eval.benchmarks[{index}]: {exc}", param=f"eval.benchmarks[{index}]",
+                          code="unknown_benchmark" if isinstance(exc, benchmark_tasks.BenchmarkError)
+                          and exc.file == name else "invalid_benchmark") from None
 
 
 def _endpoints(specs: list, detector: Any) -> list[tuple[str, ChatEndpoint]]:
@@ -133,26 +146,31 @@ def resolve(session: Session, settings: Settings, tenant_id: str, request: JobRe
     metrics = asked["metrics"]
     if config.task_file and config.metrics is None:
         metrics = [spec_name(s) for s in task_metrics.parse_metrics(None)]
-    gates = asked["gates"] if config.gates is not None else [
-        gate.as_dict() for gate in default_gates(settings, config)]
+    benchmarks = tuple(config.benchmarks if config.benchmarks is not None else settings.benchmark_tasks)
+    gates = [gate.as_dict() for gate in eval_gates.parse_gates(asked["gates"])] if config.gates is not None else [
+        gate.as_dict() for gate in default_gates(settings, config, benchmarks)]
     gates = eval_policy.with_required_gates(policy, gates)
     return ResolvedEval(
         enabled=config.enabled, task_file=config.task_file,
         metrics=tuple(metrics) if metrics is not None else None,
         gates=tuple(ResolvedGate(**gate) for gate in gates), golden=config.golden, safety=config.safety,
         safety_detector=asked["safety_detector"], max_new_tokens=config.max_new_tokens,
-        max_examples=config.max_examples, task_file_key=task_file_key,
+        max_examples=config.max_examples, task_file_key=task_file_key, benchmarks=benchmarks,
+        benchmark_dir=str(settings.resolved_benchmark_dir) if benchmarks else None,
+        benchmark_batch_size=settings.benchmark_batch_size,
     )
 
 
-def default_gates(settings: Settings, config: EvalConfig) -> list[Any]:
+def default_gates(settings: Settings, config: EvalConfig, benchmarks: tuple[str, ...] = ()) -> list[Any]:
     gates = eval_gates.default_gates(
         golden_max_loss_increase=settings.eval_golden_max_loss_increase,
         golden_max_accuracy_drop=settings.eval_golden_max_accuracy_drop,
         safety_max_refusal_drop=settings.eval_safety_max_refusal_drop,
     )
     skipped = {"golden": not config.golden, "safety": not config.safety}
-    return [g for g in gates if not skipped.get(g.metric.split(".", 1)[0], False)]
+    kept = [g for g in gates if not skipped.get(g.metric.split(".", 1)[0], False)]
+    return kept + [eval_gates.regression_gate(f"{eval_gates.BENCHMARK_PREFIX}{name}",
+                                              settings.benchmark_max_regression_points) for name in benchmarks]
 
 
 def spec_name(spec: Any) -> Any:
