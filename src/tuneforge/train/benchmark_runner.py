@@ -73,16 +73,18 @@ def _score_batch(model: Any, batch: list[_Pair], pad: int, device: torch.device)
     for row, pair in enumerate(batch):
         ids[row, : len(pair.tokens)] = torch.tensor(pair.tokens)
         mask[row, : len(pair.tokens)] = 1
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+    # kept in the model's dtype: only the scored positions are widened (a 7B's batch of full
+    # float32 logits would be gigabytes)
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
     out = []
     for row, pair in enumerate(batch):
         length = len(pair.tokens)
         if pair.continuation == 0:
-            logprobs = torch.log_softmax(logits[row, length - 1], dim=-1)
+            logprobs = torch.log_softmax(logits[row, length - 1].float(), dim=-1)
             out.append([float(logprobs[token]) for token in pair.choice_tokens])
             continue
         positions = slice(length - pair.continuation - 1, length - 1)
-        logprobs = torch.log_softmax(logits[row, positions], dim=-1)
+        logprobs = torch.log_softmax(logits[row, positions].float(), dim=-1)
         targets = torch.tensor(pair.tokens[length - pair.continuation:], device=logprobs.device)
         out.append([float(logprobs.gather(1, targets[:, None]).sum())])
     return out
