@@ -191,27 +191,30 @@ def _read_yaml(path: Path, root: Path) -> dict[str, Any]:
     return raw
 
 
-def _function_key(raw: Any, prefix: str = "") -> str | None:
-    if isinstance(raw, _Function):
-        return prefix or "(top level)"
-    if isinstance(raw, Mapping):
-        for key, value in raw.items():
-            found = _function_key(value, f"{prefix}.{key}" if prefix else str(key))
-            if found:
-                return found
-    if isinstance(raw, list):
-        for index, value in enumerate(raw):
-            found = _function_key(value, f"{prefix}[{index}]")
-            if found:
-                return found
-    return None
+MAX_YAML_NODES = 100_000  # YAML aliases can make a small file a huge tree to walk
+
+
+def _function_key(raw: Any, file: str) -> str | None:
+    """The key holding a `!function` tag, if any (a bounded walk)."""
+    pending: list[tuple[Any, str]] = [(raw, "")]
+    for _visit in range(MAX_YAML_NODES):
+        if not pending:
+            return None
+        node, prefix = pending.pop()
+        if isinstance(node, _Function):
+            return prefix or "(top level)"
+        if isinstance(node, Mapping):
+            pending.extend((value, f"{prefix}.{key}" if prefix else str(key)) for key, value in node.items())
+        elif isinstance(node, list):
+            pending.extend((value, f"{prefix}[{index}]") for index, value in enumerate(node))
+    raise BenchmarkError(file, f"more than {MAX_YAML_NODES} values (aliases expanding?)")
 
 
 def _config(path: Path, root: Path, depth: int = 0) -> dict[str, Any]:
     """The task file with its `include`s merged under it (lm-eval's template files)."""
     file = str(path.relative_to(root.resolve())) if path.is_relative_to(root.resolve()) else path.name
     raw = _read_yaml(path, root.resolve())
-    function = _function_key(raw)
+    function = _function_key(raw, file)
     if function:
         raise BenchmarkError(file, "!function runs Python from the task file, which is not supported; "
                                    "write it as a Jinja template or a field name", function)

@@ -206,3 +206,26 @@ def test_a_points_gate_allows_a_regression_of_at_most_n_points():
     assert "eval.benchmarks" in missing.failures[0].reason
     with pytest.raises(Exception, match="not both"):
         eval_gates.parse_gates([{"metric": "benchmark:sums", "max_regression_points": 2, "op": ">="}])
+
+
+def test_yaml_aliases_that_expand_are_bounded(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{n}: &a{n} [*a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}, *a{n - 1}]"
+              for n in range(1, 9)]
+    write_task(tmp_path, MC_TASK.format(shots=0) + "metadata:\n" + "".join(f"  {line}\n" for line in lines))
+    with pytest.raises(benchmarks.BenchmarkError, match="more than 100000 values"):
+        benchmarks.load_task(tmp_path / "sums" / "task.yaml", tmp_path)
+
+
+def test_the_job_body_gate_shorthand_reads_as_a_relative_gate():
+    from pydantic import ValidationError
+
+    from tuneforge.domain.job_config import EvalConfig
+
+    config = EvalConfig(benchmarks=["sums"], gates=[{"metric": "benchmark:sums", "max_regression_points": 2}])
+    gate = config.gates[0]
+    assert (gate.op, gate.threshold, gate.relative_to_base, gate.max_regression_points) == (">=", -2.0, True, None)
+    with pytest.raises(ValidationError, match="not both"):
+        EvalConfig(gates=[{"metric": "benchmark:sums", "max_regression_points": 2, "op": "<="}])
+    with pytest.raises(ValidationError):
+        EvalConfig(benchmarks=["../sums"])

@@ -77,3 +77,25 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(tiny):
     alone = benchmark_runner.generations(model, tokenizer, CPU, task, batch_size=1)
     together = benchmark_runner.generations(model, tokenizer, CPU, task, batch_size=3)
     assert together == alone and all(isinstance(text, str) for text in alone)
+
+
+def test_a_task_the_trainer_cannot_read_is_recorded_and_the_others_run(tmp_path):
+    from types import SimpleNamespace
+
+    from tuneforge.domain.resolved import ResolvedEval
+    from tuneforge.train import evaluate
+
+    (tmp_path / "ok.yaml").write_text(
+        "task: ok\ndataset_path: ok.jsonl\ntest_split: train\noutput_type: multiple_choice\n"
+        "doc_to_text: q\ndoc_to_target: a\ndoc_to_choice: c\n")
+    (tmp_path / "ok.jsonl").write_text('{"q": "Sky?", "c": ["blue", "red"], "a": 0}\n')
+    (tmp_path / "bad.yaml").write_text("task: bad\nprocess_docs: !function utils.go\n")
+    reports = []
+    run = SimpleNamespace(reporter=SimpleNamespace(report=lambda kind, body: reports.append((kind, body))))
+    errors: list[dict] = []
+    config = ResolvedEval(benchmarks=("ok", "bad", "missing"), benchmark_dir=str(tmp_path))
+    loaded = evaluate._benchmarks(run, config, errors)
+    assert [task.name for task in loaded] == ["ok"]
+    assert [(e["task"], e["suite"]) for e in errors] == [("bad", "benchmark"), ("missing", "benchmark")]
+    assert "!function" in errors[0]["message"] and "offered: bad, ok" in errors[1]["message"]
+    assert len(reports) == 2
