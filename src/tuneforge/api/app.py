@@ -11,6 +11,7 @@ from starlette.types import ASGIApp
 
 from tuneforge import __version__, console
 from tuneforge.api import docs, errors, forward, health, openapi
+from tuneforge.api.audit import AuditTrail
 from tuneforge.api.guard import RequestGuard
 from tuneforge.api.headers import SecurityHeaders
 from tuneforge.api.hot_path import HotPath
@@ -45,8 +46,10 @@ from tuneforge.settings import Settings
 class _App(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         # outermost, so that even the answer to an unexpected error carries the security headers;
-        # a tenant over its rate is refused before the hot path, which answers GET job before the app
-        return SecurityHeaders(RefuseWhileOver(HotPath(super().build_middleware_stack(), self.state), self.state))
+        # a tenant over its rate is refused before the hot path, which answers GET job before the app;
+        # the audit trail sees each mutating request's answer as it leaves the app, errors included
+        return SecurityHeaders(RefuseWhileOver(HotPath(AuditTrail(super().build_middleware_stack()), self.state),
+                                               self.state))
 
 
 def _telemetry(enabled: bool) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    DDL,
     JSON,
     BigInteger,
     Boolean,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    event,
     false,
     true,
 )
@@ -462,3 +464,40 @@ class TenantDataKey(Base):
     sealed: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class AuditRecord(Base):
+    """One mutation of the platform's state, appended and never changed (db/repos/audit.py has no
+    update or delete; on PostgreSQL a trigger refuses both). Kept when its tenant is deleted, like
+    billing, so `tenant_id` is no foreign key. `summary` is small and bounded: ids, names, a status,
+    never a secret or a file's content."""
+
+    __tablename__ = "audit_log"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(16))  # tenant | admin | platform
+    tenant_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    action: Mapped[str] = mapped_column(String(128))
+    resource_type: Mapped[str] = mapped_column(String(64))
+    resource_id: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+    __table_args__ = (Index("ix_audit_log_tenant_pk", "tenant_id", "pk"),
+                      Index("ix_audit_log_resource", "resource_id"))
+
+
+# Append-only where the database can hold it: PostgreSQL refuses UPDATE, DELETE and TRUNCATE of
+# audit rows (the same DDL as migration 0016, for a database created from these definitions).
+_AUDIT_TRIGGERS = (
+    "CREATE OR REPLACE FUNCTION audit_log_append_only() RETURNS trigger AS $$ BEGIN "
+    "RAISE EXCEPTION 'audit_log is append-only: %% refused', TG_OP; END; $$ LANGUAGE plpgsql",
+    "CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log "
+    "FOR EACH ROW EXECUTE FUNCTION audit_log_append_only()",
+    "CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log "
+    "FOR EACH STATEMENT EXECUTE FUNCTION audit_log_append_only()",
+)
+for _statement in _AUDIT_TRIGGERS:
+    event.listen(AuditRecord.__table__, "after_create", DDL(_statement).execute_if(dialect="postgresql"))

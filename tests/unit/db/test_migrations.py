@@ -14,8 +14,7 @@ from tuneforge.db.tables import ApiKey, Base, Job
 TABLES = {"tenants", "api_keys", "base_models", "files", "jobs", "attempts", "job_events", "checkpoints",
           "fine_tuned_models", "model_stage_changes", "webhook_endpoints", "webhook_deliveries", "tenant_secrets",
           "uploads", "upload_parts", "routes", "route_requests", "sweeps", "sweep_trials", "metered_tokens",
-          "tenant_data_keys",
-          "alembic_version"}
+          "tenant_data_keys", "audit_log", "alembic_version"}
 
 
 pytestmark = pytest.mark.empty_database  # the migrations run from nothing

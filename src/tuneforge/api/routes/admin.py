@@ -18,7 +18,16 @@ from tuneforge.api.credentials import admin_refusal
 from tuneforge.api.limits import MAX_NAME_CHARS, MONTH_PATTERN
 from tuneforge.api.objects import fine_tuned_model_object
 from tuneforge.api.openapi import error_responses
-from tuneforge.api.schemas.admin import AdminUsage, ApiKey, ApiKeyList, PoolReclaim, Queue, Tenant, TenantList
+from tuneforge.api.schemas.admin import (
+    AdminUsage,
+    ApiKey,
+    ApiKeyList,
+    AuditList,
+    PoolReclaim,
+    Queue,
+    Tenant,
+    TenantList,
+)
 from tuneforge.api.schemas.base import ObjectRoute
 from tuneforge.api.schemas.models import Model
 from tuneforge.db import Session
@@ -27,6 +36,7 @@ from tuneforge.domain.errors import not_found
 from tuneforge.registry import models as registry
 from tuneforge.serve.vllm import serving_changed
 from tuneforge.services.context import Platform
+from tuneforge.services.tenancy import audit as audit_service
 from tuneforge.services.tenancy import quotas, usage
 from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.services.training import queue as queue_service
@@ -209,3 +219,18 @@ def promote_model(model_id: str, body: AdminPromote, session: Session = deps.SES
     session.commit()  # stored before the vLLM servers are brought in line
     serving_changed(platform, session)
     return fine_tuned_model_object(row)
+
+
+@router.get("/audit", dependencies=[Depends(admin)], response_model=AuditList)
+def audit_log(tenant: str | None = Query(default=None, max_length=64, description="A tenant's name or id."),
+              resource_id: str | None = Query(default=None, max_length=256),
+              action: str | None = Query(default=None, max_length=128),
+              after: int | None = Query(default=None, ge=0, le=2**62, description="The last `id` seen."),
+              limit: int = Query(default=100, ge=1, le=100),
+              session: Session = deps.SESSION) -> dict:
+    """The audit log, oldest first: every change to a tenant's resources or the platform, with who
+    made it (a tenant's key, `admin` or `platform`), its request id and outcome."""
+    rows, has_more = audit_service.entries(session, tenant_id=tenant_service.tenant_id_of(session, tenant),
+                                           resource_id=resource_id, action=action, after=after, limit=limit)
+    return {"object": "list", "has_more": has_more, "last_id": rows[-1].pk if rows else None,
+            "data": [audit_service.view(row) for row in rows]}

@@ -83,3 +83,25 @@ class PoolReclaim(ApiObject):
     object: Literal["pool.reclaim"]
     pool: str
     attempts: list[ReclaimedAttempt] = Field(description="The attempts told to checkpoint and stop.")
+
+
+class AuditEntry(ApiObject):
+    object: Literal["audit.entry"]
+    id: int = Field(description="The entry's number: entries are numbered in the order they were appended.")
+    created_at: float
+    actor: str = Field(description="`tenant` (with its key_id), `admin`, or `platform` (the scheduler, trainers).")
+    tenant_id: str | None
+    key_id: str | None
+    action: str = Field(description="The route's name (`create_job`, `delete_file`...) or `job.<status>`.")
+    resource_type: str
+    resource_id: str | None
+    status_code: int | None = Field(description="The answer's HTTP status; null for a change no request made.")
+    request_id: str | None = Field(description="The answer's X-Request-Id.")
+    summary: dict[str, Any] | None
+
+
+class AuditList(ApiObject):
+    object: Literal["list"]
+    has_more: bool
+    last_id: int | None = Field(description="Pass as `after` for the next page.")
+    data: list[AuditEntry]

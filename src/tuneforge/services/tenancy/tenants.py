@@ -128,6 +128,15 @@ def tenant_named(session: Session, name: str) -> Tenant:
     return _named(session, name)
 
 
+def tenant_id_of(session: Session, name_or_id: str | None) -> str | None:
+    """The id of the tenant named `name_or_id`, else `name_or_id` itself (an id, perhaps of a
+    tenant since deleted); None stays None."""
+    if name_or_id is None:
+        return None
+    named = tenant_repo.by_name(session, name_or_id)
+    return name_or_id if named is None else named.tenant_id
+
+
 def _named(session: Session, name: str) -> Tenant:
     tenant = tenant_repo.by_name(session, name)
     if tenant is None:

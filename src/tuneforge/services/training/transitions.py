@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import events
 from tuneforge.db.tables import Job
 from tuneforge.domain.status import TERMINAL, JobStatus, can_transition
+from tuneforge.services.tenancy import audit
 from tuneforge.services.webhooks import subscriptions as webhooks
 
 
@@ -45,6 +46,8 @@ def transition(
         job.error = error
     payload = {"status": target.value, **(data or {})}
     events.add(session, job, message, level=level, data=payload, attempt=job.attempt)
+    audit.platform_change(session, f"job.{target.value}", "job", job.job_id, job.tenant_id,
+                          {"from": current.value, "attempt": job.attempt})
     if target in TERMINAL:  # the outbox row commits (or rolls back) with the change itself
         webhooks.enqueue_job_event(session, job, target)
 
