@@ -74,6 +74,11 @@ class Tenant(Base):
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     gpu_hours_hard: Mapped[float | None] = mapped_column(Float, nullable=True)  # per calendar month, UTC
     gpu_hours_soft: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Deletion (services/tenancy/deletion.py): asked at, export archive's key, data purged at. The row
+    # stays, a tombstone that the tenant's billing rows (metered tokens, jobs' attempts) still name.
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    export_key: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    purged_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class ApiKey(Base):

@@ -20,6 +20,7 @@ from tuneforge.services.datasets import files as file_service
 from tuneforge.services.datasets import uploads as upload_service
 from tuneforge.services.datasets.leftovers import LeftoverSweeper
 from tuneforge.services.serving import routes as route_service
+from tuneforge.services.tenancy import deletion
 from tuneforge.services.training import artifacts
 
 log = logging.getLogger("tuneforge.scheduler")
@@ -96,6 +97,7 @@ def platform_duties(platform: Platform, executor: Executor) -> list[Duty]:
              applies=lambda: vllm.handoff_for(platform) is not None),
         Duty("reap", 60.0, lambda: reap_executor(platform, executor)),
         Duty("pools", 30.0, lambda: cancel_orphaned_pools(platform)),
+        Duty("tenant_purge", 15.0, lambda: purge_deleted_tenants(platform)),
     ]
 
 
@@ -109,6 +111,13 @@ def cancel_orphaned_pools(platform: Platform) -> None:
     if cancelled:
         log.info("cancelled %d co-training pool job(s) whose control plane process is gone: %s",
                  len(cancelled), ", ".join(cancelled))
+
+
+def purge_deleted_tenants(platform: Platform) -> None:
+    """Deleted tenants whose trainers were still stopping when they were deleted (services/tenancy/deletion.py)."""
+    done = deletion.finish_pending(platform.db.session, platform.store)
+    if done:
+        log.info("purged the data of %d deleted tenant(s): %s", len(done), ", ".join(done))
 
 
 def purge_deleted_models(platform: Platform) -> None:

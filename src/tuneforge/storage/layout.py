@@ -8,6 +8,7 @@ tenants/{tenant}/jobs/{job_id}/checkpoints/step-{n}/...
 tenants/{tenant}/jobs/{job_id}/artifacts/{adapter|merged|model}/...
 tenants/{tenant}/jobs/{job_id}/results.csv
 base-models/{name}/{sha}/...
+admin/tenant-exports/{tenant}/{unix time}.json       what a deleted tenant had, written before its deletion
 
 Local caches (a host's folders, not keys):
 
@@ -97,6 +98,12 @@ def tokenized_key(dataset_file_key: str, ident: str) -> str | None:
     if "/datasets/ds-" not in f"/{folder}":
         return None
     return f"{folder}/tokenized/{_part(name)}-{_part(ident)}.npz"
+
+
+def tenant_export_key(tenant_id: str, stamp: int) -> str:
+    """The export archive written before tenant `tenant_id` is deleted: operators' data, outside
+    every tenant prefix (services/tenancy/deletion.py)."""
+    return f"admin/tenant-exports/{_part(tenant_id)}/{int(stamp)}.json"
 
 
 def eval_sets_prefix() -> str:

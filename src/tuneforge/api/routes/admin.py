@@ -26,6 +26,7 @@ from tuneforge.api.schemas.admin import (
     PoolReclaim,
     Queue,
     Tenant,
+    TenantDeletion,
     TenantList,
 )
 from tuneforge.api.schemas.base import ObjectRoute
@@ -37,6 +38,7 @@ from tuneforge.registry import models as registry
 from tuneforge.serve.vllm import serving_changed
 from tuneforge.services.context import Platform
 from tuneforge.services.tenancy import audit as audit_service
+from tuneforge.services.tenancy import deletion as deletion_service
 from tuneforge.services.tenancy import quotas, usage
 from tuneforge.services.tenancy import tenants as tenant_service
 from tuneforge.services.training import queue as queue_service
@@ -90,6 +92,17 @@ def create_tenant(body: TenantCreate, session: Session = deps.SESSION) -> dict:
 def list_tenants(session: Session = deps.SESSION) -> dict:
     return {"object": "list", "has_more": False,
             "data": [_tenant_object(t) for t in tenant_service.list_tenants(session)]}
+
+
+@router.delete("/tenants/{name}", dependencies=[Depends(admin)], response_model=TenantDeletion,
+               responses=error_responses(404))
+def delete_tenant(name: str = Path(..., min_length=1, max_length=64), session: Session = deps.SESSION,
+                  platform: Platform = Depends(deps.platform)) -> dict:
+    """Export the tenant's data to the object store, cancel its jobs, revoke its keys, then delete
+    every object under its prefix and every row of it but billing and the audit log. Idempotent."""
+    deletion = deletion_service.delete_tenant(session, platform.store, name)
+    _stored(session, platform)
+    return deletion.view()
 
 
 class KeyCreate(_Strict):

@@ -105,3 +105,16 @@ class AuditList(ApiObject):
     has_more: bool
     last_id: int | None = Field(description="Pass as `after` for the next page.")
     data: list[AuditEntry]
+
+
+class TenantDeletion(ApiObject):
+    object: Literal["tenant.deletion"]
+    id: str
+    name: str
+    status: Literal["deleting", "deleted"] = Field(
+        description="`deleting`: a trainer of the tenant is still stopping; its data is purged once it has.")
+    export_key: str | None = Field(description="The export archive's key in the object store.")
+    jobs_cancelled: list[str] = Field(description="Jobs this request cancelled.")
+    keys_revoked: int
+    objects_deleted: int
+    rows_deleted: dict[str, int] = Field(description="Rows deleted per table (billing and audit rows are kept).")

@@ -1,8 +1,11 @@
-"""the audit log
+"""the audit log; tenant deletion
 
 `audit_log`: every mutation of the platform's state (who, what, when, the request), appended and
 never changed. On PostgreSQL a trigger refuses UPDATE and DELETE of its rows; SQLite has only the
 code's word for it (db/repos/audit.py offers neither).
+
+`tenants.deleted_at`, `export_key`, `purged_at`: a deleted tenant's row stays as a tombstone that
+its billing rows still name.
 
 Revision ID: 0016
 Revises: 0015
@@ -28,6 +31,10 @@ $$ LANGUAGE plpgsql
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("tenants") as batch:
+        batch.add_column(sa.Column("deleted_at", sa.BigInteger(), nullable=True))
+        batch.add_column(sa.Column("export_key", sa.String(length=1024), nullable=True))
+        batch.add_column(sa.Column("purged_at", sa.BigInteger(), nullable=True))
     op.create_table(
         "audit_log",
         sa.Column("pk", sa.Integer(), primary_key=True, autoincrement=True),
@@ -60,3 +67,7 @@ def downgrade() -> None:
     op.drop_index("ix_audit_log_resource", table_name="audit_log")
     op.drop_index("ix_audit_log_tenant_pk", table_name="audit_log")
     op.drop_table("audit_log")
+    with op.batch_alter_table("tenants") as batch:
+        batch.drop_column("purged_at")
+        batch.drop_column("export_key")
+        batch.drop_column("deleted_at")
