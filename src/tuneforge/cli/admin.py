@@ -24,6 +24,8 @@ base_model_service = Lazy("tuneforge.services.serving.base_models")
 quotas = Lazy("tuneforge.services.tenancy.quotas")
 tenant_service = Lazy("tuneforge.services.tenancy.tenants")
 usage_service = Lazy("tuneforge.services.tenancy.usage")
+audit_service = Lazy("tuneforge.services.tenancy.audit")
+deletion_service = Lazy("tuneforge.services.tenancy.deletion")
 layout = Lazy("tuneforge.storage.layout")
 
 # soft_wrap: a message is one line however narrow the terminal, so scripts can grep it
@@ -105,6 +107,7 @@ def tenants_create(
         with ctx.db.session() as session:
             tenant, api_key = tenant_service.create_tenant(session, name, tier)
             tenant_id = tenant.tenant_id
+            audit_service.operator_command(session, "create_tenant", "tenants", tenant_id, name)
     except ApiError as exc:
         fail(exc)
     console.print(f"created tenant {name} ({tenant_id}, tier {tier}); the API key is shown once:")
@@ -120,12 +123,70 @@ def tenants_list() -> None:
                         ("tier", lambda t: t["tier"])], empty="no tenants")
 
 
+@tenants_app.command("delete")
+def tenants_delete(
+    name: str,
+    yes: bool = typer.Option(False, "--yes", help="Delete without asking (required when not on a terminal)."),
+    as_json: bool = output.JSON,
+) -> None:
+    """Export tenant NAME's data to the object store, cancel its jobs, revoke its keys, then delete its
+    objects and every row but billing and the audit log. Asking again is harmless."""
+    if not yes and not typer.confirm(f"Delete tenant {name} and all its data (an export is kept)?", err=True):
+        raise typer.Exit(code=1)
+    ctx = platform()
+    try:
+        with ctx.db.session() as session:
+            deletion = deletion_service.delete_tenant(session, ctx.store, name)
+            audit_service.operator_command(session, "delete_tenant", "tenants", name, name,
+                                           {"status": deletion.status})
+    except ApiError as exc:
+        fail(exc)
+    view = deletion.view()
+    if as_json:
+        output.print_json(view)
+        return
+    console.print(f"tenant {name} ({view['id']}): {view['status']}; export at {view['export_key']}; "
+                  f"{len(view['jobs_cancelled'])} job(s) cancelled, {view['keys_revoked']} key(s) revoked, "
+                  f"{view['objects_deleted']} object(s) and {sum(view['rows_deleted'].values())} row(s) deleted",
+                  highlight=False)
+    if view["status"] == "deleting":
+        console.print("a trainer of the tenant is still stopping: the scheduler purges its data once it has",
+                      highlight=False)
+
+
+def audit(
+    tenant: str = typer.Option(None, "--tenant", help="A tenant's name or id."),
+    resource_id: str = typer.Option(None, "--resource-id", help="Only entries about this resource."),
+    action: str = typer.Option(None, "--action", help="Only this action (create_job, job.running, ...)."),
+    after: int = typer.Option(None, "--after", help="Entries after this entry number."),
+    limit: int = typer.Option(100, "--limit", min=1, max=100),
+    as_json: bool = output.JSON,
+) -> None:
+    """The audit log, oldest first: who changed what, when, under which request id."""
+    ctx = platform()
+    with ctx.db.session() as session:
+        rows, has_more = audit_service.entries(session, tenant_id=tenant_service.tenant_id_of(session, tenant),
+                                               resource_id=resource_id, action=action, after=after, limit=limit)
+        views = [audit_service.view(row) for row in rows]
+    if as_json:
+        output.print_json({"object": "list", "has_more": has_more, "data": views})
+        return
+    output.table(views, [("#", lambda r: r["id"]), ("when", lambda r: output.when(r["created_at"])),
+                         ("actor", lambda r: r["key_id"] or r["actor"]), ("tenant", lambda r: r["tenant_id"] or "-"),
+                         ("action", lambda r: r["action"]), ("resource", lambda r: r["resource_id"] or "-"),
+                         ("status", lambda r: r["status_code"] or "-"), ("request", lambda r: r["request_id"] or "-")],
+                 empty="no audit entries")
+    if has_more:
+        console.print(f"more: --after {views[-1]['id']}", highlight=False)
+
+
 @tenants_app.command("set-tier")
 def tenants_set_tier(name: str, tier: str) -> None:
     ctx = platform()
     try:
         with ctx.db.session() as session:
             tenant_service.set_tier(session, name, tier)
+            audit_service.operator_command(session, "set_tier", "tenants", name, name, {"tier": tier})
     except ApiError as exc:
         fail(exc)
     console.print(f"{name}: tier {tier}")
@@ -171,6 +232,8 @@ def tenants_set_quota(
     try:
         with ctx.db.session() as session:
             limits = quotas.limits(tenant_service.set_quota(session, name, changes))
+            audit_service.operator_command(session, "set_quota", "tenants", name, name,
+                                           {field: value for field, value in changes.items()})
     except ApiError as exc:
         fail(exc)
     console.print(f"{name}: " + ", ".join(f"{field} {_shown(getattr(limits, field))}"
@@ -206,6 +269,7 @@ def tenants_set_pii_policy(name: str, policy: str = typer.Argument(..., help="wa
     try:
         with ctx.db.session() as session:
             tenant_service.set_pii_policy(session, name, policy)
+            audit_service.operator_command(session, "set_pii_policy", "tenants", name, name, {"policy": policy})
     except ApiError as exc:
         fail(exc)
     console.print(f"{name}: PII policy {policy}")
@@ -251,6 +315,7 @@ def keys_create(
         with ctx.db.session() as session:
             key, api_key = tenant_service.create_key(session, name, name=label, expires_in_s=expires_in)
             key_id, expires_at = key.key_id, key.expires_at
+            audit_service.operator_command(session, "create_key", "keys", key_id, name)
     except ApiError as exc:
         fail(exc)
     until = "does not expire" if expires_at is None else f"expires {_when(expires_at)}"
@@ -283,6 +348,7 @@ def keys_revoke(name: str, key_id: str) -> None:
         with ctx.db.session() as session:
             key = tenant_service.revoke_key(session, name, key_id)
             revoked_at = key.revoked_at
+            audit_service.operator_command(session, "revoke_key", "keys", key_id, name)
     except ApiError as exc:
         fail(exc)
     console.print(f"{name}: key {key_id} revoked at {_when(revoked_at)}")

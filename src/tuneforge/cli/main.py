@@ -74,6 +74,7 @@ app.add_typer(admin.eval_sets_app, name="eval-sets")
 app.command("migrate")(admin.migrate)
 app.command("init")(admin.init)
 app.command("queue")(queue_cmd.show_queue)
+app.command("audit")(admin.audit)
 
 
 WORKERS_HELP = "API worker processes (default TUNEFORGE_API_WORKERS, else the CPU count)."

@@ -48,3 +48,29 @@ def test_base_model_add_pins_sha_and_rejects_a_folder_without_weights(tmp_path, 
     (tmp_path / "empty" / "config.json").write_text("{}")
     refused = _cli(env, "base-models", "add", "broken", str(tmp_path / "empty"))
     assert refused.returncode == 2 and "no weight files" in refused.stderr
+
+
+def test_tenants_delete_and_audit_commands(tmp_path, database_url):
+    env = {"TUNEFORGE_HOME": str(tmp_path / "home"), "TUNEFORGE_DATABASE_URL": database_url}
+    assert _cli(env, "init").returncode == 0
+    assert _cli(env, "tenants", "create", "acme").returncode == 0
+    assert _cli(env, "tenants", "create", "other").returncode == 0
+    refused = _cli(env, "tenants", "delete", "acme")  # not a terminal, no --yes: nothing is deleted
+    assert refused.returncode != 0
+    deleted = _cli(env, "tenants", "delete", "acme", "--yes", "--json")
+    assert deleted.returncode == 0, deleted.stderr
+    import json
+
+    body = json.loads(deleted.stdout)
+    assert body["status"] == "deleted" and body["keys_revoked"] == 1
+    assert body["export_key"].startswith("admin/tenant-exports/")
+    again = _cli(env, "tenants", "delete", "acme", "--yes")
+    assert again.returncode == 0 and "deleted" in again.stderr
+    assert _cli(env, "tenants", "delete", "nobody", "--yes").returncode == 2
+
+    shown = _cli(env, "audit", "--tenant", "acme", "--json")
+    assert shown.returncode == 0, shown.stderr
+    actions = [row["action"] for row in json.loads(shown.stdout)["data"]]
+    assert actions == ["create_tenant", "tenant.export", "tenant.purge", "delete_tenant", "delete_tenant"]
+    table = _cli({**env, "COLUMNS": "250"}, "audit", "--action", "create_tenant")
+    assert table.returncode == 0 and "create_tenant" in table.stdout

@@ -17,6 +17,8 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.repos.audit import Entry
 from tuneforge.db.tables import AuditRecord
 
+__all__ = ["Entry", "record", "platform_change", "record_request", "entries", "view", "operator_command"]
+
 PLATFORM = "platform"
 ADMIN = "admin"
 TENANT = "tenant"
@@ -31,6 +33,16 @@ def platform_change(session: Session, action: str, resource_type: str, resource_
                     tenant_id: str | None, summary: dict[str, Any] | None = None) -> AuditRecord:
     return record(session, Entry(actor=PLATFORM, action=action, resource_type=resource_type,
                                  resource_id=resource_id, tenant_id=tenant_id, summary=summary))
+
+
+def operator_command(session: Session, action: str, resource_type: str, resource_id: str | None,
+                     tenant_name: str | None = None, summary: dict[str, Any] | None = None) -> AuditRecord:
+    """A change an operator made with the CLI on the platform's own database (no request, so no
+    request id): the actor is `admin`, as on the admin API."""
+    named = None if tenant_name is None else tenant_repo.by_name(session, tenant_name)
+    return record(session, Entry(actor=ADMIN, action=action, resource_type=resource_type, resource_id=resource_id,
+                                 tenant_id=None if named is None else named.tenant_id,
+                                 summary={"via": "cli", **(summary or {})}))
 
 
 @dataclass(frozen=True)
