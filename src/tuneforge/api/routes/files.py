@@ -107,8 +107,9 @@ def delete_file(
     session: Session = deps.SESSION,
     platform: Platform = Depends(deps.platform),
 ) -> dict:
-    row = file_service.delete(session, platform.store, tenant.tenant_id, file_id)
-    return {"id": row.file_id, "object": "file", "deleted": True}
+    row, derived = file_service.delete(session, platform.store, tenant.tenant_id, file_id)
+    return {"id": row.file_id, "object": "file", "deleted": True, "derived_deleted": derived.removed,
+            "derived_kept": derived.kept}
 
 
 @router.get("/{file_id}/content", response_class=StreamingResponse,

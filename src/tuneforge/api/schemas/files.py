@@ -28,8 +28,18 @@ class FileList(Page):
     data: list[FileObject]
 
 
+class DerivedKept(ApiObject):
+    dataset_id: str
+    job_id: str = Field(description="An unfinished job that still trains on the dataset.")
+
+
 class FileDeleted(Deleted):
     object: Literal["file"]
+    derived_deleted: list[str] = Field(default_factory=list, description=(
+        "Extension: prepared datasets made from the file that were deleted with it (with their tokenized "
+        "caches and reference log-probabilities)."))
+    derived_kept: list[DerivedKept] = Field(default_factory=list, description=(
+        "Extension: prepared datasets kept because an unfinished job still trains on them."))
 
 
 class FileValidation(ApiObject):

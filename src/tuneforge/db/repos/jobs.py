@@ -129,3 +129,15 @@ def unfinished_continuations(session: Session) -> list[Job]:
     purpose: the housekeeping that must not remove weights such a job reads)."""
     return list(session.scalars(select(Job).where(
         Job.parent.is_not(None), Job.status.not_in([status.value for status in TERMINAL]))).all())
+
+
+def using_file(session: Session, tenant_id: str, file_id: str) -> list[Job]:
+    """The tenant's jobs trained or validated on file `file_id`, oldest first."""
+    return list(session.scalars(owned(Job, tenant_id).where(
+        (Job.training_file == file_id) | (Job.validation_file == file_id)).order_by(Job.pk)))
+
+
+def unfinished(session: Session, tenant_id: str) -> list[Job]:
+    """The tenant's jobs that have not ended (a trainer may still read their datasets)."""
+    terminal = [status.value for status in TERMINAL]
+    return list(session.scalars(owned(Job, tenant_id).where(Job.status.not_in(terminal)).order_by(Job.pk)))

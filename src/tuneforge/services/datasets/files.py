@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass, field
 from typing import IO
 
 from sqlalchemy.orm import Session
 
 from tuneforge.db.pagination import Page
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import FileRow
 from tuneforge.domain.errors import ApiError, invalid, not_found
@@ -201,13 +203,47 @@ def list_files(
     )
 
 
-def delete(session: Session, store: ObjectStore, tenant_id: str, file_id: str) -> FileRow:
+@dataclass
+class Derived:
+    """What deleting a file did to the data derived from it: the prepared datasets removed (each with
+    its tokenized caches and reference log-probabilities, all kept under the dataset's prefix), and
+    those kept because a job that has not ended still trains on them (the scheduler may yet launch
+    or resume it); such a dataset goes when the file's last job has ended and the file is gone, or
+    with the tenant."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: list[dict[str, str]] = field(default_factory=list)  # {"dataset_id", "job_id"}
+
+
+def delete(session: Session, store: ObjectStore, tenant_id: str, file_id: str) -> tuple[FileRow, Derived]:
     row = get(session, tenant_id, file_id)
     session.delete(row)
     session.flush()
     store.delete_prefix(layout.file_prefix(tenant_id, file_id))
     store.delete(layout.file_report_key(tenant_id, file_id))
-    return row
+    return row, _delete_derived(session, store, tenant_id, file_id)
+
+
+def _delete_derived(session: Session, store: ObjectStore, tenant_id: str, file_id: str) -> Derived:
+    """The prepared datasets of the jobs that used the file, but those an unfinished job still reads."""
+    derived = Derived()
+    in_use = {}
+    for job in job_repo.unfinished(session, tenant_id):
+        dataset_id = job.resolved.data.dataset_id if job.resolved is not None else None
+        if dataset_id:
+            in_use.setdefault(dataset_id, job.job_id)
+    seen: set[str] = set()
+    for job in job_repo.using_file(session, tenant_id, file_id):
+        dataset_id = job.resolved.data.dataset_id if job.resolved is not None else None
+        if not dataset_id or dataset_id in seen:
+            continue
+        seen.add(dataset_id)
+        if dataset_id in in_use:
+            derived.kept.append({"dataset_id": dataset_id, "job_id": in_use[dataset_id]})
+        else:
+            store.delete_prefix(layout.dataset_prefix(tenant_id, dataset_id))
+            derived.removed.append(dataset_id)
+    return derived
 
 
 def delete_expired(session: Session, store: ObjectStore, now: float, limit: int = 500) -> int:
@@ -218,4 +254,5 @@ def delete_expired(session: Session, store: ObjectStore, now: float, limit: int 
         session.flush()
         store.delete_prefix(layout.file_prefix(row.tenant_id, row.file_id))
         store.delete(layout.file_report_key(row.tenant_id, row.file_id))
+        _delete_derived(session, store, row.tenant_id, row.file_id)
     return len(rows)

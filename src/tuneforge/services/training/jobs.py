@@ -39,7 +39,7 @@ from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import DataCheckFailed
 from tuneforge.services.serving import base_models
 from tuneforge.services.serving.judges import JudgeCheck
-from tuneforge.services.tenancy import quotas
+from tuneforge.services.tenancy import audit, quotas
 from tuneforge.services.training import artifacts, estimates, evaluation, graders, integrations
 from tuneforge.services.training.planning import check_strategy, plan_job
 from tuneforge.services.training.transitions import is_terminal, transition
@@ -393,6 +393,10 @@ def create_job(
             raise
         return _replay(existing, body_hash), False
     events.add(session, job, f"Created fine-tuning job: {job.job_id}", data={"status": job.status})
+    # the first state of the job's life, in the audit log beside its transitions (the request that
+    # created it is recorded by the API's edge once answered, with the caller's key and request id)
+    audit.platform_change(session, f"job.{job.status}", "job", job.job_id, tenant.tenant_id,
+                          {"training_file": job.training_file})
     events.add(session, job, f"Validating training file: {job.training_file}"
                + (f" and validation file: {job.validation_file}" if job.validation_file else ""))
     return job, True
