@@ -4,14 +4,19 @@ tenant untouched."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import re
+import sysconfig
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
+from tests.helpers.net import wait_until
+from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import tenant_data
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.demo.dataset import demo_examples
@@ -48,9 +53,41 @@ def audit(plane, **params) -> list[dict]:
     return answer.json()["data"]
 
 
+def check_trainer_log(plane, job_id: str) -> None:
+    """The tenant reads its trainer's lines, and nothing of the platform's paths or the job token."""
+    url = f"{plane.url}/v1/fine_tuning/jobs/{job_id}/logs"
+    auth = {"Authorization": f"Bearer {plane.key_a}"}
+
+    def text() -> str:
+        answer = httpx.get(url, headers=auth, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer.text
+
+    wait_until(lambda: "exit 0 (success)" in text(), 30, "the trainer's last line to be kept")
+    log = text()
+    assert re.search(r"step \d+/\d+ loss", log) and "finished:" in log
+    settings = plane.plane.platform.settings
+    for path in (str(settings.home), str(settings.home.resolve()), settings.resolved_storage_url,
+                 sysconfig.get_paths()["purelib"], "/site-packages/", "/tmp/"):
+        assert path not in log, path
+    with plane.plane.platform.db.session() as session:
+        hashed = {a.token_hash for a in attempt_repo.for_job(session, plane_tenant(plane, "acme"), job_id)}
+    assert hashed and not any(hashlib.sha256(m.encode()).hexdigest() in hashed
+                              for m in re.findall(r"[A-Za-z0-9_-]{43}", log))
+    assert httpx.get(url, headers={"Authorization": f"Bearer {plane.key_b}"}, timeout=30).status_code == 404
+    followed = httpx.get(url, params={"follow": "true"}, headers=auth, timeout=60)  # the job has ended: it closes
+    assert followed.status_code == 200 and "exit 0 (success)" in followed.text
+
+
+def plane_tenant(plane, name: str) -> str:
+    with plane.plane.platform.db.session() as session:
+        return tenant_repo.by_name(session, name).tenant_id
+
+
 @pytest.mark.both_executors
 def test_the_audit_log_tells_a_jobs_life_and_its_tenants_deletion(plane):
     done, training = tiny_job(plane, plane.key_a)
+    check_trainer_log(plane, done.id)
     life = audit(plane, resource_id=done.id)
     # every state, in order, as the platform moved the job; the request that created it, by its caller
     assert [row["action"] for row in life if row["actor"] == "platform"] == [

@@ -36,6 +36,7 @@ from tuneforge.services.training import artifacts
 from tuneforge.services.training import sweeps as sweep_service
 from tuneforge.services.training.cluster_state import ClusterState, placement_spans, read_state
 from tuneforge.services.training.reports import token_hash
+from tuneforge.services.training.trainer_logs import LOG_KEEP_BYTES, LogKeeper
 from tuneforge.services.training.transitions import transition
 from tuneforge.services.training.validation import validate_job
 
@@ -57,6 +58,7 @@ class Scheduler:
         self._holds: dict[str, Hold] = {}
         # periodic duties (purges, expiry, leftovers, vLLM sync, reaping): scheduler/housekeeping.py
         self.housekeeping = Housekeeping(platform_duties(platform, executor))
+        self.logs = LogKeeper(settings, platform.store)  # trainers' output, kept for their tenants
         self.pools = PoolSetup.from_settings(settings)  # capacity pools (planning/pools.py); None: not configured
 
     # ---- the tick -------------------------------------------------------
@@ -72,6 +74,7 @@ class Scheduler:
             self._validate_new_jobs()
             self._reclaim_draining(self.platform.inventory)
         self._reconcile_attempts()
+        self._keep_logs()
         sweep_service.advance(self.platform)  # follows trials, stops weak ones, creates the next (validated below)
         if inventory_known:
             self._admit_queued_jobs()
@@ -100,10 +103,32 @@ class Scheduler:
                     if now - (attempt.ended_at or now) < grace_s and \
                             self.executor.poll(handle).state in ("running", "unknown"):
                         continue  # still flushing its last reports, or checkpointing
+                    self._keep_log(tenant_id, attempt, handle, final=True)  # its last lines, while they are there
                     self.executor.release(handle)
                     attempt.handle = {**handle, "released_at": now}
             except Exception:  # noqa: BLE001 - one broken attempt must not stop the loop
                 log.exception("releasing %s attempt %s failed", job_id, number)
+
+    def _keep_logs(self) -> None:
+        """Copy running trainers' output to the store for their tenants (services/training/trainer_logs.py)."""
+        now = time.time()
+        with self.platform.db.session() as session:
+            running = [(tenant_id, a.job_id, a.number, a.token_hash, a.handle)
+                       for tenant_id, a in attempt_repo.active_with_tenant(session)
+                       if a.handle and self.logs.due(a.job_id, a.number, now)]
+        for tenant_id, job_id, number, hashed, handle in running:
+            try:
+                self.logs.copy(self.executor.log_tail(handle, LOG_KEEP_BYTES), tenant_id=tenant_id, job_id=job_id,
+                               attempt=number, token_hash=hashed, final=False)
+            except Exception:  # noqa: BLE001 - a log not copied must not stop the loop
+                log.exception("copying the output of %s attempt %s failed", job_id, number)
+
+    def _keep_log(self, tenant_id: str, attempt: Attempt, handle: dict, *, final: bool) -> None:
+        try:
+            self.logs.copy(self.executor.log_tail(handle, LOG_KEEP_BYTES), tenant_id=tenant_id,
+                           job_id=attempt.job_id, attempt=attempt.number, token_hash=attempt.token_hash, final=final)
+        except Exception:  # noqa: BLE001 - the release goes on without it
+            log.exception("copying the output of %s attempt %s failed", attempt.job_id, attempt.number)
 
     def _validate_new_jobs(self) -> None:
         with self.platform.db.session() as session:

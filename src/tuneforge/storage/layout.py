@@ -7,6 +7,7 @@ tenants/{tenant}/datasets/{dataset_id}/...
 tenants/{tenant}/jobs/{job_id}/checkpoints/step-{n}/...
 tenants/{tenant}/jobs/{job_id}/artifacts/{adapter|merged|model}/...
 tenants/{tenant}/jobs/{job_id}/results.csv
+tenants/{tenant}/jobs/{job_id}/logs/attempt-{n}.log  the trainer's output, scrubbed, its newest MiB
 base-models/{name}/{sha}/...
 admin/tenant-exports/{tenant}/{unix time}.json       what a deleted tenant had, written before its deletion
 
@@ -130,6 +131,12 @@ def job_prefix(tenant_id: str, job_id: str) -> str:
 def parent_adapter_prefix(tenant_id: str, job_id: str) -> str:
     """The copy of the adapter a job continues from (its parent's, taken when the job was created)."""
     return f"{job_prefix(tenant_id, job_id)}/parent-adapter"
+
+
+def trainer_log_key(tenant_id: str, job_id: str, attempt: int) -> str:
+    """The trainer's output of one attempt, scrubbed and cut to its newest part
+    (services/training/trainer_logs.py)."""
+    return f"{job_prefix(tenant_id, job_id)}/logs/attempt-{int(attempt)}.log"
 
 
 def tensorboard_prefix(tenant_id: str, job_id: str) -> str:

@@ -38,7 +38,7 @@ from tuneforge.domain.job_config import JobRequest
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import checks as datasets
 from tuneforge.services.tenancy import usage
-from tuneforge.services.training import artifacts, event_streams, job_export
+from tuneforge.services.training import artifacts, event_streams, job_export, trainer_logs
 from tuneforge.services.training import jobs as job_service
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"], route_class=ObjectRoute)
@@ -242,6 +242,33 @@ def download(
         artifacts.iter_file(archive), media_type="application/gzip",
         headers={"Content-Disposition": attachment(name)},
     )
+
+
+@router.get("/{job_id}/logs", response_class=StreamingResponse,
+            responses=binary_body("text/plain", "The trainer's output, newest lines last; the attempt in X-Attempt."))
+def job_logs(
+    job_id: str,
+    attempt: int | None = Query(default=None, ge=1, le=2**31 - 1, description="Default: the newest attempt."),
+    limit: int = Query(default=1000, ge=1, le=trainer_logs.MAX_LINES, description="The newest this many lines."),
+    max_bytes: int = Query(default=256 * 1024, ge=1, le=trainer_logs.LOG_KEEP_BYTES,
+                           description="At most this many bytes (whole lines)."),
+    follow: bool = Query(default=False, description="Keep the answer open and send new lines as they come, "
+                                                   "until the job has ended."),
+    tenant: Tenant = Depends(deps.tenant),
+    session: Session = deps.SESSION,
+    platform: Platform = Depends(deps.platform),
+) -> Response:
+    """Extension: the output of the job's trainer (its newest MiB per attempt is kept), with the
+    platform's paths and credentials scrubbed; `follow=true` streams it as plain text while the job runs."""
+    view = trainer_logs.read(session, platform.store, tenant.tenant_id, job_id, attempt=attempt, limit=limit,
+                             max_bytes=max_bytes)
+    headers = {"X-Attempt": str(view.attempt), "Cache-Control": "no-store"}
+    if not follow:
+        return Response(view.text, media_type="text/plain; charset=utf-8", headers=headers)
+    lines = trainer_logs.follow(platform.db.session, platform.store, tenant.tenant_id, job_id, view,
+                                pinned=attempt is not None)
+    return StreamingResponse(lines, media_type="text/plain; charset=utf-8",
+                             headers={**headers, "X-Accel-Buffering": "no"})
 
 
 @router.get("/{job_id}/attempts", response_model=JobAttemptList)

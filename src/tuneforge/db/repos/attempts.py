@@ -61,3 +61,11 @@ def holding_token(session: Session, job_id: str, token_hash: str) -> tuple[Job, 
     row = session.execute(select(Job, Attempt).join(Attempt, Attempt.job_id == Job.job_id)
                           .where(Job.job_id == job_id, Attempt.token_hash == token_hash).limit(1)).first()
     return (row[0], row[1]) if row is not None else None
+
+
+def active_with_tenant(session: Session) -> list[tuple[str, Attempt]]:
+    """(tenant_id, attempt) of every starting or running attempt (platform-side: the scheduler's)."""
+    rows = session.execute(
+        select(Job.tenant_id, Attempt).join(Job, Job.job_id == Attempt.job_id)
+        .where(Attempt.status.in_([s.value for s in ATTEMPT_ACTIVE])).order_by(Attempt.pk))
+    return [(tenant_id, attempt) for tenant_id, attempt in rows]

@@ -1,0 +1,211 @@
+"""A job's trainer output for its tenant: kept per attempt in the object store, scrubbed, bounded.
+
+The executor captures each trainer's stdout and stderr (a file beside the spec on this host, the
+Ray host actor's on a cluster: `Executor.log_tail`). The scheduler copies the newest
+`LOG_KEEP_BYTES` of it to `tenants/{t}/jobs/{j}/logs/attempt-{n}.log` while the attempt runs (at
+most every `SYNC_INTERVAL_S`) and once more when it has ended, before its executor resources are
+released; older output rotates out. What is stored is scrubbed first (`Scrubber`): the platform's
+paths (its home, the object store's root and URL, the Python installation and site-packages,
+temporary folders) become placeholders, and the attempt's job token, API keys and bearer
+credentials become `***`. The tenant reads it with `GET /v1/fine_tuning/jobs/{id}/logs`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import site
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from tuneforge.db.repos import attempts as attempt_repo
+from tuneforge.db.repos import jobs as job_repo
+from tuneforge.domain.errors import not_found
+from tuneforge.domain.status import TERMINAL, JobStatus
+from tuneforge.security.redact import redact_url
+from tuneforge.settings import Settings
+from tuneforge.storage import layout
+from tuneforge.storage.store import ObjectStore
+
+LOG_KEEP_BYTES = 1024 * 1024  # the newest MiB of each attempt's output is kept
+SYNC_INTERVAL_S = 2.0
+MAX_LINES = 10_000
+FOLLOW_POLL_S = 1.0
+FOLLOW_MAX_S = 6 * 3600.0  # a follower is let go after this long; it may ask again
+_TOKEN_LIKE = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32), as job tokens are made
+_API_KEY = re.compile(r"\btf-[A-Za-z0-9_-]{16,}")
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\"]+")
+_SITE_PACKAGES = re.compile(r"[^\s'\"(]*[/\\](?:site|dist)-packages(?=[/\\])")
+_TMP = re.compile(r"(?<![\w.])/(?:tmp|var/tmp|dev/shm)(?:/[^\s'\":]*)?")
+
+
+@dataclass(frozen=True)
+class Scrubber:
+    """Replaces what the platform keeps to itself in a trainer's output."""
+
+    paths: tuple[tuple[str, str], ...]  # (path, placeholder), longest first
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Scrubber:
+        named: dict[str, str] = {}
+        store_url = settings.resolved_storage_url
+        named[store_url] = "<store>"
+        named[redact_url(store_url)] = "<store>"
+        if "://" not in store_url:
+            named[str(Path(store_url).resolve())] = "<store>"
+        home = Path(settings.home)
+        named[str(home)] = "<home>"
+        named[str(home.resolve())] = "<home>"
+        for folder in {sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
+                       *site.getsitepackages(), site.getusersitepackages()}:
+            if folder:
+                named[folder] = "<site-packages>"
+        for folder in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+            named[folder] = "<python>"
+        named[tempfile.gettempdir()] = "<tmp>"
+        ordered = sorted(((path, label) for path, label in named.items() if len(path) > 1),
+                         key=lambda item: -len(item[0]))
+        return cls(tuple(ordered))
+
+    def scrub(self, text: str, token_hashes: frozenset[str] = frozenset()) -> str:
+        for path, label in self.paths:
+            text = text.replace(path, label)
+        text = _SITE_PACKAGES.sub("<site-packages>", text)
+        text = _TMP.sub("<tmp>", text)
+        text = _API_KEY.sub("tf-***", text)
+        text = _BEARER.sub(r"\1***", text)
+        if token_hashes:
+            text = _TOKEN_LIKE.sub(
+                lambda m: "***" if hashlib.sha256(m.group(0).encode()).hexdigest() in token_hashes else m.group(0),
+                text)
+        return text
+
+
+def keep(store: ObjectStore, scrubber: Scrubber, tail: str, *, tenant_id: str, job_id: str, attempt: int,
+         token_hash: str, final: bool) -> None:
+    """Store `tail` (the newest output, at most LOG_KEEP_BYTES of it) scrubbed. While the attempt
+    runs, only whole lines: a line the trainer is still writing waits for the next copy."""
+    if len(tail.encode()) >= LOG_KEEP_BYTES:
+        tail = tail.partition("\n")[2]  # the first line was cut by the window
+    if not final:
+        tail = tail[: tail.rfind("\n") + 1]
+    if not tail:
+        return
+    scrubbed = scrubber.scrub(tail, frozenset({token_hash}))
+    store.put_bytes(layout.trainer_log_key(tenant_id, job_id, attempt), scrubbed.encode())
+
+
+class LogKeeper:
+    """The scheduler's side: copies active attempts' output at most every SYNC_INTERVAL_S, and an
+    ended attempt's once more (call `final` before its executor resources are released)."""
+
+    def __init__(self, settings: Settings, store: ObjectStore) -> None:
+        self.scrubber = Scrubber.from_settings(settings)
+        self.store = store
+        self._last: dict[tuple[str, int], float] = {}
+
+    def due(self, job_id: str, attempt: int, now: float) -> bool:
+        if now - self._last.get((job_id, attempt), 0.0) < SYNC_INTERVAL_S:
+            return False
+        self._last[(job_id, attempt)] = now
+        return True
+
+    def copy(self, tail: str, *, tenant_id: str, job_id: str, attempt: int, token_hash: str, final: bool) -> None:
+        keep(self.store, self.scrubber, tail, tenant_id=tenant_id, job_id=job_id, attempt=attempt,
+             token_hash=token_hash, final=final)
+        if final:
+            self._last.pop((job_id, attempt), None)
+
+
+@dataclass(frozen=True)
+class LogView:
+    attempt: int
+    text: str
+
+
+def _attempt_of(session: Session, tenant_id: str, job_id: str, attempt: int | None) -> tuple[int, bool]:
+    """(the attempt asked for, default the newest; whether the job has ended). 404 for another
+    tenant's job and for an attempt the job never had."""
+    job = job_repo.get(session, tenant_id, job_id)
+    if job is None:
+        raise not_found(f"No fine-tuning job found with id '{job_id}'", param="fine_tuning_job_id",
+                        code="job_not_found")
+    number = job.attempt if attempt is None else attempt
+    if attempt is not None and (attempt < 1 or attempt_repo.current(session, tenant_id, job_id, attempt) is None):
+        raise not_found(f"Job {job_id} has no attempt {attempt}", param="attempt", code="attempt_not_found")
+    return number, JobStatus(job.status) in TERMINAL
+
+
+def _stored(store: ObjectStore, tenant_id: str, job_id: str, attempt: int) -> str:
+    if attempt < 1:
+        return ""
+    try:
+        return store.get_bytes(layout.trainer_log_key(tenant_id, job_id, attempt)).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _bounded(text: str, limit: int, max_bytes: int) -> str:
+    lines = text.splitlines(keepends=True)[-limit:]
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        size += len(line.encode())
+        if size > max_bytes:
+            break
+        kept.append(line)
+    return "".join(reversed(kept))
+
+
+def read(session: Session, store: ObjectStore, tenant_id: str, job_id: str, *, attempt: int | None,
+         limit: int, max_bytes: int) -> LogView:
+    """The newest `limit` lines (at most `max_bytes`) of the attempt's stored output."""
+    number, _ended = _attempt_of(session, tenant_id, job_id, attempt)
+    return LogView(number, _bounded(_stored(store, tenant_id, job_id, number), limit, max_bytes))
+
+
+def follow(units: Callable[[], AbstractContextManager[Session]], store: ObjectStore, tenant_id: str,
+           job_id: str, first: LogView, *, pinned: bool, clock: Callable[[], float] = time.monotonic,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[bytes]:
+    """The attempt's output as it grows: what `read` gave, then each new line as the scheduler copies
+    it, until the job has ended and its last copy is in (or FOLLOW_MAX_S has passed). Unless
+    `pinned` (an attempt was asked for), a newer attempt is followed once it starts.
+    `units()`: a unit of work (Database.session)."""
+    yield first.text.encode()
+    attempt, sent = first.attempt, first.text.splitlines()[-3:]
+    started, quiet_since = clock(), None
+    while clock() - started < FOLLOW_MAX_S:
+        sleep(FOLLOW_POLL_S)
+        with units() as session:
+            newest, ended = _attempt_of(session, tenant_id, job_id, attempt if pinned else None)
+        if newest != attempt:
+            attempt, sent = newest, []
+            yield f"[attempt {attempt}]\n".encode()
+        fresh = _after(_stored(store, tenant_id, job_id, attempt).splitlines(), sent)
+        if fresh:
+            sent = (sent + fresh)[-3:]
+            quiet_since = None
+            yield ("\n".join(fresh) + "\n").encode()
+        elif ended:
+            quiet_since = clock() if quiet_since is None else quiet_since
+            if clock() - quiet_since > 2 * SYNC_INTERVAL_S + 1:  # the scheduler's last copy has had its time
+                return
+
+
+def _after(lines: list[str], sent: list[str]) -> list[str]:
+    """The lines after the last ones sent; all of them when those rotated out of the kept window."""
+    if not sent:
+        return lines
+    width = len(sent)
+    for start in range(len(lines) - width, -1, -1):
+        if lines[start:start + width] == sent:
+            return lines[start + width:]
+    return ["[earlier output rotated out]", *lines] if lines else []
