@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from tuneforge.db.repos import attempts as attempt_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import jobs as job_repo
+from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.exit_codes import TrainerExit, describe
 from tuneforge.domain.ids import correlation_id
@@ -103,7 +104,8 @@ class Scheduler:
                     if now - (attempt.ended_at or now) < grace_s and \
                             self.executor.poll(handle).state in ("running", "unknown"):
                         continue  # still flushing its last reports, or checkpointing
-                    self._keep_log(tenant_id, attempt, handle, final=True)  # its last lines, while they are there
+                    if not tenant_repo.is_deleted(session, tenant_id):  # a deleted tenant's prefix stays empty
+                        self._keep_log(tenant_id, attempt, handle, final=True)  # its last lines, while they are there
                     self.executor.release(handle)
                     attempt.handle = {**handle, "released_at": now}
             except Exception:  # noqa: BLE001 - one broken attempt must not stop the loop

@@ -115,3 +115,4 @@ def test_follow_sends_new_lines_until_the_job_has_ended(world, monkeypatch):
         received = "".join(answer.iter_text())
     writer.join()
     assert received == "line 1\nline 2\nline 3\nline 4\n"
+    assert world.platform.streams.open_streams(tenant_id) == 0  # the follower's stream slot came back

@@ -458,3 +458,42 @@ def test_the_executor_gets_ready_each_time_this_process_starts_leading(tmp_path,
     assert platform.scheduler_role == "off"
     assert executor.prepared == 1  # once, on becoming the leader; not on every tick
     platform.db.dispose()
+
+
+def test_the_trainers_output_is_kept_while_it_runs_and_at_its_end(setup):
+    from tuneforge.storage import layout
+
+    platform, http, scheduler, executor, create_job, job, _auth = setup
+    job_id = create_job()
+    scheduler.tick()
+    spec = executor.launched[0]
+    key = layout.trainer_log_key(spec.tenant_id, job_id, 1)
+    executor.log_tail = lambda handle, max_bytes=4000: f"step 1 with {spec.job_token}\nstep 2 half"
+    scheduler.tick()
+    assert platform.store.get_bytes(key) == b"step 1 with ***\n"  # whole lines only, the token scrubbed
+    adapter = f"tenants/{spec.tenant_id}/jobs/{job_id}/artifacts/adapter"
+    assert _report(http, spec, "result", {"seq": 1, "trained_tokens": 10, "adapter_prefix": adapter}).status_code == 200
+    executor.states[1] = PollResult("exited", 0)
+    scheduler.tick()
+    assert executor.released == [1]
+    assert platform.store.get_bytes(key) == b"step 1 with ***\nstep 2 half"  # the last copy: everything
+
+
+def test_a_deleted_tenants_ended_attempt_leaves_no_log_behind(setup):
+    from tuneforge.services.tenancy import deletion
+    from tuneforge.storage import layout
+
+    platform, http, scheduler, executor, create_job, job, _auth = setup
+    create_job()
+    scheduler.tick()
+    spec = executor.launched[0]
+    with platform.db.session() as session:
+        assert deletion.delete_tenant(session, platform.store, "alpha").status == "deleting"  # a trainer runs
+    scheduler.tick()  # the cancel reaches the trainer; its attempt ends; the purge follows
+    assert executor.signals == [(1, "cancel")]
+    with platform.db.session() as session:
+        assert deletion.delete_tenant(session, platform.store, "alpha").status == "deleted"
+    executor.states[1] = PollResult("exited", -9)
+    scheduler.tick()
+    assert executor.released == [1]
+    assert platform.store.list(layout.tenant_prefix(spec.tenant_id)) == []

@@ -245,7 +245,8 @@ def download(
 
 
 @router.get("/{job_id}/logs", response_class=StreamingResponse,
-            responses=binary_body("text/plain", "The trainer's output, newest lines last; the attempt in X-Attempt."))
+            responses={**binary_body("text/plain", "The trainer's output, newest lines last (X-Attempt: whose)."),
+                       **error_responses(429)})
 def job_logs(
     job_id: str,
     attempt: int | None = Query(default=None, ge=1, le=2**31 - 1, description="Default: the newest attempt."),
@@ -265,10 +266,12 @@ def job_logs(
     headers = {"X-Attempt": str(view.attempt), "Cache-Control": "no-store"}
     if not follow:
         return Response(view.text, media_type="text/plain; charset=utf-8", headers=headers)
-    lines = trainer_logs.follow(platform.db.session, platform.store, tenant.tenant_id, job_id, view,
-                                pinned=attempt is not None)
+    slot = platform.streams.acquire(tenant.tenant_id, job_id)  # a follower counts as one of its event streams
+    follower = trainer_logs.Follower(tenant.tenant_id, job_id, view.attempt, pinned=attempt is not None)
+    lines = trainer_logs.follow(platform.db.session, platform.store, view, follower,
+                                closing=lambda: platform.streams.closing, release=slot.release)
     return StreamingResponse(lines, media_type="text/plain; charset=utf-8",
-                             headers={**headers, "X-Accel-Buffering": "no"})
+                             headers={**headers, "X-Accel-Buffering": "no"}, background=BackgroundTask(slot.release))
 
 
 @router.get("/{job_id}/attempts", response_model=JobAttemptList)

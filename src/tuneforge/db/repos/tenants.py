@@ -25,6 +25,11 @@ def by_id(session: Session, tenant_id: str) -> Tenant | None:
     return session.scalar(select(Tenant).where(Tenant.tenant_id == tenant_id))
 
 
+def is_deleted(session: Session, tenant_id: str) -> bool:
+    """Whether the tenant has been deleted (its row is a tombstone: services/tenancy/deletion.py)."""
+    return session.scalar(select(Tenant.deleted_at).where(Tenant.tenant_id == tenant_id)) is not None
+
+
 def tier_of(session: Session, tenant_id: str) -> str | None:
     """The tenant's tier; None when there is no such tenant."""
     return session.scalar(select(Tenant.tier).where(Tenant.tenant_id == tenant_id))

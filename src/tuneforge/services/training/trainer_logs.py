@@ -19,11 +19,12 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import attempts as attempt_repo
@@ -172,32 +173,63 @@ def read(session: Session, store: ObjectStore, tenant_id: str, job_id: str, *, a
     return LogView(number, _bounded(_stored(store, tenant_id, job_id, number), limit, max_bytes))
 
 
-def follow(units: Callable[[], AbstractContextManager[Session]], store: ObjectStore, tenant_id: str,
-           job_id: str, first: LogView, *, pinned: bool, clock: Callable[[], float] = time.monotonic,
-           sleep: Callable[[float], None] = time.sleep) -> Iterator[bytes]:
-    """The attempt's output as it grows: what `read` gave, then each new line as the scheduler copies
-    it, until the job has ended and its last copy is in (or FOLLOW_MAX_S has passed). Unless
-    `pinned` (an attempt was asked for), a newer attempt is followed once it starts.
-    `units()`: a unit of work (Database.session)."""
-    yield first.text.encode()
-    attempt, sent = first.attempt, first.text.splitlines()[-3:]
-    started, quiet_since = clock(), None
-    while clock() - started < FOLLOW_MAX_S:
-        sleep(FOLLOW_POLL_S)
-        with units() as session:
-            newest, ended = _attempt_of(session, tenant_id, job_id, attempt if pinned else None)
-        if newest != attempt:
-            attempt, sent = newest, []
-            yield f"[attempt {attempt}]\n".encode()
-        fresh = _after(_stored(store, tenant_id, job_id, attempt).splitlines(), sent)
+@dataclass
+class Follower:
+    """Where a follower is: the attempt it reads and the last lines it sent (how the next copy's new
+    lines are found, the window having moved). Unless `pinned` (an attempt was asked for), a newer
+    attempt is followed once it starts."""
+
+    tenant_id: str
+    job_id: str
+    attempt: int
+    pinned: bool
+    sent: list[str] = field(default_factory=list)
+    quiet_since: float | None = None
+
+    def step(self, session: Session, store: ObjectStore, now: float) -> tuple[bytes, bool]:
+        """(what to send now, whether the follow is over: the job has ended and no line came for
+        longer than the scheduler takes to make its last copy)."""
+        newest, ended = _attempt_of(session, self.tenant_id, self.job_id, self.attempt if self.pinned else None)
+        chunk = b""
+        if newest != self.attempt:
+            self.attempt, self.sent = newest, []
+            chunk = f"[attempt {newest}]\n".encode()
+        fresh = _after(_stored(store, self.tenant_id, self.job_id, self.attempt).splitlines(), self.sent)
         if fresh:
-            sent = (sent + fresh)[-3:]
-            quiet_since = None
-            yield ("\n".join(fresh) + "\n").encode()
-        elif ended:
-            quiet_since = clock() if quiet_since is None else quiet_since
-            if clock() - quiet_since > 2 * SYNC_INTERVAL_S + 1:  # the scheduler's last copy has had its time
+            self.sent, self.quiet_since = (self.sent + fresh)[-3:], None
+            return chunk + ("\n".join(fresh) + "\n").encode(), False
+        if not ended:
+            return chunk, False
+        self.quiet_since = now if self.quiet_since is None else self.quiet_since
+        return chunk, now - self.quiet_since > 2 * SYNC_INTERVAL_S + 1
+
+
+async def follow(units: Callable[[], AbstractContextManager[Session]], store: ObjectStore, first: LogView,
+                 follower: Follower, *, closing: Callable[[], bool],
+                 release: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The attempt's output as it grows: what `read` gave, then each new line as the scheduler copies
+    it, until the job has ended and its last copy is in, FOLLOW_MAX_S has passed or the server is
+    stopping. Waits on the event loop; each look (a row and an object) runs in a thread.
+    `units()`: a unit of work (Database.session); `release()`: gives back the follower's stream
+    slot once it ends, however it ends (idempotent)."""
+
+    def look() -> tuple[bytes, bool]:
+        with units() as session:
+            return follower.step(session, store, time.monotonic())
+
+    try:
+        yield first.text.encode()
+        follower.sent = first.text.splitlines()[-3:]
+        started = time.monotonic()
+        while time.monotonic() - started < FOLLOW_MAX_S and not closing():
+            await anyio.sleep(FOLLOW_POLL_S)
+            chunk, over = await anyio.to_thread.run_sync(look)
+            if chunk:
+                yield chunk
+            if over:
                 return
+    finally:
+        release()
 
 
 def _after(lines: list[str], sent: list[str]) -> list[str]:
