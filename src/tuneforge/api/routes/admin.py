@@ -77,7 +77,7 @@ class QuotaChange(_Strict):
 def _tenant_object(tenant: Any) -> dict[str, Any]:
     limits = quotas.limits(tenant)
     return {"object": "tenant", "id": tenant.tenant_id, "name": tenant.name, "tier": tenant.tier,
-            "pii_policy": tenant.pii_policy, "created_at": tenant.created_at,
+            "pii_policy": tenant.pii_policy, "created_at": tenant.created_at, "deleted_at": tenant.deleted_at,
             "quotas": {name: getattr(limits, name) for name in quotas.QUOTA_FIELDS}}
 
 

@@ -18,6 +18,8 @@ class Tenant(ApiObject):
     pii_policy: str | None
     created_at: int
     quotas: dict[str, Any] = Field(description="The tenant's limits (null: the tier's default).")
+    deleted_at: int | None = Field(default=None, description="When the tenant was deleted (its row stays, a "
+                                                              "tombstone its billing rows name).")
     api_key: str | None = Field(default=None, description="The first API key: in the answer to the create only.")
 
 
