@@ -81,3 +81,15 @@ def test_audit_rows_cannot_be_changed_on_postgresql(plane, db_backend):
         with pytest.raises(Exception, match="append-only"), platform.db.session() as session:
             session.execute(text(statement))
     assert len(_audit(http)) == 1
+
+
+def test_an_admins_move_of_a_tenants_model_is_recorded_under_that_tenant(plane):
+    from tests.helpers.platform import add_finished_job
+
+    platform, http = plane
+    _key, model_id = add_finished_job(platform, "owner")
+    moved = http.post(f"/v1/admin/models/{model_id}/promote", json={"stage": "dev"}, headers=ADMIN)
+    assert moved.status_code == 200, moved.text
+    [row] = _audit(http, tenant="owner")
+    assert (row["actor"], row["action"], row["resource_type"], row["resource_id"]) == (
+        "admin", "promote_model", "models", model_id)

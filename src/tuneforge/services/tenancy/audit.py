@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import audit as audit_repo
+from tuneforge.db.repos import models as model_repo
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.repos.audit import Entry
 from tuneforge.db.tables import AuditRecord
@@ -78,6 +79,9 @@ def record_request(session: Session, outcome: RequestOutcome) -> AuditRecord | N
         if tenant_id is None and outcome.tenant_name is not None:
             named = tenant_repo.by_name(session, outcome.tenant_name)
             tenant_id = None if named is None else named.tenant_id
+        elif tenant_id is None and outcome.resource_type == "models" and outcome.resource_id:
+            model = model_repo.any_tenants(session, outcome.resource_id)  # an admin's move of a tenant's model
+            tenant_id = None if model is None else model.tenant_id
     return record(session, Entry(actor=actor, action=outcome.action, resource_type=outcome.resource_type,
                                  resource_id=outcome.resource_id, tenant_id=tenant_id, key_id=key_id,
                                  status_code=outcome.status_code, request_id=outcome.request_id,
