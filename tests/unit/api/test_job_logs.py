@@ -116,3 +116,18 @@ def test_follow_sends_new_lines_until_the_job_has_ended(world, monkeypatch):
     writer.join()
     assert received == "line 1\nline 2\nline 3\nline 4\n"
     assert world.platform.streams.open_streams(tenant_id) == 0  # the follower's stream slot came back
+
+
+def test_the_platforms_own_credentials_and_node_folders_are_scrubbed(tmp_path):
+    from tuneforge.settings import Settings
+
+    settings = Settings(home=tmp_path / "home", storage_url="s3://bucket/objects", s3_endpoint_url="http://minio:9000",
+                        s3_access_key_id="AKIAEXAMPLEKEY", s3_secret_access_key="wJalrXUtnFEMI/K7MDENG",
+                        admin_api_key="operator-admin-key", ray_node_workdir="/srv/ray/{node_id}/work")
+    text = Scrubber.from_settings(settings).scrub(
+        "env AKIAEXAMPLEKEY wJalrXUtnFEMI/K7MDENG operator-admin-key\n"
+        "GET http://minio:9000/bucket/objects/tenants/t/x from /srv/ray/n1/work/job/rank-0.log\n")
+    for secret_or_path in ("AKIAEXAMPLEKEY", "wJalrXUtnFEMI", "operator-admin-key", "minio:9000", "/srv/ray",
+                           "s3://bucket"):
+        assert secret_or_path not in text, secret_or_path
+    assert "<store-endpoint>/bucket/objects/tenants/t/x" in text and "<node>n1/work" in text

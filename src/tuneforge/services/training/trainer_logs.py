@@ -5,14 +5,16 @@ Ray host actor's on a cluster: `Executor.log_tail`). The scheduler copies the ne
 `LOG_KEEP_BYTES` of it to `tenants/{t}/jobs/{j}/logs/attempt-{n}.log` while the attempt runs (at
 most every `SYNC_INTERVAL_S`) and once more when it has ended, before its executor resources are
 released; older output rotates out. What is stored is scrubbed first (`Scrubber`): the platform's
-paths (its home, the object store's root and URL, the Python installation and site-packages,
-temporary folders) become placeholders, and the attempt's job token, API keys and bearer
-credentials become `***`. The tenant reads it with `GET /v1/fine_tuning/jobs/{id}/logs`.
+paths (its home, the object store's root and URL, the Ray nodes' folders, the Python installation
+and site-packages, temporary folders) become placeholders, and the attempt's job token, API keys,
+bearer credentials and the platform's own credentials (S3 keys, the admin key, the sealing key)
+become `***`. The tenant reads it with `GET /v1/fine_tuning/jobs/{id}/logs`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import site
 import sys
@@ -72,6 +74,16 @@ class Scrubber:
         for folder in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
             named[folder] = "<python>"
         named[tempfile.gettempdir()] = "<tmp>"
+        for template in (settings.ray_node_workdir, settings.ray_node_cache_dir):  # the nodes' folders
+            stem = os.path.expanduser(template.split("{node_id}")[0])
+            named[stem] = "<node>"
+        if settings.s3_endpoint_url:
+            named[settings.s3_endpoint_url] = "<store-endpoint>"
+        # credentials the platform hands its trainers or holds itself, should a trainer print one
+        for secret in (settings.s3_secret_access_key, settings.s3_access_key_id, settings.admin_api_key,
+                       settings.secrets_key):
+            if secret and len(secret) >= 8:
+                named[str(secret)] = "***"
         ordered = sorted(((path, label) for path, label in named.items() if len(path) > 1),
                          key=lambda item: -len(item[0]))
         return cls(tuple(ordered))
