@@ -94,19 +94,17 @@ def _outcome(scope: Scope, who: str, answer: dict[str, Any]) -> audit_service.Re
     template = getattr(route, "path", scope["path"])
     params = scope.get("path_params") or {}
     resource_type, resource_id = _resource(template, params)
-    created = _created(answer) if resource_id is None or who == "admin" else {}
-    if resource_id is None:
-        resource_id = created.get("id")
+    created = _created(answer) if resource_id is None else {}  # a create: its id is in the answer
+    resource_id = resource_id or created.get("id")
     summary: dict[str, Any] = {"method": scope["method"], "path": scope["path"][:200]}
     if created.get("status") is not None:
         summary["status"] = created["status"]
     api_key = None
     if who == "tenant" and authorization:
         api_key = authorization.partition(" ")[2].strip() or None
+    # the tenant an admin route acts on: the one it names, or the one it created
     tenant_name = params.get("name") if template.startswith("/v1/admin/tenants/") else None
-    tenant_id = created.get("id") if who == "admin" and name == "create_tenant" else None
-    if name == "create_tenant":
-        resource_id = created.get("id")
+    tenant_id = created.get("id") if name == "create_tenant" else None
     return audit_service.RequestOutcome(
         audience=who, action=name, resource_type=resource_type, resource_id=resource_id, status_code=status,
         request_id=answer["request_id"], summary=summary, api_key=api_key, tenant_name=tenant_name,
