@@ -363,6 +363,7 @@ def base_models_add(name: str, source: str) -> None:
             row = base_model_service.add_base_model(
                 session, ctx.store, name, source, layout.hub_cache_dir(layout.local_cache_dir(ctx.settings.home)))
             sha, size = row.sha256, row.size_bytes
+            audit_service.operator_command(session, "add_base_model", "base-models", name, None, {"sha256": sha})
     except ApiError as exc:
         fail(exc)
     console.print(f"registered base model {name}: sha256 {sha}, {size / 1e6:.1f} MB")
@@ -387,6 +388,8 @@ def eval_sets_add(name: str, path: Path) -> None:
     ctx = platform()
     try:
         key = eval_sets.add_platform_eval_set(ctx.store, name, path)
+        with ctx.db.session() as session:
+            audit_service.operator_command(session, "add_eval_set", "eval-sets", name)
     except ApiError as exc:
         fail(exc)
     console.print(f"eval set {name}: {key}")
