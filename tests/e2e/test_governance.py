@@ -101,6 +101,7 @@ def test_the_audit_log_tells_a_jobs_life_and_its_tenants_deletion(plane):
     assert created[0]["key_id"] and created[0]["request_id"].startswith("req_") and created[0]["status_code"] == 200
     assert life[0]["created_at"] <= created[0]["created_at"] <= life[-1]["created_at"]
     assert [row["action"] for row in audit(plane, resource_id=training)] == ["create_file"]
+    assert [row["action"] for row in audit(plane, resource_id=done.fine_tuned_model)] == ["model.registered"]
 
     store, db = plane.plane.platform.store, plane.plane.platform.db
     with db.session() as session:

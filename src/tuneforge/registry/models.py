@@ -17,11 +17,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from tuneforge.db.repos import audit as audit_repo
 from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import models as model_repo
 from tuneforge.db.repos import routes as route_repo
+from tuneforge.db.repos.audit import Entry
 from tuneforge.db.tables import FineTunedModel, Job, ModelStageChange
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.registry import champion, lineage
@@ -51,6 +53,9 @@ def register(session: Session, store: ObjectStore, job: Job, *, model_id: str, a
     if gate_report is not None and eval_results is not None:  # the champion as it is now; promotion asks again
         row.gate_report = {**gate_report, "champion": champion.compare(session, row)}
     session.add(row)
+    audit_repo.append(session, Entry(actor="platform", action="model.registered", resource_type="models",
+                                     resource_id=model_id, tenant_id=job.tenant_id,
+                                     summary={"job_id": job.job_id, "artifact_kind": artifact_kind}))
     twin = same_config(session, job.tenant_id, job.config_hash, exclude_job=job.job_id)
     if twin is not None:
         events.add(session, job, f"{model_id} was trained with the same configuration as {twin.model_id} "
@@ -257,6 +262,8 @@ def purge_expired(session: Session, store: ObjectStore, now: float | None = None
     for row in rows:
         store.delete_prefix(row.artifact_prefix)
         row.artifacts_deleted_at = int(now)
+        audit_repo.append(session, Entry(actor="platform", action="model.artifacts_deleted", resource_type="models",
+                                         resource_id=row.model_id, tenant_id=row.tenant_id))
     return [row.model_id for row in rows]
 
 
