@@ -124,6 +124,7 @@ class LogKeeper:
         self.scrubber = Scrubber.from_settings(settings)
         self.store = store
         self._last: dict[tuple[str, int], float] = {}
+        self._stored: dict[tuple[str, int], str] = {}  # a digest of what was stored last, per attempt
 
     def due(self, job_id: str, attempt: int, now: float) -> bool:
         if now - self._last.get((job_id, attempt), 0.0) < SYNC_INTERVAL_S:
@@ -132,10 +133,15 @@ class LogKeeper:
         return True
 
     def copy(self, tail: str, *, tenant_id: str, job_id: str, attempt: int, token_hash: str, final: bool) -> None:
-        keep(self.store, self.scrubber, tail, tenant_id=tenant_id, job_id=job_id, attempt=attempt,
-             token_hash=token_hash, final=final)
+        """Store the tail unless it is what was stored last (a quiet trainer costs no writes)."""
+        digest = hashlib.sha256(f"{final}|{tail}".encode()).hexdigest()
+        if self._stored.get((job_id, attempt)) != digest:
+            keep(self.store, self.scrubber, tail, tenant_id=tenant_id, job_id=job_id, attempt=attempt,
+                 token_hash=token_hash, final=final)
+            self._stored[(job_id, attempt)] = digest
         if final:
             self._last.pop((job_id, attempt), None)
+            self._stored.pop((job_id, attempt), None)
 
 
 @dataclass(frozen=True)
