@@ -16,7 +16,7 @@ from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.security.crypto import new_key
 from tuneforge.services.tenancy.data_keys import TenantKeyRing
-from tuneforge.storage.envelope import MAGIC
+from tuneforge.storage.envelope import MAGIC, EncryptingStore, KeyUnavailable
 
 
 @pytest.fixture
@@ -78,3 +78,35 @@ def test_a_revoked_tenant_key_answers_410_and_leaves_other_tenants_alone(sealed_
     assert answer.json()["error"]["code"] == "data_key_revoked"
     assert "Traceback" not in answer.text and "/" not in answer.json()["error"]["message"].split("(")[0]
     assert beta.files.content(theirs.id).read() == chat_lines(4)
+
+
+def test_deleting_a_tenant_erases_its_data_key_so_a_copy_of_its_objects_no_longer_opens(tmp_path: Path,
+                                                                                       database_url: str) -> None:
+    platform = make_platform(tmp_path, database_url, secrets_key=new_key(), encrypt_tenant_objects=True,
+                             admin_api_key="enc-admin")
+    http = TestClient(create_app(platform=platform), raise_server_exceptions=False)
+    try:
+        admin = {"Authorization": "Bearer enc-admin"}
+        created = http.post("/v1/admin/tenants", json={"name": "gone"}, headers=admin).json()
+        gone = sdk(http, created["api_key"])
+        uploaded = gone.files.create(file=("a.jsonl", io.BytesIO(chat_lines(5))), purpose="fine-tune")
+        root = Path(platform.store.url)
+        backup = tmp_path / "backup"  # what a bucket backup or replica would hold
+        for path in stored_objects(root, f"tenants/{created['id']}"):
+            target = backup / path.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+        assert uploaded.status == "processed"
+
+        answer = http.delete("/v1/admin/tenants/gone", headers=admin)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "deleted" and answer.json()["data_keys_erased"] == 1
+        restored = EncryptingStore(str(backup), keys=TenantKeyRing(platform.db, platform.sealer))
+        copied = restored.list(f"tenants/{created['id']}")
+        assert copied
+        for key in copied:
+            with pytest.raises(KeyUnavailable, match="revoked"):
+                restored.get_bytes(key)
+    finally:
+        http.close()
+        platform.db.dispose()

@@ -119,4 +119,6 @@ class TenantDeletion(ApiObject):
     jobs_cancelled: list[str] = Field(description="Jobs this request cancelled.")
     keys_revoked: int
     objects_deleted: int
+    data_keys_erased: int = Field(description="The tenant's data keys erased (envelope encryption): copies of its "
+                                              "objects elsewhere can no longer be opened.")
     rows_deleted: dict[str, int] = Field(description="Rows deleted per table (billing and audit rows are kept).")

@@ -17,6 +17,8 @@ import secrets
 import threading
 import time
 
+from sqlalchemy.orm import Session
+
 from tuneforge.db.engine import Database
 from tuneforge.db.repos import secrets as repo
 from tuneforge.db.tables import TenantDataKey
@@ -76,15 +78,19 @@ class TenantKeyRing:
             self._opened[key_id] = (self._now(), tenant_id, key)
         return key
 
-    def revoke(self, tenant_id: str) -> int:
-        """Erase every key of the tenant; returns how many were live. Irreversible."""
-        with self.db.session() as session:
-            rows = repo.live_data_keys(session, tenant_id)
-            for row in rows:
-                row.sealed, row.revoked_at = None, int(time.time())
-            if not rows:  # nothing stored yet: a revoked marker still refuses later writes
-                session.add(TenantDataKey(tenant_id=tenant_id, key_id=f"tdk-{secrets.token_hex(12)}",
-                                          sealed=None, created_at=int(time.time()), revoked_at=int(time.time())))
+    def revoke(self, tenant_id: str, session: Session | None = None) -> int:
+        """Erase every key of the tenant; returns how many were live. Irreversible. In `session`
+        when given (the caller commits: tenant deletion), else in a unit of work of its own."""
+        if session is None:
+            with self.db.session() as own:
+                return self.revoke(tenant_id, own)
+        now = int(time.time())
+        rows = repo.live_data_keys(session, tenant_id)
+        for row in rows:
+            row.sealed, row.revoked_at = None, now
+        if not rows:  # nothing stored yet: a revoked marker still refuses later writes
+            session.add(TenantDataKey(tenant_id=tenant_id, key_id=f"tdk-{secrets.token_hex(12)}",
+                                      sealed=None, created_at=now, revoked_at=now))
         with self._lock:
             self._current.pop(tenant_id, None)
             for key_id in [k for k, (_, owner, _) in self._opened.items() if owner == tenant_id]:

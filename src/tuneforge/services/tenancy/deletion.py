@@ -8,7 +8,9 @@
    store: every row of the tenant (credentials left out: key hashes, sealed secrets, webhook
    signing secrets) and the key and size of every object under its prefix;
 3. purges: deletes every object under `tenants/{tenant_id}/` and every row of the tenant except
-   its billing (db/repos/tenant_data.py says which), keeping the tenant row as a tombstone.
+   its billing (db/repos/tenant_data.py says which), keeping the tenant row as a tombstone; under
+   envelope encryption its data key is erased too, so copies of its objects elsewhere (backups,
+   replicas) can no longer be opened.
 
 While a trainer of the tenant is still stopping, step 3 waits: the answer says `deleting`, and the
 scheduler's `tenant_purge` duty (or the same request again) purges once no attempt is active. The
@@ -29,7 +31,9 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.domain.errors import not_found
 from tuneforge.domain.status import ATTEMPT_ACTIVE, TERMINAL
 from tuneforge.services.tenancy import audit
+from tuneforge.services.tenancy.data_keys import TenantKeyRing
 from tuneforge.storage import layout
+from tuneforge.storage.envelope import EncryptingStore
 from tuneforge.storage.store import ObjectStore
 
 _ACTIVE = [status.value for status in ATTEMPT_ACTIVE]
@@ -45,12 +49,14 @@ class Deletion:
     jobs_cancelled: list[str] = field(default_factory=list)
     keys_revoked: int = 0
     objects_deleted: int = 0
+    data_keys_erased: int = 0
     rows_deleted: dict[str, int] = field(default_factory=dict)
 
     def view(self) -> dict[str, Any]:
         return {"object": "tenant.deletion", "id": self.tenant_id, "name": self.name, "status": self.status,
                 "export_key": self.export_key, "jobs_cancelled": self.jobs_cancelled,
                 "keys_revoked": self.keys_revoked, "objects_deleted": self.objects_deleted,
+                "data_keys_erased": self.data_keys_erased,
                 "rows_deleted": self.rows_deleted}
 
 
@@ -107,6 +113,9 @@ def purge(session: Session, store: ObjectStore, tenant_id: str, deletion: Deleti
     prefix = layout.tenant_prefix(tenant_id)
     deletion.objects_deleted = len(store.list(prefix))
     store.delete_prefix(prefix)
+    if isinstance(store, EncryptingStore) and isinstance(store.keys, TenantKeyRing):
+        # its data key erased too: copies of its objects (a backup, a replica) no longer open
+        deletion.data_keys_erased = store.keys.revoke(tenant_id, session)
     deletion.rows_deleted = tenant_data.purge_rows(session, tenant_id)
     audit.platform_change(session, "tenant.purge", "tenants", tenant_id, tenant_id,
                           {"objects_deleted": deletion.objects_deleted, "purged_at": int(now)})
