@@ -29,14 +29,10 @@ def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: boo
 
     `quantize_4bit` (QLoRA): NF4 weights with double quantization and bf16
     compute, through bitsandbytes; it needs a CUDA GPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(local_dir)
-    if tokenizer.pad_token_id is None:
-        # Padding positions never carry loss or attention, so any id will do.
-        tokenizer.pad_token = tokenizer.eos_token
-    use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    dtype = torch.bfloat16 if use_bf16 else torch.float32
+    tokenizer = load_tokenizer(local_dir)
+    dtype = model_dtype(device)
     if quantize_4bit:
         from transformers import BitsAndBytesConfig
 
@@ -60,6 +56,22 @@ def load_base_model(local_dir: Path, device: torch.device, *, quantize_4bit: boo
     if place:
         model.to(device)
     return model, tokenizer
+
+
+def load_tokenizer(local_dir: Path) -> Any:
+    """The base model's tokenizer, with a pad token (its EOS where it has none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(local_dir)
+    if tokenizer.pad_token_id is None:
+        # Padding positions never carry loss or attention, so any id will do.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def model_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on a GPU that supports it, else float32."""
+    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
 
 
 def flash_attention_available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -45,6 +45,7 @@ Tests reach in only through `run.hooks` (`train/hooks.py`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -61,7 +62,7 @@ from tuneforge.domain.metrics import OBJECTIVE_METRICS_KEY, check_metric_names, 
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout, model_cache
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import attention, distributed, evaluate, fused_loss, rollout
+from tuneforge.train import attention, distributed, evaluate, fused_loss, rollout, sharded_load
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train.artifacts import MODEL_CARD, model_card, results_csv, upload_adapter, upload_full_model
 from tuneforge.train.batches import epoch_order
@@ -71,10 +72,13 @@ from tuneforge.train.guards import check_divergence
 from tuneforge.train.hooks import NO_HOOKS, Hooks
 from tuneforge.train.model import (
     fetch_base_model,
+    flash_attention_available,
     is_adapter,
     load_adapter_weights,
     load_base_model,
     load_spec_base,
+    load_tokenizer,
+    model_dtype,
     prepare_trainable,
     trainable_parameters,
 )
@@ -139,15 +143,28 @@ def run_training(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: th
 # -- load ----------------------------------------------------------------------
 
 
+def _attention_for(device: torch.device) -> str | None:
+    """The attention implementation a model built from its config asks for on `device`
+    (`load_base_model` tries flash-attention 2 where it can run)."""
+    return "flash_attention_2" if flash_attention_available(device, model_dtype(device)) else None
+
+
 def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.Event, objective: Objective,
          device: torch.device, dist: distributed.Dist) -> Run:
     hp = spec.hyperparameters
     cache_dir = Path(spec.cache_dir) if spec.cache_dir else None
     cached = model_cache.is_cached(spec.base_model, cache_dir)
     base_dir = fetch_base_model(store, spec.base_model, cache_dir)
-    # sharded: the whole model never goes to one GPU; FSDP moves it there a layer at a time
-    model, tokenizer = load_base_model(base_dir, device, quantize_4bit=spec.training_type == "qlora",
-                                       place=not dist.sharded)
+    # sharded: built on the meta device, each rank then reads only its shard (train/sharded_load.py);
+    # where that cannot be done (a checkpoint named otherwise, a continued adapter), loaded whole on the
+    # host and moved to the GPU by FSDP a layer at a time
+    skeleton = sharded_load.skeleton(base_dir, model_dtype(device), _attention_for(device)) \
+        if dist.sharded and spec.training_type != "qlora" and not spec.init_adapter_prefix else None
+    if skeleton is not None:
+        model, tokenizer = skeleton, load_tokenizer(base_dir)
+    else:
+        model, tokenizer = load_base_model(base_dir, device, quantize_4bit=spec.training_type == "qlora",
+                                           place=not dist.sharded)
     threads = configure_threads(device, model.num_parameters(), spec.cpu_threads or None)
     node = os.environ.get("TUNEFORGE_NODE", "")
     reporter.report("events", message_event(
@@ -167,8 +184,9 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     )
     if dist.main:
         dist.barrier()
-    model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed,
-                              gradient_checkpointing=spec.gradient_checkpointing)
+    with sharded_load.adapter_snapshots() if skeleton is not None else contextlib.nullcontext() as snapshots:
+        model = prepare_trainable(model, spec.training_type, spec.lora, seed=spec.seed,
+                                  gradient_checkpointing=spec.gradient_checkpointing)
     if spec.init_adapter_prefix:  # a continued job: its parent's adapter, not a fresh one (a resume then loads
         loaded = load_adapter_weights(store, model, spec.init_adapter_prefix)  # its own checkpoint over it)
         reporter.report("events", message_event(f"the adapter starts from the parent's ({loaded} tensors)",
@@ -177,7 +195,12 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
         log.info("packed rows attend with %s", attention.choose(model))  # (train/attention.py)
     if dist.enabled:  # same initial weights everywhere; each rank its own dropout stream
         seed_everything(spec.seed * 1009 + 7919 * dist.rank)
+    kept = sharded_load.host_states(model, snapshots) if skeleton is not None else None
     model = dist.wrap(model)  # DDP, or FSDP2 shards (train/distributed.py); as is alone
+    if kept is not None:
+        read = sharded_load.materialize(model, base_dir, device, model_dtype(device), kept)
+        log.info("rank %d read %d bytes of the base model's weights (its shard; built on the meta device)",
+                 dist.rank, read)
     if hp.packing and dist.sharded:  # its self-check runs on the device, every rank together
         log.info("packed rows attend with %s", attention.choose(model))
         dist.reshard(model)

@@ -15,7 +15,9 @@ from tuneforge.modeling.base import (  # noqa: F401 - re-exported for the traine
     leaf_names,
     linear_module_names,
     load_base_model,
+    load_tokenizer,
     lora_module_paths,
+    model_dtype,
     unmatched_target_modules,
 )
 from tuneforge.storage.model_cache import default_cache_dir, fetch_base_model  # noqa: F401 - re-exported

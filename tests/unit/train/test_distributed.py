@@ -18,6 +18,7 @@ started as fresh processes).
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -191,6 +192,10 @@ def test_fsdp_full_fine_tune_trains_the_same_steps_as_one_process(
     assert code == TrainerExit.SUCCESS, err[-3000:]
     assert "rank 1 of 2 joined (gloo, fsdp)" in err and "sharded 2 layers" in err
     assert "token losses: chunked" in err  # the output layer's weight read while gathered
+    # each rank read only its shard of the base's weights, never the whole (train/sharded_load.py)
+    read = {int(m[0]): int(m[1]) for m in re.findall(r"rank (\d) read (\d+) bytes of the base model", err)}
+    whole = sum(path.stat().st_size for path in tiny_model_dir.glob("*.safetensors"))
+    assert set(read) == {0, 1} and all(0.4 * whole < n < 0.6 * whole for n in read.values()), (read, whole)
     assert _close(double, single) and len(single) == 4
     a, b = _model(store1, one), _model(store2, two)
     assert a.keys() == b.keys() and len(a) > 5
