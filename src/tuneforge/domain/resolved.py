@@ -36,6 +36,12 @@ class ResolvedResources:
     """GPU type the job runs on: the request's, else the platform's (TUNEFORGE_GPU_TYPE)."""
     gpu_memory_gb: float = 80.0
     """Memory of one GPU the job was planned for."""
+    required_gpu_type: str = ""
+    """GPU type the job must run on, as the request asked (resources.gpu_type); "": any (the platform's
+    TUNEFORGE_GPU_TYPE prices a job, it does not restrict where it runs)."""
+    min_gpu_memory_gb: float = 0.0
+    """Least memory per GPU the job runs on: what it asked (resources.gpu_memory_gb) or what the plan
+    needs per GPU (memory model, planned micro-batch and sharding), whichever is larger; 0: any."""
     gradient_checkpointing: bool = False
     """The trainer recomputes activations so that a step fits (QLoRA, or a job that needs it to fit)."""
     strategy: str = ""

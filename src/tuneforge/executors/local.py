@@ -8,11 +8,14 @@ spec path, so a restart does not orphan running attempts.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal as signals
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,10 +34,63 @@ def node_name(index: int) -> str:
     return NODE_NAME if index == 0 else f"{NODE_NAME}-{index}"
 
 
-def local_inventory(settings: Settings) -> Capacity:
-    """`local_nodes` logical nodes of `local_gpus` slots each."""
+@dataclass(frozen=True)
+class GpuHardware:
+    """This host's GPUs: model and memory of one GPU in GiB ("" and 0: unknown)."""
+
+    model: str = ""
+    memory_gb: float = 0.0
+
+
+NvmlReader = Callable[[int], GpuHardware]
+
+
+@functools.lru_cache(maxsize=8)
+def read_nvml(devices: int) -> GpuHardware:
+    """The first `devices` GPUs as NVML sees them: the first one's model and the smallest memory
+    (what every slot can count on). Unknown, silently, where NVML is absent (a CPU-only host).
+    Read once per process: the hardware does not change under a running control plane."""
+    try:
+        import pynvml as nvml
+
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver, no GPU: all mean "unknown"
+        return GpuHardware()
+    try:
+        count = min(max(1, devices), nvml.nvmlDeviceGetCount())
+        handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
+        if not handles:
+            return GpuHardware()
+        name = nvml.nvmlDeviceGetName(handles[0])
+        model = name.decode() if isinstance(name, bytes) else str(name)
+        memory = min(int(nvml.nvmlDeviceGetMemoryInfo(handle).total) for handle in handles)
+        return GpuHardware(model.strip(), round(memory / 2**30, 1))
+    except Exception:  # noqa: BLE001 - a driver that answers some calls and not others: unknown
+        return GpuHardware()
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def local_hardware(settings: Settings, nvml: NvmlReader = read_nvml) -> GpuHardware:
+    """The settings' model and memory where set (TUNEFORGE_LOCAL_GPU_MODEL, _MEMORY_GB), else NVML's."""
+    model, memory_gb = settings.local_gpu_model.strip(), float(settings.local_gpu_memory_gb)
+    if (not model or memory_gb <= 0) and int(settings.local_gpus) > 0:
+        read = nvml(int(settings.local_gpus))
+        model, memory_gb = model or read.model, memory_gb if memory_gb > 0 else read.memory_gb
+    return GpuHardware(model, memory_gb)
+
+
+def local_inventory(settings: Settings, nvml: NvmlReader = read_nvml) -> Capacity:
+    """`local_nodes` logical nodes of `local_gpus` slots each, with this host's GPU model and memory."""
     gpus = max(0, int(settings.local_gpus))
-    return Capacity(nodes=[NodeCapacity(node_name(i), gpus, gpus) for i in range(max(1, int(settings.local_nodes)))])
+    hardware = local_hardware(settings, nvml)
+    return Capacity(nodes=[NodeCapacity(node_name(i), gpus, gpus, gpu_model=hardware.model,
+                                        gpu_memory_gb=hardware.memory_gb,
+                                        interconnect=settings.local_interconnect.strip())
+                           for i in range(max(1, int(settings.local_nodes)))])
 
 
 class LocalExecutor:

@@ -21,6 +21,9 @@ class NodeCapacity:
     pool: str = ""  # its capacity pool, when the executor can tell (a Ray node's label); else from the settings
     draining: bool = False  # being drained (a spot reclaim, a scale-down): nothing new starts there, and
     # what runs there checkpoints and moves
+    gpu_model: str = ""  # its GPUs' model, e.g. "NVIDIA A100-SXM4-80GB" ("": unknown; placement accepts any type)
+    gpu_memory_gb: float = 0.0  # memory of one of its GPUs in GiB (0: unknown; placement accepts any need)
+    interconnect: str = ""  # how its GPUs talk, e.g. "nvlink" or "pcie" ("": unknown); reported, not matched
 
 
 @dataclass(frozen=True)

@@ -125,8 +125,10 @@ class RayExecutor:
                 continue
             node_id = node["NodeID"]
             free = total if free_by_node is None else int(free_by_node.get(node_id, {}).get(resource, 0))
+            model, memory_gb, interconnect = node_hardware(node)
             nodes.append(NodeCapacity(node_id, total, max(0, min(total, free)), pool=node_pool(node),
-                                      draining=node_id in draining))
+                                      draining=node_id in draining, gpu_model=model, gpu_memory_gb=memory_gb,
+                                      interconnect=interconnect))
         return Capacity(nodes=sorted(nodes, key=lambda n: n.name))
 
     def _draining_nodes(self) -> set[str]:
@@ -402,3 +404,36 @@ def node_pool(node: dict[str, Any]) -> str:
         if resource.startswith(POOL_RESOURCE_PREFIX):
             return resource[len(POOL_RESOURCE_PREFIX):]
     return ""
+
+
+GPU_MODEL_LABEL = "tuneforge.io/gpu-model"
+GPU_MEMORY_LABEL = "tuneforge.io/gpu-memory-gb"
+INTERCONNECT_LABEL = "tuneforge.io/interconnect"
+GPU_MEMORY_RESOURCE = "tuneforge_gpu_memory_gb"
+RAY_ACCELERATOR_LABEL = "ray.io/accelerator-type"
+RAY_ACCELERATOR_PREFIX = "accelerator_type:"
+
+
+def node_hardware(node: dict[str, Any]) -> tuple[str, float, str]:
+    """(GPU model, GiB per GPU, interconnect) a Ray node says it has; "" and 0 for what it does not say.
+
+    Model: its `tuneforge.io/gpu-model` label, else Ray's own `ray.io/accelerator-type` label, else
+    the `accelerator_type:<X>` resource Ray sets on a node with GPUs (e.g. "A100-80G", "L4").
+    Memory: its `tuneforge.io/gpu-memory-gb` label, else a custom resource `tuneforge_gpu_memory_gb`
+    whose quantity is the GiB of one GPU (`ray start --resources '{"tuneforge_gpu_memory_gb": 80}'`).
+    Interconnect: its `tuneforge.io/interconnect` label (e.g. "nvlink")."""
+    labels = node.get("Labels") or {}
+    resources = node.get("Resources") or {}
+    model = str(labels.get(GPU_MODEL_LABEL) or labels.get(RAY_ACCELERATOR_LABEL) or "")
+    if not model:
+        model = next((name[len(RAY_ACCELERATOR_PREFIX):] for name in sorted(resources)
+                      if name.startswith(RAY_ACCELERATOR_PREFIX)), "")
+    memory_gb = 0.0
+    for raw in (labels.get(GPU_MEMORY_LABEL), resources.get(GPU_MEMORY_RESOURCE)):
+        try:
+            memory_gb = float(raw) if raw is not None else 0.0
+        except (TypeError, ValueError):
+            memory_gb = 0.0  # a label that is not a number says nothing
+        if memory_gb > 0:
+            break
+    return model.strip(), max(0.0, memory_gb), str(labels.get(INTERCONNECT_LABEL) or "").strip()

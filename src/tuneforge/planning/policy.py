@@ -52,9 +52,13 @@ __all__ = [
 def place(job: QueuedJob, nodes: Sequence[Node]) -> Assignment | None:
     """All of the job's GPUs or None. One node: the fullest node that fits
     (keeps whole nodes free for big jobs); several: the emptiest nodes. A job limited to
-    capacity pools takes the first of them (its cheapest) where it fits, on that pool's nodes."""
+    capacity pools takes the first of them (its cheapest) where it fits, on that pool's nodes.
+    Only nodes whose GPUs are of the job's type and have the memory it needs count
+    (`Node.fits`)."""
     if job.gpus <= 0:
         return {}
+    if not job.hardware.any:
+        nodes = [node for node in nodes if node.fits(job.hardware)]
     if job.pools is not None:
         for pool in job.pools:
             placed = _place_on(job, [node for node in nodes if node.pool == pool])
@@ -97,7 +101,8 @@ def _give(nodes: Sequence[Node], assignment: Assignment) -> None:
 
 
 def _copy(nodes: Sequence[Node]) -> list[Node]:
-    return [Node(node.name, node.total, set(node.free), node.pool) for node in nodes]
+    return [Node(node.name, node.total, set(node.free), node.pool, node.gpu_model, node.gpu_memory_gb)
+            for node in nodes]
 
 
 @dataclass(frozen=True)
@@ -225,7 +230,7 @@ def choose_victims(job: QueuedJob, nodes: Sequence[Node], running: Sequence[Runn
                 on_node.setdefault(name, []).append((victim, len(ids)))
         best: tuple[tuple, list[RunningJob]] | None = None
         for node in nodes:
-            if node.total < job.gpus:
+            if node.total < job.gpus or not node.fits(job.hardware):
                 continue
             free, chosen = len(node.free), []
             for victim, held in on_node.get(node.name, ()):

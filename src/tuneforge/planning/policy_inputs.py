@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tuneforge.planning.hardware import GpuAsk
+
 if TYPE_CHECKING:
     from tuneforge.settings import Settings
 
@@ -45,6 +47,7 @@ class QueuedJob:
     gpus_per_node: int = 0  # 0: all on one node; else a multi-node job takes gpus / gpus_per_node nodes
     seq: int = 0  # breaks ties between jobs queued in the same second: arrival order (e.g. the row's key)
     pools: tuple[str, ...] | None = None  # capacity pools it may start on, in order (planning/pools.py); None: any
+    hardware: GpuAsk = GpuAsk()  # the GPU type and least memory per GPU it needs (planning/hardware.py); any
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,12 @@ class Node:
     total: int
     free: set[int]
     pool: str = ""  # the capacity pool it belongs to ("" when pools are not configured)
+    gpu_model: str = ""  # its GPUs' model as the executor reports it ("": unknown, matches any type)
+    gpu_memory_gb: float = 0.0  # memory of one of its GPUs (0: unknown, fits any job)
+
+    def fits(self, ask: GpuAsk) -> bool:
+        """Its GPUs are what the job asks for (planning/hardware.py)."""
+        return ask.any or ask.fits(self.gpu_model, self.gpu_memory_gb)
 
 
 Assignment = dict[str, tuple[int, ...]]  # node -> GPU ids

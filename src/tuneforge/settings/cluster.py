@@ -63,6 +63,17 @@ class ClusterSettings(BaseModel):
     local_nodes: int = Field(
         default=1, description="Logical nodes of the local executor, each with TUNEFORGE_LOCAL_GPUS slots "
                                "(so gang placement across nodes can be exercised on one host).")
+    local_gpu_model: str = Field(
+        default="", description="Model of this host's GPUs as the local executor reports it (e.g. 'NVIDIA L4'); "
+                                "unset: read from NVML, unknown on a host without one (placement then accepts "
+                                "any resources.gpu_type here).")
+    local_gpu_memory_gb: float = Field(
+        default=0.0, ge=0.0, description="Memory of one of this host's GPUs in GiB; 0: read from NVML (the "
+                                         "smallest of the first TUNEFORGE_LOCAL_GPUS devices), unknown on a host "
+                                         "without one (placement then accepts any resources.gpu_memory_gb).")
+    local_interconnect: str = Field(
+        default="", description="How this host's GPUs talk, e.g. 'nvlink' or 'pcie' (reported with the "
+                                "inventory; not used to place jobs).")
     trainer_warm_start: bool = Field(
         default=True, description="Fork each trainer from a process that has imported torch, transformers and "
                                   "peft once (one per control plane with the local executor, one per node with "

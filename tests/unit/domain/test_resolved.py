@@ -109,9 +109,10 @@ def test_a_row_written_before_the_types_reads_back_with_the_same_values():
     # checkpoint: the same, plus that it did not checkpoint by epoch
     assert written["checkpoint"] == {**ROW_BEFORE_TYPES["checkpoint"], "every_epoch": False}
     # resources: the same, plus how several GPUs share the job (none was chosen then) and the capacity it
-    # asked for (none: as its tier says), not on the shared pool
+    # asked for (none: as its tier says), not on the shared pool, on any GPU (no type or memory need)
     assert written["resources"] == {**ROW_BEFORE_TYPES["resources"], "strategy": "", "capacity": "",
-                                    "deadline": None, "max_price": None, "shared_pool": False}
+                                    "deadline": None, "max_price": None, "shared_pool": False,
+                                    "required_gpu_type": "", "min_gpu_memory_gb": 0.0}
     assert Hyperparameters.from_dict(written["hyperparameters"]).flat() == ROW_BEFORE_TYPES["hyperparameters"]
     assert set(written) - set(ROW_BEFORE_TYPES) == {"method", "training_type", "extra"}
 

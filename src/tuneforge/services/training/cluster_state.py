@@ -23,6 +23,7 @@ from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.resolved import ResolvedResources
 from tuneforge.domain.status import JobStatus
 from tuneforge.executors.protocol import Capacity
+from tuneforge.planning.hardware import GpuAsk
 from tuneforge.planning.policy import Node, QueuedJob, RunningJob
 from tuneforge.planning.pools import SPOT, PoolSetup, allowed_pools, at_risk
 
@@ -58,7 +59,8 @@ def _runtime_s(job: Job) -> float:
 
 def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetup | None = None) -> ClusterState:
     nodes = {n.name: Node(n.name, n.total_gpus, set(range(n.total_gpus)),
-                          pools.node_pool(n.name, n.pool) if pools else "") for n in capacity.nodes}
+                          pools.node_pool(n.name, n.pool) if pools else "", n.gpu_model, n.gpu_memory_gb)
+             for n in capacity.nodes}
     active = attempt_repo.active(session)
     jobs = {j.job_id: j for j in scheduling_repo.running_or_queued(session, [a.job_id for a in active])}
     tiers = tenant_repo.tiers(session)
@@ -116,7 +118,7 @@ def read_state(session: Session, capacity: Capacity, now: float, pools: PoolSetu
         queued.append(QueuedJob(
             job_id=job.job_id, tenant_id=job.tenant_id, tier=tier,
             gpus=resources.gpus, queued_at=float(job.created_at), runtime_s=_runtime_s(job),
-            gpus_per_node=resources.gpus_per_node, seq=job.pk, pools=allowed))
+            gpus_per_node=resources.gpus_per_node, seq=job.pk, pools=allowed, hardware=hardware_ask(resources)))
     queued.sort(key=lambda job: (job.queued_at, job.seq, job.job_id))  # arrival order: QueueIndex appends
     return ClusterState(list(nodes.values()), running, queued, recent_usage(session, now), stopping, handles,
                         moving)
@@ -162,6 +164,11 @@ def _deadline_at_risk(pools: PoolSetup, job: Job, attempt: Attempt, tiers: dict[
     else:
         remaining = max(0.0, running.expected_end - now)
     return at_risk(ask, remaining, pool, now, pools.rules)
+
+
+def hardware_ask(resources: ResolvedResources) -> GpuAsk:
+    """The GPUs a planned job needs: the type it asked for and its least memory per GPU."""
+    return GpuAsk.parse(resources.required_gpu_type, resources.min_gpu_memory_gb)
 
 
 def _nodes(resources: ResolvedResources) -> int:

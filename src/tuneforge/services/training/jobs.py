@@ -41,7 +41,7 @@ from tuneforge.services.serving import base_models
 from tuneforge.services.serving.judges import JudgeCheck
 from tuneforge.services.tenancy import audit, quotas
 from tuneforge.services.training import artifacts, estimates, evaluation, graders, integrations
-from tuneforge.services.training.planning import check_strategy, plan_job
+from tuneforge.services.training.planning import check_hardware_exists, check_strategy, plan_job
 from tuneforge.services.training.transitions import is_terminal, transition
 from tuneforge.services.training.validation import validate_job
 from tuneforge.settings import Settings
@@ -308,6 +308,7 @@ def submit_job(session: Session, platform: Platform, tenant: Tenant, request: Jo
     validated at once (see `_validate_small_job`)."""
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise invalid("Idempotency-Key must be 1-255 characters", param="Idempotency-Key")
+    check_hardware_exists(platform, request)
     job, created = create_job(session, platform.settings, tenant, request, idempotency_key, platform.store)
     if created:
         # the job is stored and the tenant's lock released before any data is read: validation

@@ -5,7 +5,7 @@ by `POST /v1/fine_tuning/jobs/estimate`, so both give the same figures."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -24,6 +24,8 @@ from tuneforge.domain.resolved import (
 )
 from tuneforge.domain.spec import CheckpointPolicy, Hyperparameters, LoraConfig
 from tuneforge.planning import hyperparams, memory
+from tuneforge.planning.hardware import GpuAsk, NodeHardware, why_nowhere
+from tuneforge.planning.hardware import planning_memory_gb as inventory_memory_gb
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import PreparedDataset, PrepareRequest, prepare_for_job
 from tuneforge.services.datasets.tokenizers import tokenizer_for
@@ -100,7 +102,7 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
         contamination=eval_sets.index_for(session, platform.store, tenant.tenant_id), keep=keep_dataset)
     shape = model_shape(platform.store, base)
     lora = hyperparams.resolve_lora(training_type, base.num_parameters)
-    memory_gb = (request.resources and request.resources.gpu_memory_gb) or platform.settings.gpu_memory_gb
+    memory_gb = planning_memory_gb(platform, request)
 
     def micro_batch_for(batch_size: int, seq_len: int) -> tuple[int, int]:
         """The largest micro-batch the memory model says fits one GPU (at most MAX_MICRO_BATCH)."""
@@ -121,7 +123,10 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
                                       model_max_positions=base.max_position_embeddings, method=method,
                                       micro_batch_for=micro_batch_for)
     resources = resolve_resources(platform.settings, request, base, training_type.type, shape,
-                                  seq_len=max_seq_length, lora_rank=lora.rank)
+                                  seq_len=max_seq_length, lora_rank=lora.rank, memory_gb=memory_gb)
+    need_gb = per_gpu_need_gb(base, training_type.type, resources, shape, micro_batch_size=resolved_hp.micro_batch_size,
+                              seq_len=max_seq_length * methods.get(method).sequences_per_example, lora_rank=lora.rank)
+    resources = replace(resources, min_gpu_memory_gb=round(max(resources.min_gpu_memory_gb, need_gb), 1))
     estimate = estimates.estimate(
         platform.settings, base, train_tokens_per_epoch=prepared.train_tokens,
         train_examples=prepared.train_examples, n_epochs=resolved_hp.n_epochs,
@@ -163,15 +168,62 @@ def model_shape(store: ObjectStore, base: BaseModelRow) -> memory.ModelShape | N
         return None
 
 
+def inventory_hardware(platform: Platform) -> list[NodeHardware]:
+    """The GPU model and memory of each node with GPUs, as this process knows the inventory
+    (`Platform.capacity()`); empty when it is unknown."""
+    capacity = platform.capacity()
+    return [NodeHardware(n.name, n.gpu_model, n.gpu_memory_gb) for n in (capacity.nodes if capacity else [])
+            if n.total_gpus > 0]
+
+
+def check_hardware_exists(platform: Platform, request: JobRequest) -> None:
+    """400 when the GPU type or least memory per GPU the request asks for exists on no node of a
+    known inventory (what the plan itself needs per GPU is judged at validation, once planned);
+    an unknown inventory, or nodes that do not report their hardware, are not judged."""
+    asked = request.resources
+    if asked is None or not (asked.gpu_type or asked.gpu_memory_gb):
+        return
+    nowhere = why_nowhere(GpuAsk.parse(asked.gpu_type, asked.gpu_memory_gb or 0.0), inventory_hardware(platform))
+    if nowhere:
+        raise invalid(f"{nowhere[0]}: the job {nowhere[1]}" if nowhere[0] == "resources.gpu_memory_gb"
+                      else f"{nowhere[0]}: {nowhere[1]}", param=nowhere[0], code="resources_unavailable")
+
+
+def planning_memory_gb(platform: Platform, request: JobRequest) -> float:
+    """Memory of one GPU to plan the job for: as it asked (resources.gpu_memory_gb); else the
+    smallest reported memory among the nodes that match its GPU type (so a fleet of 24 GB GPUs
+    plans for 24 GB); else the memory its type names ("a100-80gb"); else TUNEFORGE_GPU_MEMORY_GB."""
+    asked = request.resources
+    if asked and asked.gpu_memory_gb:
+        return float(asked.gpu_memory_gb)
+    ask = GpuAsk.parse(asked.gpu_type if asked else None)
+    return inventory_memory_gb(ask, inventory_hardware(platform)) or ask.memory_gb or platform.settings.gpu_memory_gb
+
+
+def per_gpu_need_gb(base: BaseModelRow, training_type: str, resources: ResolvedResources,
+                    shape: memory.ModelShape | None, *, micro_batch_size: int, seq_len: int, lora_rank: int) -> float:
+    """Memory one GPU needs for the job as planned: the memory model's estimate at the planned
+    micro-batch, sharded over the job's GPUs under FSDP, with the headroom the planner keeps;
+    without a model shape, the bytes-per-parameter rule the GPU count came from."""
+    shards = resources.gpus if resources.strategy == "fsdp" else 1
+    if shape is not None:
+        need = memory.estimate(shape, training_type=training_type, micro_batch_size=max(1, micro_batch_size),
+                               seq_len=seq_len, lora_rank=lora_rank, shards=max(1, shards),
+                               gradient_checkpointing=resources.gradient_checkpointing)
+        return need.total_bytes / 0.9 / memory.GIB
+    params = base.num_parameters or base.size_bytes // 2
+    return params * _BYTES_PER_PARAM.get(training_type, 2.0) / 1e9 / max(1, shards) / _MEMORY_HEADROOM
+
+
 def resolve_resources(settings: Settings, request: JobRequest, base: BaseModelRow, training_type: str,
                       shape: memory.ModelShape | None = None, seq_len: int = 2048,
-                      lora_rank: int = 16) -> ResolvedResources:
+                      lora_rank: int = 16, memory_gb: float | None = None) -> ResolvedResources:
     """GPUs as asked, or as many as the memory model says the job needs at micro-batch 1
     (`memory.gpus_needed`, weights and optimizer states sharded); without a model shape, as
     many as the weights (and, for a full fine-tune, optimizer states) need, rounded up to a
     power of two. A job larger than a node takes whole nodes (`gpus_per_node`)."""
     asked = request.resources
-    memory_gb = (asked and asked.gpu_memory_gb) or settings.gpu_memory_gb
+    memory_gb = memory_gb or (asked and asked.gpu_memory_gb) or settings.gpu_memory_gb
     checkpointing = training_type == "qlora"
     if asked and asked.gpus:
         gpus = asked.gpus
@@ -196,6 +248,9 @@ def resolve_resources(settings: Settings, request: JobRequest, base: BaseModelRo
     return ResolvedResources(gpus=gpus, gpus_per_node=per_node,
                              gpu_type=(asked and asked.gpu_type) or settings.gpu_type,
                              gpu_memory_gb=memory_gb, gradient_checkpointing=checkpointing, strategy=strategy,
+                             required_gpu_type=(asked and asked.gpu_type) or "",
+                             min_gpu_memory_gb=GpuAsk.parse(asked and asked.gpu_type,
+                                                            (asked and asked.gpu_memory_gb) or 0.0).memory_gb,
                              capacity=(asked and asked.capacity) or "",
                              deadline=float(asked.deadline) if asked and asked.deadline is not None else None,
                              max_price=asked.max_price if asked else None)

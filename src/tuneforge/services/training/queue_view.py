@@ -39,7 +39,7 @@ def queue_view(session: Session, capacity: Capacity | None, policy: PolicyConfig
     if capacity is None:
         return [QueueEntry(position, job.job_id, job.tenant_id, job.tier, job.gpus, job.queued_at, None)
                 for position, job in enumerate(ordered, start=1)]
-    nodes = [Node(n.name, n.total, set(n.free), n.pool) for n in state.nodes]
+    nodes = [Node(n.name, n.total, set(n.free), n.pool, n.gpu_model, n.gpu_memory_gb) for n in state.nodes]
     by_name = {n.name: n for n in nodes}
     ends: list[tuple[float, int, dict[str, tuple[int, ...]]]] = []
     for index, job in enumerate(state.running):

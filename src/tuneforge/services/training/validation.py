@@ -19,13 +19,15 @@ from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import DivergencePolicy, ResolvedResources
 from tuneforge.domain.spec import CheckpointPolicy
 from tuneforge.domain.status import JobStatus
+from tuneforge.planning.hardware import why_nowhere
 from tuneforge.planning.policy import Node, QueuedJob, place
 from tuneforge.planning.pools import PoolSetup, allowed_pools
 from tuneforge.registry import lineage
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import DataCheckFailed
 from tuneforge.services.training import evaluation
-from tuneforge.services.training.planning import on_shared_pool, plan_job
+from tuneforge.services.training.cluster_state import hardware_ask
+from tuneforge.services.training.planning import inventory_hardware, on_shared_pool, plan_job
 from tuneforge.services.training.transitions import transition
 from tuneforge.storage import layout
 
@@ -54,6 +56,10 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
         return
     platform.store.put_bytes(report_key, json.dumps(plan.prepared.report).encode())
     settings = platform.settings
+    wrong_hardware = why_nowhere(hardware_ask(plan.resources), inventory_hardware(platform))
+    if wrong_hardware:
+        _fail(session, job, "resources_unavailable", wrong_hardware[1], param=wrong_hardware[0])
+        return
     unplaceable = _never_fits(platform, plan.resources)
     if unplaceable:
         _fail(session, job, "resources_unavailable", unplaceable, param="resources.gpus")
@@ -132,10 +138,13 @@ def _never_fits(platform: Platform, resources: ResolvedResources) -> str | None:
     capacity = platform.capacity()
     if capacity is None:
         return None
-    nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus))) for n in capacity.nodes]
-    probe = QueuedJob("probe", "probe", "standard", resources.gpus, 0.0, 0.0, resources.gpus_per_node)
+    nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus)), gpu_model=n.gpu_model,
+                  gpu_memory_gb=n.gpu_memory_gb) for n in capacity.nodes]
+    probe = QueuedJob("probe", "probe", "standard", resources.gpus, 0.0, 0.0, resources.gpus_per_node,
+                      hardware=hardware_ask(resources))
     if place(probe, nodes) is not None:
         return None
+    nodes = [node for node in nodes if node.fits(probe.hardware)]  # why_nowhere leaves some
     sizes = sorted({n.total for n in nodes}, reverse=True)
     shape = (f"{probe.gpus // probe.gpus_per_node} nodes with {probe.gpus_per_node} GPUs each"
              if probe.gpus_per_node else "all of them on one node")
@@ -160,9 +169,10 @@ def _no_pool_fits(session: Session, platform: Platform, job: Job,
         return ("resources.max_price" if resources.max_price is not None else "resources.capacity",
                 f"no {kind + ' ' if kind else ''}capacity pool{price} exists: the platform has "
                 + ", ".join(f"{p.name} ({p.kind}, {p.price_per_gpu_hour} per GPU-hour)" for p in pools.pools.values()))
-    nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus)), pools.node_pool(n.name, n.pool))
-             for n in capacity.nodes]
-    probe = QueuedJob("probe", "probe", tier, resources.gpus, 0.0, 0.0, resources.gpus_per_node, pools=allowed)
+    nodes = [Node(n.name, n.total_gpus, set(range(n.total_gpus)), pools.node_pool(n.name, n.pool), n.gpu_model,
+                  n.gpu_memory_gb) for n in capacity.nodes]
+    probe = QueuedJob("probe", "probe", tier, resources.gpus, 0.0, 0.0, resources.gpus_per_node, pools=allowed,
+                      hardware=hardware_ask(resources))
     if place(probe, nodes) is None:
         return ("resources.gpus", f"resources.gpus = {resources.gpus} does not fit the nodes of the pools it may "
                                   f"use ({', '.join(allowed)})")
