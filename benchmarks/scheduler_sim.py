@@ -140,11 +140,13 @@ import os
 import platform
 import pstats
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 
 from tuneforge.planning import policy
 from tuneforge.planning.policy import (
@@ -1378,11 +1380,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also run spot only and auto at these reclaim rates (comma-separated)")
     pools.add_argument("--sweep-max-preemptions", default="",
                        help="also run auto with these --spot-max-preemptions (comma-separated)")
+    hardware_module().add_arguments(parser)
     return parser
+
+
+def hardware_module() -> ModuleType:
+    """`scheduler_sim_hardware`, beside this file (importable however this file was loaded)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import scheduler_sim_hardware
+
+    return scheduler_sim_hardware
 
 
 def main() -> None:
     args = build_parser().parse_args()
+    if args.hardware:
+        args.seed = 0 if args.seed is None else args.seed
+        hardware_module().hardware_main(args, machine())
+        return
     if args.pools:
         if args.seed is None:
             args.seed = 2
