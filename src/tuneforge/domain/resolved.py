@@ -40,8 +40,9 @@ class ResolvedResources:
     """GPU type the job must run on, as the request asked (resources.gpu_type); "": any (the platform's
     TUNEFORGE_GPU_TYPE prices a job, it does not restrict where it runs)."""
     min_gpu_memory_gb: float = 0.0
-    """Least memory per GPU the job runs on: what it asked (resources.gpu_memory_gb) or what the plan
-    needs per GPU (memory model, planned micro-batch and sharding), whichever is larger; 0: any."""
+    """Least memory per GPU the job runs on, in nominal GB (planning/hardware.py): what it asked
+    (resources.gpu_memory_gb, or a type's suffix such as a100-80gb) or what the plan needs per GPU (memory
+    model, planned micro-batch and sharding), whichever is larger; 0: any."""
     gradient_checkpointing: bool = False
     """The trainer recomputes activations so that a step fits (QLoRA, or a job that needs it to fit)."""
     strategy: str = ""

@@ -23,10 +23,20 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-NOMINAL_SLACK = 0.95  # NVML reports usable GiB: an "80GB" H100 says 79.6, a "24GB" L4 says 22.5
+# Memory asks are nominal GB, as GPUs are sold; nodes report usable GiB (NVML), a little less: an
+# "80GB" H100 says 79.6, a "24GB" L4 22.5 (93.7%). A node has a nominal N GB when it reports at least
+# NOMINAL_SLACK * N; a need the memory model computed in GiB is made nominal (`nominal_gb`) so that
+# the same comparison holds it exactly.
+NOMINAL_SLACK = 0.93
+_EPSILON_GB = 1e-6
 _SUFFIX = re.compile(r"^(?P<family>.*?)[\s_-]*(?P<gb>\d+(?:\.\d+)?)\s*g(?:i?b)?$", re.IGNORECASE)
 _ANY = {"", "any", "default"}
 _NAMED_MEMORY = re.compile(r"(\d+)\s*gi?b?(?![a-z0-9])", re.IGNORECASE)  # "80GB" in "NVIDIA A100-SXM4-80GB"
+
+
+def nominal_gb(gib: float) -> float:
+    """The nominal memory that holds `gib` GiB by the matching rule (see NOMINAL_SLACK)."""
+    return gib / NOMINAL_SLACK
 
 
 def normalise(name: str) -> str:
@@ -66,9 +76,9 @@ class GpuAsk:
         if self.memory_gb <= 0:
             return True
         if node_memory_gb > 0:
-            return node_memory_gb >= self.memory_gb * NOMINAL_SLACK
+            return node_memory_gb + _EPSILON_GB >= self.memory_gb * NOMINAL_SLACK
         named = _NAMED_MEMORY.search(model) if model else None
-        return named is None or float(named.group(1)) >= self.memory_gb * NOMINAL_SLACK
+        return named is None or float(named.group(1)) >= self.memory_gb
 
     def fits(self, model: str, node_memory_gb: float) -> bool:
         return self.type_matches(model) and self.memory_fits(node_memory_gb, model)

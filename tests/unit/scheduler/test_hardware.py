@@ -8,8 +8,8 @@ import types
 
 from tuneforge.executors.local import GpuHardware, local_inventory, read_nvml
 from tuneforge.executors.ray import node_hardware
-from tuneforge.planning.hardware import GpuAsk, NodeHardware, planning_memory_gb, why_nowhere
-from tuneforge.planning.policy import Node, QueuedJob, choose_victims, place, plan
+from tuneforge.planning.hardware import GpuAsk, NodeHardware, nominal_gb, planning_memory_gb, why_nowhere
+from tuneforge.planning.policy import Node, QueuedJob, RunningJob, choose_victims, place, plan
 from tuneforge.settings import Settings
 
 
@@ -36,6 +36,13 @@ def test_names_match_by_family_and_memory_suffix_whatever_the_case_spaces_or_das
     assert not ask.fits("NVIDIA H100 80GB HBM3", 79.6)  # another family
     assert ask.fits("A100-80G", 0.0) and not ask.fits("A100-40G", 0.0)  # memory unknown: the name says it
     assert ask.fits("", 0.0)  # a node that reports nothing takes any job
+    assert GpuAsk.parse("l4-24gb").fits("NVIDIA L4", 22.5)  # 23034 MiB is NVIDIA's "24GB"
+
+
+def test_a_computed_need_in_gib_is_held_exactly_not_with_the_nominal_slack():
+    need = GpuAsk(memory_gb=nominal_gb(39.5))  # the memory model says 39.5 GiB a GPU
+    assert not need.fits("NVIDIA A100-SXM4-40GB", 39.4) and need.fits("NVIDIA A100-SXM4-80GB", 79.2)
+    assert GpuAsk(memory_gb=nominal_gb(22.5)).fits("NVIDIA L4", 22.5)  # planned for the L4: it fits the L4
 
 
 def test_a_job_needing_more_memory_than_a_node_has_goes_to_one_with_enough():
@@ -66,8 +73,6 @@ def test_plan_backfills_past_a_job_waiting_for_big_gpus_and_victims_come_from_ma
     result = plan([job("big", memory_gb=70.0), job("small")], nodes, [], 0.0)
     assert result.blocked is not None and result.blocked.job_id == "big"
     assert [(j.job_id, a) for j, a in result.starts] == [("small", {"node-b": (0,)})]
-    from tuneforge.planning.policy import RunningJob
-
     on_l4 = RunningJob("l4", "t9", "free", {"node-a": (0,)}, 0.0, 900.0, 0.0)
     on_h100 = RunningJob("h100", "t9", "free", {"node-c": (0, 1, 2, 3)}, 0.0, 900.0, 0.0)
     premium = QueuedJob("p", "t1", "premium", 1, 0.0, 600.0, hardware=GpuAsk(memory_gb=70.0))

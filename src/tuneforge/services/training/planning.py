@@ -24,7 +24,7 @@ from tuneforge.domain.resolved import (
 )
 from tuneforge.domain.spec import CheckpointPolicy, Hyperparameters, LoraConfig
 from tuneforge.planning import hyperparams, memory
-from tuneforge.planning.hardware import GpuAsk, NodeHardware, why_nowhere
+from tuneforge.planning.hardware import GpuAsk, NodeHardware, nominal_gb, why_nowhere
 from tuneforge.planning.hardware import planning_memory_gb as inventory_memory_gb
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import PreparedDataset, PrepareRequest, prepare_for_job
@@ -126,7 +126,7 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
                                   seq_len=max_seq_length, lora_rank=lora.rank, memory_gb=memory_gb)
     need_gb = per_gpu_need_gb(base, training_type.type, resources, shape, micro_batch_size=resolved_hp.micro_batch_size,
                               seq_len=max_seq_length * methods.get(method).sequences_per_example, lora_rank=lora.rank)
-    resources = replace(resources, min_gpu_memory_gb=round(max(resources.min_gpu_memory_gb, need_gb), 1))
+    resources = replace(resources, min_gpu_memory_gb=max(resources.min_gpu_memory_gb, nominal_gb(need_gb)))
     estimate = estimates.estimate(
         platform.settings, base, train_tokens_per_epoch=prepared.train_tokens,
         train_examples=prepared.train_examples, n_epochs=resolved_hp.n_epochs,
@@ -202,7 +202,7 @@ def planning_memory_gb(platform: Platform, request: JobRequest) -> float:
 
 def per_gpu_need_gb(base: BaseModelRow, training_type: str, resources: ResolvedResources,
                     shape: memory.ModelShape | None, *, micro_batch_size: int, seq_len: int, lora_rank: int) -> float:
-    """Memory one GPU needs for the job as planned: the memory model's estimate at the planned
+    """GiB one GPU needs for the job as planned: the memory model's estimate at the planned
     micro-batch, sharded over the job's GPUs under FSDP, with the headroom the planner keeps;
     without a model shape, the bytes-per-parameter rule the GPU count came from."""
     shards = resources.gpus if resources.strategy == "fsdp" else 1
