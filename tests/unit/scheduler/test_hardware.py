@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import replace
+
+import pytest
 
 from tuneforge.executors.local import GpuHardware, local_inventory, read_nvml
 from tuneforge.executors.ray import node_hardware
@@ -164,3 +167,32 @@ def test_the_ray_executor_capacity_carries_the_hardware(monkeypatch):
     nodes = executor.capacity().nodes
     assert [(n.name, n.total_gpus, n.gpu_model, n.gpu_memory_gb) for n in nodes] == [
         ("n1", 2, "L4", 24.0), ("n2", 4, "H100", 80.0)]
+
+
+def test_the_need_per_gpu_follows_the_memory_model_the_micro_batch_and_sharding(tmp_path):
+    from tuneforge.domain.job_config import JobRequest
+    from tuneforge.planning import memory
+    from tuneforge.services.training.planning import per_gpu_need_gb, resolve_resources
+
+    llama_8b = memory.ModelShape.from_config({
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 128256})
+    base = types.SimpleNamespace(num_parameters=8_000_000_000, size_bytes=0)
+    settings = Settings(home=tmp_path, gpu_memory_gb=80, gpus_per_node=8)
+    request = JobRequest(model="m", training_file="file-x")
+    lora = resolve_resources(settings, request, base, "lora", llama_8b, seq_len=2048)
+    full = resolve_resources(settings, request, base, "full", llama_8b, seq_len=2048)
+    assert lora.gpus == 1 and full.strategy == "fsdp" and full.gpus > 1
+
+    def need(training_type, resources, micro):
+        return per_gpu_need_gb(base, training_type, resources, llama_8b, micro_batch_size=micro, seq_len=2048,
+                               lora_rank=16)
+
+    one, four = need("lora", lora, 1), need("lora", lora, 4)
+    assert 16 < one <= 80 < four  # bf16 weights of 8B parameters and more; micro-batch 4 would not fit 80 GB
+    sharded = need("full", full, 1)
+    unsharded = per_gpu_need_gb(base, "full", replace(full, strategy="ddp"), llama_8b, micro_batch_size=1,
+                                seq_len=2048, lora_rank=16)
+    assert sharded < 80 < unsharded  # FSDP over its GPUs fits an 80 GB GPU; one copy per GPU would not
+    no_shape = per_gpu_need_gb(base, "lora", lora, None, micro_batch_size=1, seq_len=2048, lora_rank=16)
+    assert no_shape == pytest.approx(8e9 * 2 / 1e9 / 0.7)  # the bytes-per-parameter rule

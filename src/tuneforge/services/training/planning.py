@@ -109,23 +109,29 @@ def plan_job(session: Session, platform: Platform, tenant: Tenant, request: JobR
         if shape is None:
             micro = max(m for m in range(1, min(batch_size, hyperparams.MAX_MICRO_BATCH) + 1) if batch_size % m == 0)
             return micro, batch_size // micro
-        group = rollout_group(method, requested)
-        tokens_per_example = seq_len * (group or methods.get(method).sequences_per_example)  # e.g. DPO: both answers
-        rollout = {"rollout_sequences": min(ROLLOUT_ROWS, batch_size * group), "rollout_tokens": seq_len} \
-            if group else {}
+        tokens_per_example, rollout = step_shape(batch_size, seq_len)
         choice = memory.choose_micro_batch(
             shape, training_type=training_type.type, seq_len=tokens_per_example,
             memory_bytes=int(memory_gb * memory.GIB),
             batch_size=batch_size, max_micro_batch=hyperparams.MAX_MICRO_BATCH, lora_rank=lora.rank, **rollout)
         return choice.micro_batch_size, choice.gradient_accumulation_steps
 
+    def step_shape(batch_size: int, seq_len: int) -> tuple[int, dict[str, int]]:
+        """Tokens of one example as the memory model counts them, and the rollout of a generating method."""
+        group = rollout_group(method, requested)
+        tokens_per_example = seq_len * (group or methods.get(method).sequences_per_example)  # e.g. DPO: both answers
+        rollout = {"rollout_sequences": min(ROLLOUT_ROWS, batch_size * group), "rollout_tokens": seq_len} \
+            if group else {}
+        return tokens_per_example, rollout
+
     resolved_hp = hyperparams.resolve(requested, training_type, num_examples=prepared.train_examples,
                                       model_max_positions=base.max_position_embeddings, method=method,
                                       micro_batch_for=micro_batch_for)
     resources = resolve_resources(platform.settings, request, base, training_type.type, shape,
                                   seq_len=max_seq_length, lora_rank=lora.rank, memory_gb=memory_gb)
+    tokens_per_example, rollout = step_shape(resolved_hp.batch_size, max_seq_length)
     need_gb = per_gpu_need_gb(base, training_type.type, resources, shape, micro_batch_size=resolved_hp.micro_batch_size,
-                              seq_len=max_seq_length * methods.get(method).sequences_per_example, lora_rank=lora.rank)
+                              seq_len=tokens_per_example, lora_rank=lora.rank, **rollout)
     resources = replace(resources, min_gpu_memory_gb=max(resources.min_gpu_memory_gb, nominal_gb(need_gb)))
     estimate = estimates.estimate(
         platform.settings, base, train_tokens_per_epoch=prepared.train_tokens,
@@ -201,15 +207,17 @@ def planning_memory_gb(platform: Platform, request: JobRequest) -> float:
 
 
 def per_gpu_need_gb(base: BaseModelRow, training_type: str, resources: ResolvedResources,
-                    shape: memory.ModelShape | None, *, micro_batch_size: int, seq_len: int, lora_rank: int) -> float:
+                    shape: memory.ModelShape | None, *, micro_batch_size: int, seq_len: int, lora_rank: int,
+                    **rollout: int) -> float:
     """GiB one GPU needs for the job as planned: the memory model's estimate at the planned
-    micro-batch, sharded over the job's GPUs under FSDP, with the headroom the planner keeps;
-    without a model shape, the bytes-per-parameter rule the GPU count came from."""
+    micro-batch (and a generating method's rollout), sharded over the job's GPUs under FSDP, with
+    the headroom the planner keeps; without a model shape, the bytes-per-parameter rule the GPU
+    count came from."""
     shards = resources.gpus if resources.strategy == "fsdp" else 1
     if shape is not None:
         need = memory.estimate(shape, training_type=training_type, micro_batch_size=max(1, micro_batch_size),
                                seq_len=seq_len, lora_rank=lora_rank, shards=max(1, shards),
-                               gradient_checkpointing=resources.gradient_checkpointing)
+                               gradient_checkpointing=resources.gradient_checkpointing, **rollout)
         return need.total_bytes / 0.9 / memory.GIB
     params = base.num_parameters or base.size_bytes // 2
     return params * _BYTES_PER_PARAM.get(training_type, 2.0) / 1e9 / max(1, shards) / _MEMORY_HEADROOM
