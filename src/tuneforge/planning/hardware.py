@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tuneforge.domain.resolved import ResolvedResources
+
 # Memory asks are nominal GB, as GPUs are sold; nodes report usable GiB (NVML), a little less: an
 # "80GB" H100 says 79.6, a "24GB" L4 22.5 (93.7%). A node has a nominal N GB when it reports at least
 # NOMINAL_SLACK * N; a need the memory model computed in GiB is made nominal (`nominal_gb`) so that
@@ -82,6 +84,12 @@ class GpuAsk:
 
     def fits(self, model: str, node_memory_gb: float) -> bool:
         return self.type_matches(model) and self.memory_fits(node_memory_gb, model)
+
+
+def hardware_ask(resources: ResolvedResources) -> GpuAsk:
+    """The GPUs a planned job needs: the type it asked for and its least memory per GPU (what it
+    asked or what its plan needs, `ResolvedResources.min_gpu_memory_gb`)."""
+    return GpuAsk.parse(resources.required_gpu_type, resources.min_gpu_memory_gb)
 
 
 @dataclass(frozen=True)

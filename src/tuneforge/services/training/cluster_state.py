@@ -23,7 +23,7 @@ from tuneforge.db.tables import Attempt, Job
 from tuneforge.domain.resolved import ResolvedResources
 from tuneforge.domain.status import JobStatus
 from tuneforge.executors.protocol import Capacity
-from tuneforge.planning.hardware import GpuAsk
+from tuneforge.planning.hardware import hardware_ask
 from tuneforge.planning.policy import Node, QueuedJob, RunningJob
 from tuneforge.planning.pools import SPOT, PoolSetup, allowed_pools, at_risk
 
@@ -164,11 +164,6 @@ def _deadline_at_risk(pools: PoolSetup, job: Job, attempt: Attempt, tiers: dict[
     else:
         remaining = max(0.0, running.expected_end - now)
     return at_risk(ask, remaining, pool, now, pools.rules)
-
-
-def hardware_ask(resources: ResolvedResources) -> GpuAsk:
-    """The GPUs a planned job needs: the type it asked for and its least memory per GPU."""
-    return GpuAsk.parse(resources.required_gpu_type, resources.min_gpu_memory_gb)
 
 
 def _nodes(resources: ResolvedResources) -> int:

@@ -19,14 +19,13 @@ from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import DivergencePolicy, ResolvedResources
 from tuneforge.domain.spec import CheckpointPolicy
 from tuneforge.domain.status import JobStatus
-from tuneforge.planning.hardware import why_nowhere
+from tuneforge.planning.hardware import hardware_ask, why_nowhere
 from tuneforge.planning.policy import Node, QueuedJob, place
 from tuneforge.planning.pools import PoolSetup, allowed_pools
 from tuneforge.registry import lineage
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import DataCheckFailed
 from tuneforge.services.training import evaluation
-from tuneforge.services.training.cluster_state import hardware_ask
 from tuneforge.services.training.planning import inventory_hardware, on_shared_pool, plan_job
 from tuneforge.services.training.transitions import transition
 from tuneforge.storage import layout
