@@ -105,7 +105,9 @@ def test_the_platforms_state_read_from_the_database(situation):
         "tuneforge_jobs": "gauge", "tuneforge_gpus": "gauge", "tuneforge_gpus_busy": "gauge",
         "tuneforge_gpu_utilization_ratio": "gauge", "tuneforge_preemptions": "counter",
         "tuneforge_gpu_seconds": "counter", "tuneforge_webhook_deliveries": "counter",
-        "tuneforge_http_request_duration_seconds": "histogram", "tuneforge_trainer_steps": "counter"}
+        "tuneforge_http_request_duration_seconds": "histogram", "tuneforge_trainer_steps": "counter",
+        "tuneforge_trainer_gpu_utilization_ratio": "histogram", "tuneforge_trainer_gpu_memory_used_bytes": "histogram",
+        "tuneforge_trainer_gpu_power_watts": "histogram", "tuneforge_trainer_gpu_temperature_celsius": "histogram"}
 
 
 def test_request_latency_is_counted_per_route_template_and_status(situation):
