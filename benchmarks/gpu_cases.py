@@ -27,11 +27,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ReportSink  # noqa: E402 - benchmarks/ is not a package
 
 # Qwen2.5's shapes: hidden, intermediate, layers, heads, kv heads, vocabulary, tied embeddings
 SHAPES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
@@ -47,27 +48,6 @@ GPU_CASES = [
 ]
 CPU_CASES = [("tiny", "lora", "", 2), ("tiny", "full", "", 2), ("tiny", "full", "fsdp", 2)]
 _WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi") for b in ("n", "r", "s", "l", "")]
-
-
-class _Sink(BaseHTTPRequestHandler):
-    events: list[dict[str, Any]] = []
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if self.path.endswith("/events"):
-            try:
-                type(self).events.extend(json.loads(body).get("events", []))
-            except (ValueError, AttributeError):
-                pass
-        payload = b'{"action": "continue"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
 
 
 def build_model(shape: str, folder: Path, device: str) -> int:
@@ -110,7 +90,7 @@ def write_data(path: Path, rows: int, words: int, seed: int = 0) -> None:
 
 
 def run_case(case: tuple[str, str, str, int], root: Path, sha: str, data: Path, args: argparse.Namespace,
-             callback_url: str, timeout_s: float) -> dict[str, Any]:
+             sink: ReportSink, timeout_s: float) -> dict[str, Any]:
     from tuneforge.domain.spec import (
         BaseModelRef,
         CheckpointPolicy,
@@ -136,12 +116,12 @@ def run_case(case: tuple[str, str, str, int], root: Path, sha: str, data: Path, 
         training_file=DataFileRef("file-train", key), validation_file=None, method="supervised",
         training_type=training_type, lora=LoraConfig(rank=16, alpha=32), hyperparameters=hp,
         checkpoint=CheckpointPolicy(every_steps=100_000, keep_last=1, every_epoch=False),
-        storage_url=str(work / "objects"), callback_url=callback_url, job_token="bench",
+        storage_url=str(work / "objects"), callback_url=sink.url, job_token="bench",
         gpus=0 if args.cpu else 1, cache_dir=str(root / "cache"), distributed_strategy=strategy,
         gradient_checkpointing=shape == "7B",
     )
     spec.write(work / "spec.json")
-    _Sink.events = []
+    sink.events.clear()
     started = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-m", "tuneforge.train", str(work / "spec.json")], capture_output=True,
@@ -150,7 +130,7 @@ def run_case(case: tuple[str, str, str, int], root: Path, sha: str, data: Path, 
     except subprocess.TimeoutExpired as exc:
         code, log = -1, (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or "")
     wall = time.perf_counter() - started
-    metrics = [e["data"] for e in _Sink.events if e.get("type") == "metrics"]
+    metrics = [e["data"] for e in sink.events if e.get("type") == "metrics"]
     steady = metrics[2:] or metrics
 
     def median(key: str) -> float | None:
@@ -209,12 +189,9 @@ def main() -> None:
         has_bnb = False
     from tuneforge.storage import layout
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    callback = f"http://127.0.0.1:{server.server_address[1]}"
     began = time.monotonic()
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="tuneforge-gpu-cases-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tuneforge-gpu-cases-") as tmp, ReportSink() as sink:
         root = Path(tmp)
         built: dict[str, tuple[Path, str, int]] = {}
         data = root / "train.jsonl"
@@ -241,11 +218,10 @@ def main() -> None:
             folder, sha, count = built[case[0]]
             # rows of ~seq/3 tokens: about three a packed row, `steps` micro-batches in all
             write_data(data, rows=max(8, args.steps * case[3] * 3), words=max(8, args.seq // 6))
-            result = run_case(case, root, sha, data, args, callback, timeout_s=max(30.0, left))
+            result = run_case(case, root, sha, data, args, sink, timeout_s=max(30.0, left))
             result["parameters"] = count
             results.append(result)
             print(json.dumps(result), flush=True)
-    server.shutdown()
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"device": device, "cases": results}, indent=2))
     failed = [r["case"] for r in results if r.get("exit_code") not in (None, 0)]

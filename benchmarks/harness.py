@@ -50,6 +50,48 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ReportSink:
+    """A control plane's report routes as a trainer started by hand needs them, on 127.0.0.1: every
+    report is answered `continue`, and the events reported are kept (`events`, in order)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        sink = self
+        self.events: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.path.endswith("/events"):
+                    try:
+                        sink.events.extend(json.loads(body).get("events", []))
+                    except (ValueError, AttributeError):
+                        pass
+                payload = b'{"action": "continue"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ReportSink:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 def local_client(base_url: str, **kwargs) -> httpx.Client:
     # trust_env=False: no proxy variable may send loopback traffic elsewhere
     kwargs.setdefault("timeout", 30.0)

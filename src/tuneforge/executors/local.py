@@ -24,6 +24,7 @@ from tuneforge.executors.protocol import Capacity, NodeCapacity, Placement, Poll
 from tuneforge.executors.warm import warm_trainer
 from tuneforge.security.env import child_env, open_private, private_dirs
 from tuneforge.settings import Settings
+from tuneforge.storage import layout
 from tuneforge.train.__main__ import read_exit_file
 from tuneforge.train.warm import process_start_time
 
@@ -93,6 +94,9 @@ def local_inventory(settings: Settings, nvml: NvmlReader = read_nvml) -> Capacit
                            for i in range(max(1, int(settings.local_nodes)))])
 
 
+BWRAP = "/usr/bin/bwrap"  # bubblewrap, as the python graders' sandbox uses it
+
+
 class LocalExecutor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -102,7 +106,7 @@ class LocalExecutor:
         self._children: dict[int, subprocess.Popen] = {}
         # the trainers' environment but each attempt's GPUs and node, which the fork sets; none where
         # no attempt can ever start (no slots: every job asks for at least one)
-        warm = settings.trainer_warm_start and self.total_gpus > 0
+        warm = settings.trainer_warm_start and self.total_gpus > 0 and settings.trainer_isolation == "none"
         self._warm = warm_trainer(child_env({**settings.trainer_env(), "TOKENIZERS_PARALLELISM": "false"}),
                                   self.workdir) if warm else None
 
@@ -121,8 +125,12 @@ class LocalExecutor:
 
     def launch(self, spec: JobSpec, placement: Placement) -> dict[str, Any]:
         stem = f"{spec.job_id}-attempt-{spec.attempt}"
-        spec_path = self.workdir / f"{stem}.json"
-        log_path = self.workdir / f"{stem}.log"
+        folder = self.workdir
+        if self.settings.trainer_isolation == "namespace":  # a folder of its own: all it sees of the home
+            folder = self.workdir / stem
+            private_dirs(folder / "tmp")
+        spec_path = folder / f"{stem}.json"
+        log_path = folder / f"{stem}.log"
         with open_private(spec_path, "w") as handle:  # the spec holds the job token: this user's only
             handle.write(spec.to_json())
         env = self.attempt_env(placement)
@@ -132,14 +140,38 @@ class LocalExecutor:
             if forked is not None:
                 # not this process's child: told apart from a later process of the same pid by its start
                 return {"pid": forked[0], "started": forked[1], "warm": True, **handle}
+        argv = [sys.executable, "-m", "tuneforge.train", str(spec_path)]
+        if self.settings.trainer_isolation == "namespace":
+            argv, env = self.isolated(argv, folder, env)
         with open_private(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tuneforge.train", str(spec_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=str(self.workdir), start_new_session=True,
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=str(folder), start_new_session=True,
             )
         self._children[proc.pid] = proc
         return {"pid": proc.pid, **handle}
+
+    def isolated(self, argv: list[str], folder: Path, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """`argv` run in a mount namespace of its own (bubblewrap; TUNEFORGE_TRAINER_ISOLATION=namespace):
+        the host's files read-only, the platform's home an empty folder but for the attempt's `folder`
+        (its spec, log and exit file) and the base-model cache, a scratch /tmp of its own on disk, the
+        host's /dev (GPUs) and network (the control plane's routes). Its own user namespace too; the
+        process is still the platform's user to the host's kernel, so the files it can reach are only
+        what the namespace shows it."""
+        home = self.settings.home.resolve()
+        cache = layout.home_base_model_cache_dir(home).resolve()
+        private_dirs(cache)
+        scratch = folder / "tmp"
+        # no capability inside either: nothing mounted here can be taken away to show what it hides
+        sandbox = [BWRAP, "--unshare-user", "--unshare-ipc", "--unshare-uts", "--hostname", "trainer",
+                   "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
+                   # /tmp first: a home under /tmp is then hidden and shown again inside it
+                   "--bind", str(scratch), "/tmp",
+                   "--tmpfs", str(home), "--bind", str(folder), str(folder), "--bind", str(cache), str(cache),
+                   "--chdir", str(folder), "--"]
+        inside = {**env, "HOME": str(folder), "TMPDIR": "/tmp", "XDG_CACHE_HOME": str(scratch),
+                  "TRITON_CACHE_DIR": str(scratch / "triton")}
+        return sandbox + argv, inside
 
     def attempt_env(self, placement: Placement) -> dict[str, str]:
         """The whole environment of an attempt's trainer: the allow-list, the platform's trainer

@@ -37,7 +37,7 @@ _PASSED = frozenset({
     "PYTORCH_CUDA_ALLOC_CONF", "BNB_CUDA_VERSION",
     # the platform's own, non-secret: peak FLOP/s for MFU, data workers (the egress allow-list is
     # passed explicitly, from the settings: Settings.trainer_env)
-    "TUNEFORGE_GPU_PEAK_TFLOPS", "TUNEFORGE_DATA_WORKERS",
+    "TUNEFORGE_GPU_PEAK_TFLOPS", "TUNEFORGE_DATA_WORKERS", "TUNEFORGE_SHARDED_LOAD",
 })
 # prefixes passed through: collective communication and torch's own switches
 _PASSED_PREFIXES = ("NCCL_", "TORCH_", "LC_")

@@ -79,6 +79,13 @@ class ClusterSettings(BaseModel):
                                   "peft once (one per control plane with the local executor, one per node with "
                                   "the Ray executor): it starts in well under a second instead of several; "
                                   "false: every trainer is a fresh interpreter.")
+    trainer_isolation: Literal["none", "namespace"] = Field(
+        default="none", description="The local executor's trainers: 'none' (default) run as the control plane's "
+                                    "user with its files in sight; 'namespace' run each in a mount namespace of its "
+                                    "own (bubblewrap) where the platform's home is an empty folder but for the "
+                                    "attempt's own folder and the base-model cache: no database, secrets key, log "
+                                    "or other attempt's spec and token to read (docs/security.md). Trainers then "
+                                    "start cold (no warm start).")
     gpus_per_node: int = Field(default=8, description="GPUs per node assumed when sizing multi-node jobs.")
     gpu_memory_gb: float = Field(default=80.0, description="Memory of one GPU, for default GPU counts.")
     scheduler_tick_s: float = Field(default=0.5, description="Seconds between scheduler ticks.")

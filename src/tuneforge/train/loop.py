@@ -158,8 +158,10 @@ def load(spec: JobSpec, store: ObjectStore, reporter: Reporter, stop: threading.
     # sharded: built on the meta device, each rank then reads only its shard (train/sharded_load.py);
     # where that cannot be done (a checkpoint named otherwise, a continued adapter), loaded whole on the
     # host and moved to the GPU by FSDP a layer at a time
-    skeleton = sharded_load.skeleton(base_dir, model_dtype(device), _attention_for(device)) \
-        if dist.sharded and spec.training_type != "qlora" and not spec.init_adapter_prefix else None
+    # (TUNEFORGE_SHARDED_LOAD=0: the whole way on every rank, the baseline of benchmarks/sharded_loading.py)
+    by_shard = dist.sharded and spec.training_type != "qlora" and not spec.init_adapter_prefix and \
+        os.environ.get("TUNEFORGE_SHARDED_LOAD", "1") != "0"
+    skeleton = sharded_load.skeleton(base_dir, model_dtype(device), _attention_for(device)) if by_shard else None
     if skeleton is not None:
         model, tokenizer = skeleton, load_tokenizer(base_dir)
     else:
