@@ -13,7 +13,8 @@ from tuneforge.demo.dataset import chat_example, demo_facts
 pytestmark = [pytest.mark.browser, pytest.mark.sqlite_pass_only]
 
 
-def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
+def _finished_job(plane) -> str:  # noqa: ANN001
+    """A one-epoch job of the demo's codes, succeeded; its id."""
     api = client(plane.url, plane.key_a)
     training = upload_rows(api, [chat_example(fact) for fact in demo_facts(16)], "codes.jsonl")
     created = api.post("/v1/fine_tuning/jobs", json={
@@ -22,6 +23,11 @@ def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
     assert created.status_code == 200, created.text
     job_id = created.json()["id"]
     assert wait_for_job(api, job_id)["precise_status"] == "succeeded"
+    return job_id
+
+
+def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
+    job_id = _finished_job(plane)
     # what a generating method's trainer reports beside the loop's figures (tests/unit/train/test_rollout.py)
     with plane.plane.platform.db.session() as session:
         job = session.query(Job).filter_by(job_id=job_id).one()
@@ -49,14 +55,7 @@ def test_a_methods_own_figures_get_a_chart_each(plane, page, shots):
 
 
 def test_what_nvml_said_of_the_gpu_gets_its_charts_and_a_cpu_job_none(plane, page, shots):
-    api = client(plane.url, plane.key_a)
-    training = upload_rows(api, [chat_example(fact) for fact in demo_facts(16)], "codes.jsonl")
-    created = api.post("/v1/fine_tuning/jobs", json={
-        "model": "tiny-chat", "training_file": training["id"], "seed": 0,
-        "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 8}}}})
-    assert created.status_code == 200, created.text
-    job_id = created.json()["id"]
-    assert wait_for_job(api, job_id)["precise_status"] == "succeeded"
+    job_id = _finished_job(plane)
     sign_in(page, plane.url, plane.key_a)
     page.goto(f"{plane.url}/console#/jobs/{job_id}")
     page.locator('[data-testid="stream-state"][data-finished="true"]').wait_for()

@@ -23,6 +23,8 @@ from urllib.parse import quote
 
 import httpx
 
+from tuneforge.storage.store import PrefixOps
+
 SCHEME_PREFIX = "tuneforge+"
 _CHUNK_BYTES = 4 * 1024 * 1024
 # a trainer outlives a control plane's restart: requests are tried again for this long
@@ -97,7 +99,7 @@ class _Counted:
         return chunk
 
 
-class ProxyStore:
+class ProxyStore(PrefixOps):
     """ObjectStore over the control plane's object routes, with the attempt's job token."""
 
     def __init__(self, url: str, token: str, *, client: httpx.Client | None = None) -> None:
@@ -196,42 +198,12 @@ class ProxyStore:
         answer = self._send("GET", self._base, params={"prefix": prefix.strip("/")}).json()
         return sorted(str(key) for key in answer["keys"])
 
-    def iter_dirs(self, prefix: str) -> Iterator[str]:
-        seen: set[str] = set()
-        depth = len(prefix.strip("/").split("/"))
-        for key in self.list(prefix):
-            parts = key.split("/")
-            if len(parts) > depth + 1:
-                child = "/".join(parts[: depth + 1])
-                if child not in seen:
-                    seen.add(child)
-                    yield child
-
     def delete(self, key: str) -> None:
         self._send("DELETE", self._key_url(key))
 
     def delete_prefix(self, prefix: str) -> None:
         for key in self.list(prefix):
             self.delete(key)
-
-    def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]:
-        local_dir = Path(local_dir)
-        written = []
-        strip = len(prefix.strip("/")) + 1
-        for key in self.list(prefix):
-            target = local_dir / key[strip:]
-            self.get_file(key, target)
-            written.append(target)
-        return written
-
-    def upload_dir(self, local_dir: Path, prefix: str) -> list[str]:
-        local_dir = Path(local_dir)
-        keys = []
-        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-            key = f"{prefix.strip('/')}/{path.relative_to(local_dir).as_posix()}"
-            self.put_file(key, path)
-            keys.append(key)
-        return keys
 
     def compose(self, key: str, sources: list[tuple[str, int]]) -> str:
         """`key` as the objects `sources` one after another, streamed through this process."""

@@ -31,8 +31,6 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
     def delete_prefix(self, prefix: str) -> None: ...
-    def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]: ...
-    def upload_dir(self, local_dir: Path, prefix: str) -> list[str]: ...
     def compose(self, key: str, sources: list[tuple[str, int]]) -> str: ...
 
 
@@ -69,7 +67,37 @@ class _Concatenated:
             self._handle = None
 
 
-class FsspecStore:
+class PrefixOps:
+    """What every store does the same way over its own `list`, `get_file` and `put_file`: the
+    folders under a prefix, a prefix to a local folder and back."""
+
+    def list(self, prefix: str) -> list[str]:
+        raise NotImplementedError
+
+    def get_file(self, key: str, local_path: Path) -> None:
+        raise NotImplementedError
+
+    def put_file(self, key: str, local_path: Path) -> None:
+        raise NotImplementedError
+
+    def iter_dirs(self, prefix: str) -> Iterator[str]:
+        """Immediate child 'folders' of `prefix`, as keys."""
+        keys = self.list(prefix)
+        seen: set[str] = set()
+        depth = len(prefix.strip("/").split("/"))
+        for key in keys:
+            parts = key.split("/")
+            if len(parts) > depth + 1:
+                child = "/".join(parts[: depth + 1])
+                if child not in seen:
+                    seen.add(child)
+                    yield child
+
+    def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]: ...
+    def upload_dir(self, local_dir: Path, prefix: str) -> list[str]: ...
+
+
+class FsspecStore(PrefixOps):
     """Object store over any fsspec filesystem rooted at `url`."""
 
     def __init__(self, url: str, storage_options: dict | None = None) -> None:
@@ -158,19 +186,6 @@ class FsspecStore:
             if path.startswith(root):
                 keys.append(path[len(root):])
         return sorted(keys)
-
-    def iter_dirs(self, prefix: str) -> Iterator[str]:
-        """Immediate child 'folders' of `prefix`, as keys."""
-        keys = self.list(prefix)
-        seen: set[str] = set()
-        depth = len(prefix.strip("/").split("/"))
-        for key in keys:
-            parts = key.split("/")
-            if len(parts) > depth + 1:
-                child = "/".join(parts[: depth + 1])
-                if child not in seen:
-                    seen.add(child)
-                    yield child
 
     def delete(self, key: str) -> None:
         try:
