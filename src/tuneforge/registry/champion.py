@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import files as file_repo
+from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import models as model_repo
 from tuneforge.db.tables import FileRow, FineTunedModel, Job
 from tuneforge.eval import gates as eval_gates
@@ -54,7 +55,7 @@ def suffix_of(session: Session, row: FineTunedModel) -> str | None:
     lineage = row.lineage or {}
     if "suffix" in lineage:
         return lineage["suffix"] or None
-    job = session.get(Job, row.job_id) if row.job_id else None
+    job = job_repo.get(session, row.tenant_id, row.job_id) if row.job_id else None  # (Job's key is pk)
     return (job.suffix or None) if job is not None else None
 
 
