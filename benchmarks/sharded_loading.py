@@ -85,9 +85,10 @@ def run(root: Path, sha: str, ranks: int, sharded: bool, args: argparse.Namespac
     store = open_store(str(work / "objects"))
     key = layout.file_key("bench", "file-train", "train.jsonl")
     rows = [json.dumps({"messages": [{"role": "user", "content": f"question {i} " * 8},
-                                     {"role": "assistant", "content": f"answer {i} " * 8}]}) for i in range(64)]
+                                     {"role": "assistant", "content": f"answer {i} " * 8}]})
+            for i in range(args.steps * 2 * ranks)]  # `steps` optimizer steps of 2 rows a rank
     store.put_bytes(key, ("\n".join(rows) + "\n").encode())
-    micro = 2
+    micro = 2  # rows a rank per step
     spec = JobSpec(
         job_id=f"ftjob-{name}", tenant_id="bench", attempt=1, seed=0,
         base_model=BaseModelRef("rand", sha, layout.base_model_prefix("rand", sha)),
