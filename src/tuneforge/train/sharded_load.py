@@ -174,14 +174,16 @@ def host_states(model: Any, snapshots: dict[int, dict[str, torch.Tensor]] | None
 def materialize(model: Any, base_dir: Path, device: torch.device, dtype: torch.dtype,
                 kept: dict[str, torch.Tensor]) -> int:
     """Memory on `device` for the sharded model, filled: base weights from the checkpoint (this
-    rank's rows only), the rest from `kept`. Returns the bytes of base weights this rank read."""
-    from safetensors import safe_open
+    rank's rows only), the rest from `kept`. Returns the bytes of base weights this rank read.
 
+    The safetensors files are mapped, not read: a tensor of the checkpoint is a view of the mapped
+    file, and copying this rank's rows from it touches only their pages — no temporary copy of a
+    whole tensor (whose freed memory the C allocator would keep, several of them at once)."""
     files = checkpoint_files(base_dir)
     assert files is not None
     model.to_empty(device=device)
     read = 0
-    handles: dict[Path, Any] = {}
+    mapped: dict[Path, _Mapped] = {}
     try:
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -193,20 +195,66 @@ def materialize(model: Any, base_dir: Path, device: torch.device, dtype: torch.d
                 key = _source_name(name, files, model)
                 assert key is not None
                 path = files[key]
-                if path not in handles:
-                    handles[path] = safe_open(str(path), framework="pt").__enter__()
-                tensor_slice = handles[path].get_slice(key)
-                part = tensor_slice[rows[0]:rows[1]] if rows else tensor_slice[:]
+                if path not in mapped:
+                    mapped[path] = _Mapped(path)
+                whole = mapped[path].tensor(key)
+                part = whole[rows[0]:rows[1]] if rows else whole
                 read += part.numel() * part.element_size()
-                local.copy_(part.to(dtype))
+                local.copy_(part)
+                mapped[path].release(key)  # its pages leave this process's memory again
             for name, buffer in model.named_buffers():
                 saved = kept.get(f"buffer:{name}")
                 if saved is not None:
                     buffer.copy_(saved)
     finally:
-        for handle in handles.values():
-            handle.__exit__(None, None, None)
+        for opened in mapped.values():
+            opened.close()
     return read
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+class _Mapped:
+    """A safetensors file mapped into memory (copy-on-write: nothing is ever written back), its
+    tensors as views of the mapping."""
+
+    def __init__(self, path: Path) -> None:
+        import mmap
+
+        self._file = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
+        length = int.from_bytes(self._map[:8], "little")
+        self._header = json.loads(self._map[8:8 + length])
+        self._data = 8 + length
+
+    def tensor(self, key: str) -> torch.Tensor:
+        entry = self._header[key]
+        start, end = entry["data_offsets"]
+        dtype = _DTYPES[entry["dtype"]]
+        count = (end - start) // torch.empty((), dtype=dtype).element_size()
+        flat = torch.frombuffer(self._map, dtype=dtype, count=count, offset=self._data + start)
+        return flat.view(entry["shape"])
+
+    def release(self, key: str) -> None:
+        """Drop the mapped pages of tensor `key` from this process (they are read again from the
+        file if touched again): what was copied out of them is not counted twice."""
+        import mmap
+
+        start, end = self._header[key]["data_offsets"]
+        first = (self._data + start) // mmap.PAGESIZE * mmap.PAGESIZE
+        last = min(len(self._map), -(-(self._data + end) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if last > first:
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        except BufferError:  # a view still exported: the mapping goes with its last tensor
+            pass
+        self._file.close()
 
 
 def _local_rows(param: Any) -> tuple[torch.Tensor, tuple[int, int] | None]:
