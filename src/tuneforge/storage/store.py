@@ -31,6 +31,8 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
     def delete_prefix(self, prefix: str) -> None: ...
+    def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]: ...
+    def upload_dir(self, local_dir: Path, prefix: str) -> list[str]: ...
     def compose(self, key: str, sources: list[tuple[str, int]]) -> str: ...
 
 
@@ -93,8 +95,26 @@ class PrefixOps:
                     seen.add(child)
                     yield child
 
-    def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]: ...
-    def upload_dir(self, local_dir: Path, prefix: str) -> list[str]: ...
+    def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]:
+        """Copy every key under `prefix` into `local_dir`, keeping relative paths."""
+        local_dir = Path(local_dir)
+        written = []
+        strip = len(prefix.strip("/")) + 1
+        for key in self.list(prefix):
+            target = local_dir / key[strip:]
+            self.get_file(key, target)
+            written.append(target)
+        return written
+
+    def upload_dir(self, local_dir: Path, prefix: str) -> list[str]:
+        """Copy a local folder's files under `prefix`; returns the keys written."""
+        local_dir = Path(local_dir)
+        keys = []
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+            key = f"{prefix.strip('/')}/{path.relative_to(local_dir).as_posix()}"
+            self.put_file(key, path)
+            keys.append(key)
+        return keys
 
 
 class FsspecStore(PrefixOps):
@@ -198,28 +218,6 @@ class FsspecStore(PrefixOps):
             self.delete(key)
         if self.protocol == "file":
             shutil.rmtree(self._path(prefix), ignore_errors=True)
-
-    def download_prefix(self, prefix: str, local_dir: Path) -> list[Path]:
-        """Copy every key under `prefix` into `local_dir`, keeping relative paths."""
-        local_dir = Path(local_dir)
-        written = []
-        strip = len(prefix.strip("/")) + 1
-        for key in self.list(prefix):
-            target = local_dir / key[strip:]
-            self.get_file(key, target)
-            written.append(target)
-        return written
-
-    def upload_dir(self, local_dir: Path, prefix: str) -> list[str]:
-        """Copy a local folder's files under `prefix`; returns the keys written."""
-        local_dir = Path(local_dir)
-        keys = []
-        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-            key = f"{prefix.strip('/')}/{path.relative_to(local_dir).as_posix()}"
-            self.put_file(key, path)
-            keys.append(key)
-        return keys
-
 
     def compose(self, key: str, sources: list[tuple[str, int]]) -> str:
         """Write `key` as the objects `sources` ((key, size) pairs) one after another. On S3 the
