@@ -6,9 +6,8 @@ A random-weight Llama of about `--params-b` billion parameters (float32 on the C
 as safetensors into the trainer's base-model cache; each layout then runs the real trainer
 (`python -m tuneforge.train SPEC`, which starts the other ranks itself) for `--steps` LoRA steps.
 A thread reads every process of the attempt's peak resident set (VmHWM) until they exit. Printed
-per layout: each rank's peak RSS while loading (until the first step is logged) and over the whole
-attempt, the largest of each, the ratio to the single process's, the losses, and whether they equal
-the other way's at the same world size.
+per layout: each rank's peak RSS, the largest, its ratio to the single process's, the losses, and
+whether they equal the other way's at the same world size.
 
     python benchmarks/sharded_loading.py                   # ~0.55B, 1/2/4 ranks
     python benchmarks/sharded_loading.py --params-b 0.1    # quicker
@@ -107,24 +106,17 @@ def run(root: Path, sha: str, ranks: int, sharded: bool, args: argparse.Namespac
     process = subprocess.Popen([sys.executable, "-m", "tuneforge.train", str(work / "spec.json")], env=env,
                                stdout=subprocess.DEVNULL, stderr=open(work / "trainer.log", "w"))  # noqa: SIM115
     peaks: dict[int, int] = {}
-    loading: dict[int, int] = {}  # the peaks until the first step is logged: loading and sharding the base
     started = time.monotonic()
-    log_path = work / "trainer.log"
     while process.poll() is None:
-        stepping = "step 1/" in log_path.read_text(errors="replace")
         for pid in process_tree(process.pid):
             peaks[pid] = max(peaks.get(pid, 0), _vm_hwm_kib(pid))
-            if not stepping:
-                loading[pid] = peaks[pid]
         if time.monotonic() - started > args.timeout:
             process.kill()
         time.sleep(0.05)
     losses = [e["data"]["train_loss"] for e in sink.events if e.get("type") == "metrics"][:args.steps]
     per_rank = sorted((kib / 1024 for pid, kib in peaks.items() if kib > 0), reverse=True)[:ranks]
-    at_load = sorted((kib / 1024 for pid, kib in loading.items() if kib > 0), reverse=True)[:ranks]
     return {"layout": name, "exit_code": process.returncode, "ranks": ranks,
             "peak_rss_mib_per_rank": [round(v) for v in per_rank], "largest_mib": round(max(per_rank or [0])),
-            "loading_peak_mib_per_rank": [round(v) for v in at_load], "loading_largest_mib": round(max(at_load or [0])),
             "losses": losses, "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -151,15 +143,11 @@ def main() -> None:
                 results.append(run(root, "randbase", ranks, sharded, args, sink))
                 print(json.dumps(results[-1]), flush=True)
     single = next((r["largest_mib"] for r in results if r["ranks"] == 1), None)
-    single_loading = next((r["loading_largest_mib"] for r in results if r["ranks"] == 1), None)
     for ranks in sorted({r["ranks"] for r in results if r["ranks"] > 1}):
         whole = next(r for r in results if r["layout"] == f"{ranks}-whole")
         sharded = next(r for r in results if r["layout"] == f"{ranks}-sharded")
         print(json.dumps({
             "ranks": ranks, "whole_largest_mib": whole["largest_mib"], "sharded_largest_mib": sharded["largest_mib"],
-            "whole_loading_mib": whole["loading_largest_mib"], "sharded_loading_mib": sharded["loading_largest_mib"],
-            "sharded_loading_vs_single": round(sharded["loading_largest_mib"] / single_loading, 2)
-            if single_loading else None,
             "sharded_vs_single": round(sharded["largest_mib"] / single, 2) if single else None,
             "whole_vs_single": round(whole["largest_mib"] / single, 2) if single else None,
             "losses_equal": whole["losses"] == sharded["losses"] and bool(whole["losses"])}))

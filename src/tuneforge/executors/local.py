@@ -166,7 +166,7 @@ class LocalExecutor:
         sandbox = [BWRAP, "--unshare-user", "--unshare-ipc", "--unshare-uts", "--hostname", "trainer",
                    "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc",
                    # /tmp first: a home under /tmp is then hidden and shown again inside it
-                   "--bind", str(scratch), "/tmp",
+                   "--bind", str(scratch), "/tmp", *_code_under_tmp(),
                    "--tmpfs", str(home), "--bind", str(folder), str(folder), "--bind", str(cache), str(cache),
                    "--chdir", str(folder), "--"]
         inside = {**env, "HOME": str(folder), "TMPDIR": "/tmp", "XDG_CACHE_HOME": str(scratch),
@@ -243,6 +243,22 @@ class LocalExecutor:
             log.seek(max(0, path.stat().st_size - max_bytes))
             return log.read().decode("utf-8", "replace")
 
+
+def _code_under_tmp() -> list[str]:
+    """Read-only binds, inside the namespace's own /tmp, of the folders the trainer imports from that
+    lie under the host's /tmp (a checkout installed in place there, as CI runs the tests): the
+    namespace hides the rest of the host's /tmp."""
+    import tuneforge
+
+    tmp = Path("/tmp").resolve()
+    folders = {Path(entry).resolve() for entry in (*sys.path, *os.environ.get("PYTHONPATH", "").split(os.pathsep))
+               if entry}
+    folders.add(Path(tuneforge.__file__).resolve().parents[1])
+    binds: list[str] = []
+    for folder in sorted(folders):
+        if folder.is_dir() and folder != tmp and folder.is_relative_to(tmp):
+            binds += ["--ro-bind", str(folder), str(folder)]
+    return binds
 
 def _is_our_process(pid: int, spec_path: str, started: str | None = None) -> bool:
     """Whether `pid` is still the trainer of this handle: the same start time for a trainer forked
