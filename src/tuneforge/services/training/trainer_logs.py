@@ -164,12 +164,25 @@ def _attempt_of(session: Session, tenant_id: str, job_id: str, attempt: int | No
 
 
 def _stored(store: ObjectStore, tenant_id: str, job_id: str, attempt: int) -> str:
+    """The attempt's stored log; "" while there is none. The scheduler replaces the object every
+    few seconds while the attempt runs: a read that meets a replacement half way (S3 answers
+    412 PreconditionFailed when the object changed between its HEAD and its GET) is tried again."""
     if attempt < 1:
         return ""
-    try:
-        return store.get_bytes(layout.trainer_log_key(tenant_id, job_id, attempt)).decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
+    key = layout.trainer_log_key(tenant_id, job_id, attempt)
+    for tried in range(_READ_TRIES):
+        try:
+            return store.get_bytes(key).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+        except OSError:
+            if tried == _READ_TRIES - 1:
+                raise
+            time.sleep(0.2 * (tried + 1))
+    return ""
+
+
+_READ_TRIES = 4
 
 
 def _bounded(text: str, limit: int, max_bytes: int) -> str:
