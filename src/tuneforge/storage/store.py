@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -70,17 +70,12 @@ class _Concatenated:
 
 
 class PrefixOps:
-    """What every store does the same way over its own `list`, `get_file` and `put_file`: the
-    folders under a prefix, a prefix to a local folder and back."""
+    """What every store does the same way over its own `list`, `get_file` and `put_file` (which the
+    class it is mixed into defines): the folders under a prefix, a prefix to a local folder and back."""
 
-    def list(self, prefix: str) -> list[str]:
-        raise NotImplementedError
-
-    def get_file(self, key: str, local_path: Path) -> None:
-        raise NotImplementedError
-
-    def put_file(self, key: str, local_path: Path) -> None:
-        raise NotImplementedError
+    list: Callable[[str], list[str]]
+    get_file: Callable[[str, Path], None]
+    put_file: Callable[[str, Path], None]
 
     def iter_dirs(self, prefix: str) -> Iterator[str]:
         """Immediate child 'folders' of `prefix`, as keys."""
