@@ -193,13 +193,19 @@ def test_a_pages_status_line_does_not_follow_to_the_next_page(plane, page, shots
     api = client(plane.url, plane.key_a)
     training = upload_rows(api, [chat_example(fact) for fact in demo_facts(6)], "codes.jsonl")
     sign_in(page, plane.url, plane.key_a)
-    # a message of the dataset page ...
+    # a message of the dataset page (the page shows examples as it opens) ...
     page.goto(f"{plane.url}/console#/files/{training['id']}")
-    page.get_by_role("button", name="Show examples").click()
     page.locator("#status").filter(has_text="Showing 3 examples with").wait_for()
-    # ... is not the Models page's
+    # ... is not the Models page's, even when its answer arrives after the user has moved on
+    held = []
+    page.route("**/preview*", lambda route: held.append(route))
+    page.get_by_role("button", name="Show examples").click()
+    page.wait_for_timeout(100)
+    assert len(held) == 1
     nav(page, "Models").click()
     page.get_by_role("heading", name="Models", exact=True).wait_for()
-    page.wait_for_timeout(100)  # past the status line's announcement delay
+    with page.expect_response(lambda answer: "/preview" in answer.url):
+        held[0].continue_()
+    page.wait_for_timeout(200)  # past the status line's announcement delay
     assert page.locator("#status").inner_text() == ""
     shots(page, "models page, no stale status")

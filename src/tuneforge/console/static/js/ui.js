@@ -12,9 +12,12 @@ let carried = null;
 /**
  * Say `text` in the status line (screen readers announce it). The line belongs to the page
  * that said it: moving to another page clears it, unless `carry` (a message about the move
- * itself, such as "Created job …" before its page opens) keeps it for the next page.
+ * itself, such as "Created job …" before its page opens) keeps it for the next page. `from`
+ * is a node of the page that speaks: when an answer arrives after the user has moved on (the
+ * node is no longer in the document), the message is dropped instead of landing on another page.
  */
-export function announce(text, {carry = false} = {}) {
+export function announce(text, {carry = false, from = null} = {}) {
+  if (from && !from.isConnected) return;
   const node = statusNode();
   // cleared first so that the same message twice is announced twice
   node.textContent = "";

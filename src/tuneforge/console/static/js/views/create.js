@@ -219,7 +219,7 @@ export async function createJobView(main, _params, query) {
     estimatedBody = JSON.stringify(body);
     drawEstimate(estimate);
     changed();
-    announce(`Estimate: ${formatNumber(estimate.steps)} steps, ${formatNumber(estimate.estimated_price)} ${estimate.currency}.`);
+    announce(`Estimate: ${formatNumber(estimate.steps)} steps, ${formatNumber(estimate.estimated_price)} ${estimate.currency}.`, {from: form});
   }));
 
   const form = h("form", {class: "create-job", novalidate: true, "aria-labelledby": "create-title"},

@@ -119,7 +119,7 @@ async function previewPanel(fileId, panel) {
       {model: model.value, limit: limit.value, train_on_inputs: inputs.checked ? "true" : undefined});
     fill(output, preview.examples.length ? preview.examples.map(exampleBlock) : h("p", {class: "muted"}, "No examples to show."));
     const trained = preview.examples.reduce((n, e) => n + e.num_trained_tokens, 0);
-    announce(`Showing ${preview.examples.length} examples with ${trained} trained tokens.`);
+    announce(`Showing ${preview.examples.length} examples with ${trained} trained tokens.`, {from: output});
   }));
   fill(panel, h("p", {class: "muted"}, "Examples as the base model's chat template renders them, with the tokens the loss is computed on marked."),
     h("div", {class: "row"}, field("Base model", model), field("Examples", limit),

@@ -138,7 +138,7 @@ export async function jobView(main, params, _query, view) {
       button.addEventListener("click", () => busy(button, async () => {
         const saved = await download(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/download`,
           {artifact: kind, step: checkpoint.step_number}, `${jobId}-step-${checkpoint.step_number}.tar.gz`);
-        announce(`Downloaded ${saved.name} (${formatNumber(saved.size)} bytes).`);
+        announce(`Downloaded ${saved.name} (${formatNumber(saved.size)} bytes).`, {from: button});
       }));
       return [String(checkpoint.step_number), checkpoint.epoch ?? "—", formatNumber(metrics.train_loss),
         formatNumber(metrics.valid_loss ?? metrics.full_valid_loss), h("span", {class: "wrap"}, checkpoint.fine_tuned_model_checkpoint), button];
@@ -148,7 +148,7 @@ export async function jobView(main, params, _query, view) {
       finalButton.addEventListener("click", () => busy(finalButton, async () => {
         const saved = await download(`/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/download`, {artifact: kind},
           `${jobId}-${kind}.tar.gz`);
-        announce(`Downloaded ${saved.name} (${formatNumber(saved.size)} bytes).`);
+        announce(`Downloaded ${saved.name} (${formatNumber(saved.size)} bytes).`, {from: finalButton});
       }));
     }
     fill(checkpoints, finalButton, rows.length

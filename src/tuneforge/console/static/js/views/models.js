@@ -118,7 +118,7 @@ export async function modelView(main, params) {
     }
     drawModel();
     await drawHistory();
-    announce(`${model.id} is now in ${model.stage}.`);
+    announce(`${model.id} is now in ${model.stage}.`, {from: promote});
   }));
 
   drawModel();

@@ -67,7 +67,7 @@ export async function playgroundView(main, _params, query) {
         }
       };
       await Promise.all([settle(left, base.value), settle(right, model.value)]);
-      announce("Both answers are in.");
+      announce("Both answers are in.", {from: form});
     });
   });
   fill(main, h("h1", null, "Playground"), form, h("div", {class: "two-col answers"}, left.element, right.element));

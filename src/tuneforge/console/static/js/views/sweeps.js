@@ -70,7 +70,7 @@ export async function sweepView(main, routeParams) {
       }
     });
     draw();  // after busy() has given the button back: the sweep's state decides what is enabled
-    if (message) announce(message);
+    if (message) announce(message, {from: button});
   }
   cancel.addEventListener("click", () => act(cancel, `${path}/cancel`, {}, () => statusSentence(`Sweep ${sweep.id}`, sweep.status)));
   promote.addEventListener("click", () => act(promote, `${path}/promote`, {stage: "staging"},

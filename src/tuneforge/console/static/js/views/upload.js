@@ -34,11 +34,11 @@ export function uploadControl(onUploaded, {label = "Training data file"} = {}) {
       if (uploaded.status === "error") {
         note.append(h("span", {class: "form-error"}, `${uploaded.filename} was stored but did not pass validation: `,
           uploaded.status_details || "see its report", ". "), h("a", {href: href("files", uploaded.id)}, "Open the report"));
-        announce(`${uploaded.filename} did not pass validation.`);
+        announce(`${uploaded.filename} did not pass validation.`, {from: note});
       } else {
         note.append(`Uploaded ${uploaded.filename} (${formatNumber(uploaded.bytes)} bytes) as `,
           h("a", {href: href("files", uploaded.id), "data-testid": "uploaded-file"}, uploaded.id), ".");
-        announce(`Uploaded ${uploaded.filename}.`);
+        announce(`Uploaded ${uploaded.filename}.`, {from: note});
       }
       input.value = "";
       onUploaded(uploaded);
