@@ -101,6 +101,13 @@ def tokenized_key(dataset_file_key: str, ident: str) -> str | None:
     return f"{folder}/tokenized/{_part(name)}-{_part(ident)}.npz"
 
 
+def tokenized_prefix(dataset_file_key: str, ident: str) -> str | None:
+    """The folder of a prepared dataset file's tokenized shards (`train/token_shards.py`), in the
+    same cache folder as `tokenized_key`; None for any other file."""
+    key = tokenized_key(dataset_file_key, ident)
+    return None if key is None else key.removesuffix(".npz")
+
+
 def tenant_export_key(tenant_id: str, stamp: int) -> str:
     """The export archive written before tenant `tenant_id` is deleted: operators' data, outside
     every tenant prefix (services/tenancy/deletion.py)."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import io
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,71 +16,109 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.data.errors import BadDataError
+from tuneforge.data.example import DataIssue
+from tuneforge.data.formats import parse_jsonl_line
 from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample, tokenize_example
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.storage import layout
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import attention, fused_loss
+from tuneforge.train import attention, fused_loss, token_shards
 from tuneforge.train.errors import UserInputError
 
-TOKENIZED_FORMAT_VERSION = 1
+TOKENIZED_FORMAT_VERSION = token_shards.FORMAT_VERSION
 
 
 def load_tokenized(
     store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
     base_model_sha256: str = "",
-) -> list[TokenizedExample]:
-    """Every example of a JSONL file in the store, tokenized; `BadDataError`s name the line.
+) -> Sequence[TokenizedExample]:
+    """Every example of a JSONL file in the store, tokenized, never the whole file in memory
+    (`train/token_shards.py`); `BadDataError`s name the line. A prepared dataset larger than
+    `token_shards.TOKENIZE_AHEAD_MAX_BYTES` is tokenized on demand, an example when a step reads
+    it; anything smaller is tokenized ahead into shards (cached in the store)."""
+    def encode(record: Any) -> Iterator[TokenizedExample]:
+        yield tokenize_example(record, tokenizer, max_seq_length=hp.max_seq_length,
+                               train_on_inputs=hp.train_on_inputs)
 
-    A prepared dataset's tokens are cached beside it, keyed by the base model
-    (tokenizer and chat template are part of its SHA), max_seq_length and
-    train_on_inputs: a later job or attempt on the same data skips tokenization.
-    """
-    ident = hashlib.sha256(
-        f"{TOKENIZED_FORMAT_VERSION}|{base_model_sha256}|{hp.max_seq_length}|{hp.train_on_inputs}".encode()
-    ).hexdigest()[:24]
-    cache_key = layout.tokenized_key(ref.key, ident) if base_model_sha256 else None
-    if cache_key and store.exists(cache_key):
-        return _read_tokenized(store.get_bytes(cache_key))
-    examples = _tokenize_file(store, ref, tokenizer, hp, label=label)
-    if cache_key:
-        store.put_bytes(cache_key, _write_tokenized(examples))
+    if layout.tokenized_key(ref.key, "x") is not None and \
+            store.size_bytes(ref.key) > token_shards.TOKENIZE_AHEAD_MAX_BYTES:
+        return _on_demand(store, ref, lambda record: next(encode(record)), label)
+    return stream_tokenized(store, ref, tokenizer, hp, encode, label=label, kind="chat",
+                            base_model_sha256=base_model_sha256)
+
+
+def _on_demand(store: ObjectStore, ref: DataFileRef, encode: Callable[[Any], TokenizedExample],
+               label: str) -> token_shards.OnDemand:
+    """A prepared file (one example a line, as the control plane wrote it) copied to local disk
+    and read an example at a time."""
+    folder = Path(tempfile.mkdtemp(prefix="tuneforge-tokens-"))
+    try:
+        path = folder / "data.jsonl"
+        store.get_file(ref.key, path)
+
+        def example(line_number: int, raw: bytes) -> TokenizedExample:
+            value = parse_jsonl_line(raw, line_number)
+            try:
+                if isinstance(value, DataIssue):
+                    raise BadDataError(value.code, value.message, line_number=line_number)
+                return encode(value)
+            except BadDataError as exc:
+                raise BadDataError(exc.code, f"{label} file: {exc.detail}", line_number=line_number,
+                                   param=exc.param) from None
+
+        examples = token_shards.OnDemand(path, example, owned=folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if not len(examples):
+        examples.close()
+        raise BadDataError("empty_file", f"the {label} file has no examples")
     return examples
 
 
-def _write_tokenized(examples: list[TokenizedExample]) -> bytes:
-    lengths = np.array([len(e.input_ids) for e in examples], dtype=np.int64)
-    buffer = io.BytesIO()
-    np.savez(
-        buffer, lengths=lengths,
-        input_ids=np.fromiter((t for e in examples for t in e.input_ids), dtype=np.int32, count=int(lengths.sum())),
-        labels=np.fromiter((t for e in examples for t in e.labels), dtype=np.int32, count=int(lengths.sum())),
-    )
-    return buffer.getvalue()
+def stream_tokenized(
+    store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters,
+    encode: Callable[[Any], Iterable[TokenizedExample]], *, label: str, kind: str, base_model_sha256: str = "",
+) -> token_shards.TokenShards:
+    """The examples `encode` makes of each line of a JSONL file, as shards on local disk.
+
+    A prepared dataset's shards are cached beside it, keyed by the base model
+    (tokenizer and chat template are part of its SHA), max_seq_length,
+    train_on_inputs and `kind` (how a line is encoded): a later job or attempt
+    on the same data downloads them instead of tokenizing again.
+    """
+    ident = hashlib.sha256(
+        f"{TOKENIZED_FORMAT_VERSION}|{kind}|{base_model_sha256}|{hp.max_seq_length}|{hp.train_on_inputs}".encode()
+    ).hexdigest()[:24]
+    prefix = layout.tokenized_prefix(ref.key, ident) if base_model_sha256 else None
+    if prefix:
+        cached = token_shards.fetch(store, prefix)
+        if cached is not None:
+            return cached
+    shards = token_shards.build(_encoded_lines(store, ref, encode, label), vocab_size_of(tokenizer),
+                                store=store if prefix else None, prefix=prefix)
+    if not len(shards):
+        shards.close()
+        raise BadDataError("empty_file", f"the {label} file has no examples")
+    return shards
 
 
-def _read_tokenized(data: bytes) -> list[TokenizedExample]:
-    arrays = np.load(io.BytesIO(data))
-    offsets = np.concatenate([[0], np.cumsum(arrays["lengths"])])
-    input_ids, labels = arrays["input_ids"].tolist(), arrays["labels"].tolist()
-    return [TokenizedExample(input_ids[a:b], labels[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+def vocab_size_of(tokenizer: Any) -> int:
+    """Every id the tokenizer can produce, added tokens included (unknown: past 32-bit ids' need)."""
+    try:
+        return max(len(tokenizer), int(getattr(tokenizer, "vocab_size", 0) or 0))
+    except TypeError:  # something that wraps a tokenizer without its length: the wide ids
+        return 1 << 31
 
 
-def _tokenize_file(
-    store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str
-) -> list[TokenizedExample]:
-    examples: list[TokenizedExample] = []
+def _encoded_lines(store: ObjectStore, ref: DataFileRef, encode: Callable[[Any], Iterable[TokenizedExample]],
+                   label: str) -> Iterator[TokenizedExample]:
     line_number = 0
     try:
         with store.open_read(ref.key) as stream:
             for line_number, record in iter_jsonl(stream):  # noqa: B007 - the except clauses read it
-                examples.append(
-                    tokenize_example(
-                        record, tokenizer, max_seq_length=hp.max_seq_length,
-                        train_on_inputs=hp.train_on_inputs,
-                    )
-                )
+                yield from encode(record)
     except BadDataError as exc:
         raise BadDataError(
             exc.code, f"{label} file: {exc.detail}",
@@ -89,23 +129,21 @@ def _tokenize_file(
             "unreadable_file", f"the {label} file could not be read as UTF-8 JSON lines ({exc.reason})",
             line_number=line_number + 1,
         ) from None
-    if not examples:
-        raise BadDataError("empty_file", f"the {label} file has no examples")
-    return examples
 
 
 def target_token_count(example: TokenizedExample) -> int:
     """Tokens that are predicted with loss: the model never predicts position 0."""
-    return sum(label != IGNORE_INDEX for label in example.labels[1:])
+    return token_shards.example_units(example)
 
 
-def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
-    """The shuffled example order of one epoch, a pure function of (seed, epoch).
+def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled example order of one epoch, a pure function of (seed, epoch): a seeded
+    permutation of every index (8 bytes an example, the one per-example array of the epoch).
 
     Resuming at (epoch, index) recomputes this order and slices it, so no
     example is read again to find the place.
     """
-    return np.random.default_rng([seed, epoch]).permutation(num_examples).tolist()
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
 @dataclass(frozen=True)

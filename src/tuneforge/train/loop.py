@@ -62,7 +62,7 @@ from tuneforge.domain.metrics import OBJECTIVE_METRICS_KEY, check_metric_names, 
 from tuneforge.domain.spec import JobSpec
 from tuneforge.storage import layout, model_cache
 from tuneforge.storage.store import ObjectStore
-from tuneforge.train import attention, distributed, evaluate, fused_loss, rollout, sharded_load
+from tuneforge.train import attention, distributed, evaluate, fused_loss, rollout, sharded_load, token_shards
 from tuneforge.train import checkpoint as ckpt
 from tuneforge.train.artifacts import MODEL_CARD, model_card, results_csv, upload_adapter, upload_full_model
 from tuneforge.train.batches import epoch_order
@@ -297,7 +297,7 @@ def next_batch(run: Run) -> list[int]:
     if run.epoch_cache[0] != state.epoch:
         run.epoch_cache = (state.epoch, epoch_order(count, run.spec.seed, state.epoch))
     order = run.epoch_cache[1]
-    indices = order[state.index_in_epoch:state.index_in_epoch + run.spec.hyperparameters.batch_size]
+    indices = order[state.index_in_epoch:state.index_in_epoch + run.spec.hyperparameters.batch_size].tolist()
     state.index_in_epoch += len(indices)
     if state.index_in_epoch >= count:
         state.epoch, state.index_in_epoch = state.epoch + 1, 0
@@ -311,12 +311,30 @@ def rewind(run: Run, mark: StepMark) -> None:
     ckpt.restore_rng_state(mark.rng)
 
 
+def step_examples(run: Run, indices: list[int]) -> tuple[list[Any], int, list[Any]]:
+    """(some of the step's examples — all of them, or at least its first —, what the whole step's
+    loss is averaged over, this rank's share). On token shards or examples tokenized on demand,
+    with no rollout, a rank reads only its own share (and the step's first example, a filler for
+    a rank with none): the step's units come from the shards' headers, or from every rank's count."""
+    shards = run.train_set
+    if isinstance(shards, token_shards.TokenShards | token_shards.OnDemand) and \
+            getattr(run.objective, "prepare_step", None) is None:
+        mine = [shards[index] for index in run.dist.share(indices)]
+        if isinstance(shards, token_shards.TokenShards):
+            units = shards.units(indices)
+        else:  # tokenized only now, each rank its own share: the ranks add up their counts
+            units = round(run.dist.sum([float(sum(map(token_shards.example_units, mine)))])[0])
+        return mine or [shards[indices[0]]], max(1, units), mine
+    step = rollout.prepare(run, [shards[index] for index in indices])  # as is, or the rollouts
+    # the units of the whole step, whichever rank scores which example
+    return step, max(1, run.objective.units(step)), run.dist.share(step)
+
+
 def train_step(run: Run, indices: list[int]) -> StepStats:
     hp, dist = run.spec.hyperparameters, run.dist
     started = time.perf_counter()
-    step = rollout.prepare(run, [run.train_set[index] for index in indices])  # as is, or the rollouts
-    step_units = max(1, run.objective.units(step))  # of the whole step, whichever rank scores which example
-    chunks = run.objective.chunks(dist.share(step), hp)
+    step, step_units, mine = step_examples(run, indices)
+    chunks = run.objective.chunks(mine, hp)
     # every rank runs as many micro-batches as the busiest (the strategies communicate in the
     # forward and backward passes); a rank short of examples runs fillers that count zero
     rounds = dist.max(len(chunks))

@@ -28,7 +28,7 @@ the checkpoint's metrics, the results file and the console by its name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -76,8 +76,9 @@ class Objective(Protocol):
     name: str
 
     def load(self, store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
-        """Every example of a prepared file, ready for `chunks` (`label`: "training" or "validation")."""
+             base_model_sha256: str) -> Sequence[Any]:
+        """Every example of a prepared file, ready for `chunks` (`label`: "training" or "validation"):
+        a list, or for the token objectives shards on disk read an example at a time."""
 
     def prepare(self, run: Run) -> None:
         """Before the first step of an attempt (e.g. reference log-probabilities)."""
@@ -108,10 +109,10 @@ class TokenObjective:
     prepared file into them (supervised: chat template and loss masks; cpt: plain text)."""
 
     name: str
-    loader: Callable[..., list[Any]]  # (store, ref, tokenizer, hp, *, label, base_model_sha256)
+    loader: Callable[..., Sequence[Any]]  # (store, ref, tokenizer, hp, *, label, base_model_sha256)
 
     def load(self, store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-             base_model_sha256: str) -> list[Any]:
+             base_model_sha256: str) -> Sequence[Any]:
         return self.loader(store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)
 
     def prepare(self, run: Run) -> None:
@@ -128,7 +129,7 @@ class TokenObjective:
 
 
 def load_token_examples(store: ObjectStore, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *, label: str,
-                        base_model_sha256: str) -> list[TokenizedExample]:
+                        base_model_sha256: str) -> Sequence[TokenizedExample]:
     from tuneforge.train.batches import load_tokenized
 
     return load_tokenized(store, ref, tokenizer, hp, label=label, base_model_sha256=base_model_sha256)

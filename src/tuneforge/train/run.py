@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +47,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     params: list[torch.nn.Parameter]
-    train_set: list[Any]
-    valid_set: list[Any]
+    train_set: Sequence[Any]  # a list, or token shards on disk (train/token_shards.py)
+    valid_set: Sequence[Any]
     device: torch.device
     total_steps: int
     objective: Objective
@@ -58,7 +58,7 @@ class Run:
     state: TrainerState = field(default_factory=TrainerState)
     last_checkpoint_step: int = -1
     last_checkpoint_time: float = field(default_factory=time.monotonic)
-    epoch_cache: tuple[int, list[int]] = (-1, [])
+    epoch_cache: tuple[int, Any] = (-1, [])  # (epoch, its order: batches.epoch_order)
     trackers: Any = None  # the job's experiment trackers (train/tracking.py); rank 0's, else none
     gpu: Any = None  # this rank's GPU readings (train/gpu_telemetry.GpuSampler); none without NVML
     slowdown: Any = None  # the tokens/s watch that names a slow spell's cause (gpu_telemetry.SlowdownWatch)

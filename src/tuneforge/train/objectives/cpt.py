@@ -12,10 +12,10 @@ exp(validation loss).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tuneforge.data.errors import BadDataError
-from tuneforge.data.reader import iter_jsonl
 from tuneforge.data.tokenize import TokenizedExample
 from tuneforge.domain.spec import DataFileRef, Hyperparameters
 from tuneforge.methods import NoOptions
@@ -34,21 +34,18 @@ def tokenize_text(text: Any, tokenizer: Any, *, max_seq_length: int) -> list[Tok
 
 
 def load_texts(store: Any, ref: DataFileRef, tokenizer: Any, hp: Hyperparameters, *,
-               label: str, base_model_sha256: str = "") -> list[TokenizedExample]:
-    examples: list[TokenizedExample] = []
-    line_number = 0
-    try:
-        with store.open_read(ref.key) as stream:
-            for line_number, record in iter_jsonl(stream):  # noqa: B007 - the except clauses read it
-                if not isinstance(record, dict) or "text" not in record:
-                    raise BadDataError("invalid_example", "expected a 'text' string", param="text")
-                examples.extend(tokenize_text(record["text"], tokenizer, max_seq_length=hp.max_seq_length))
-    except BadDataError as exc:
-        raise BadDataError(exc.code, f"{label} file: {exc.detail}",
-                           line_number=exc.line_number or line_number, param=exc.param) from None
-    if not examples:
-        raise BadDataError("empty_file", f"the {label} file has no examples")
-    return examples
+               label: str, base_model_sha256: str = "") -> Sequence[TokenizedExample]:
+    """Every window of every document, tokenized into shards on local disk (streamed, cached
+    beside a prepared dataset like a supervised file's tokens: `train/token_shards.py`)."""
+    from tuneforge.train.batches import stream_tokenized
+
+    def encode(record: Any) -> list[TokenizedExample]:
+        if not isinstance(record, dict) or "text" not in record:
+            raise BadDataError("invalid_example", "expected a 'text' string", param="text")
+        return tokenize_text(record["text"], tokenizer, max_seq_length=hp.max_seq_length)
+
+    return stream_tokenized(store, ref, tokenizer, hp, encode, label=label, kind="text",
+                            base_model_sha256=base_model_sha256)
 
 
 def build(options: NoOptions) -> TokenObjective:
