@@ -20,6 +20,7 @@ from tuneforge.domain.job_config import BLOCK_FIELDS
 from tuneforge.domain.status import JobStatus
 from tuneforge.registry import parents
 from tuneforge.registry.models import evaluated
+from tuneforge.services.datasets import processing
 
 
 def file_object(row: FileRow) -> dict[str, Any]:
@@ -34,6 +35,7 @@ def file_object(row: FileRow) -> dict[str, Any]:
         "status_details": row.status_details,
         "expires_at": row.expires_at,
         "sha256": row.sha256,
+        "validation": processing.progress_of(row),
     }
 
 

@@ -249,14 +249,21 @@ def check_dataset(
     tokenizer: Any = None,
     contamination: ContaminationIndex | None = None,
     on_batch: BatchSink | None = None,
+    watch: Callable[[StructureReport], None] | None = None,
 ) -> DatasetReport:
-    """Check a dataset file (or saved-datasets folder) in one streaming pass."""
+    """Check a dataset file (or saved-datasets folder) in one streaming pass. `watch` is handed
+    the pass's StructureReport as soon as it exists (again if the pass starts over in one process),
+    so that another thread can read its `num_rows` grow: progress without slowing the pass."""
     options = options or CheckOptions()
     run = _Run(options, tokenizer, contamination, on_batch)
     structure = StructureReport(max_issues_per_code=options.max_errors_per_code)
+    if watch is not None:
+        watch(structure)
     try:
         if not _check_in_parallel(Path(path), options, structure, run, name, tokenizer, contamination):
             structure = StructureReport(max_issues_per_code=options.max_errors_per_code)
+            if watch is not None:
+                watch(structure)
             _check_here(Path(path), options, structure, run, name)
     finally:
         run.close()

@@ -128,8 +128,14 @@ class FileRow(Base):
     data_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+    # the claim on a file whose validation runs in the background (status processing): who runs
+    # it, when it last said so, how far it got, and how many runs started (services/datasets/processing.py)
+    validation_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    validation_heartbeat: Mapped[float | None] = mapped_column(Float, nullable=True)
+    validation_progress: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    validation_runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
-    __table_args__ = (Index("ix_files_tenant_pk", "tenant_id", "pk"),)
+    __table_args__ = (Index("ix_files_tenant_pk", "tenant_id", "pk"), Index("ix_files_status", "status"))
 
 
 class UploadRow(Base):

@@ -17,6 +17,7 @@ from tuneforge.registry import models as registry
 from tuneforge.serve import vllm
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import files as file_service
+from tuneforge.services.datasets import processing
 from tuneforge.services.datasets import uploads as upload_service
 from tuneforge.services.datasets.leftovers import LeftoverSweeper
 from tuneforge.services.serving import routes as route_service
@@ -90,6 +91,8 @@ def platform_duties(platform: Platform, executor: Executor) -> list[Duty]:
     return [
         Duty("purge", 60.0, lambda: purge_deleted_models(platform)),
         Duty("expire", 60.0, lambda: expire_uploads_and_files(platform)),
+        Duty("file_checks", lambda: max(1.0, settings.upload_validate_lease_s / 4),
+             lambda: resume_lost_file_checks(platform)),
         Duty("failed_weights", 60.0, lambda: discard_failed_jobs_weights(platform)),
         Duty("leftovers", 3600.0, lambda: sweep_leftover_files(platform, leftovers)),
         Duty("routes", 3600.0, lambda: prune_route_requests(platform)),
@@ -118,6 +121,13 @@ def purge_deleted_tenants(platform: Platform) -> None:
     done = deletion.finish_pending(platform.db.session, platform.store)
     if done:
         log.info("purged the data of %d deleted tenant(s): %s", len(done), ", ".join(done))
+
+
+def resume_lost_file_checks(platform: Platform) -> None:
+    """Uploaded files still processing whose validation's claim has not been renewed within the
+    lease (the process validating them died): validated again in this process
+    (services/datasets/processing.py)."""
+    processing.resume_stale(platform)
 
 
 def purge_deleted_models(platform: Platform) -> None:

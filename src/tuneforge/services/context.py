@@ -21,6 +21,7 @@ from tuneforge.storage.store import FsspecStore, open_store
 if TYPE_CHECKING:
     from tuneforge.serve.engine import InferenceEngine
     from tuneforge.serve.vllm import VllmHandoff
+    from tuneforge.services.datasets.processing import FileChecks
     from tuneforge.services.training.queue_view import QueueEntry
 
 _engine_lock = threading.Lock()
@@ -50,6 +51,7 @@ class Platform:
     vllm: VllmHandoff | None = None  # the vLLM hand-off, made on first use (`serve/vllm.handoff_for`)
     _sealer: Sealer | None = None
     _streams: StreamSlots | None = None
+    _file_checks: FileChecks | None = None
 
     @property
     def sealer(self) -> Sealer:
@@ -94,6 +96,16 @@ class Platform:
                     self.inference = InferenceEngine.from_settings(self.settings, self.store)
                 engine = self.inference
         return engine
+
+    def file_checks(self) -> FileChecks:
+        """This process's validations of uploaded files (services/datasets/processing.py), made by
+        the first caller: an upload, or the scheduler's duty that resumes lost validations."""
+        with _engine_lock:
+            if self._file_checks is None:
+                from tuneforge.services.datasets.processing import FileChecks
+
+                self._file_checks = FileChecks(self)
+            return self._file_checks
 
     def capacity(self) -> Capacity | None:
         """What the executor offers, as this process can know it — the one answer validation,

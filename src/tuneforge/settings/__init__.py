@@ -268,6 +268,27 @@ class Settings(ClusterSettings, ServingSettings, MoneySettings, GateSettings, Ba
                     "within the create request, so create returns the job with its estimate; larger ones are "
                     "validated by the scheduler (status validating_files) and show it once validated.",
     )
+    upload_validate_wait_s: float = Field(
+        default=1.5, ge=0.0, le=60.0,
+        description="How long an upload of a fine-tune file waits for its validation before it answers: a file "
+                    "checked within this time comes back processed (or error) in one call, a longer check comes "
+                    "back processing and goes on in the background (poll the file; the SDK's "
+                    "files.wait_for_processing does). 0: always answer at once.")
+    upload_validate_concurrency: int = Field(
+        default=2, ge=1, le=64,
+        description="Validations of uploaded files one control plane process runs at once (each in a worker "
+                    "process of its own); more wait their turn, still processing.")
+    upload_validate_lease_s: float = Field(
+        default=30.0, ge=2.0,
+        description="A validation whose process has not renewed its claim on the file for this long is taken "
+                    "as lost (the process died) and is run again by the scheduler's file_checks duty.")
+    upload_validate_heartbeat_s: float = Field(
+        default=1.0, gt=0.0,
+        description="How often a running validation renews its claim and records its progress on the file.")
+    upload_validate_max_runs: int = Field(
+        default=3, ge=1,
+        description="Times a file's validation is started before a file whose checks keep ending their "
+                    "process fails with check_failed instead of being run again.")
     divergence_loss_multiple: float = Field(
         default=4.0, description="A smoothed train loss above this multiple of its lowest value so far ...")
     divergence_patience_steps: int = Field(

@@ -113,8 +113,9 @@ def test_the_schedulers_duties_keep_their_names_intervals_and_order(tmp_path, da
     duties = platform_duties(platform, ReapingExecutor())
     intervals_s = [d.interval_s() if callable(d.interval_s) else d.interval_s for d in duties]
     assert list(zip([d.name for d in duties], intervals_s)) == [
-        ("purge", 60.0), ("expire", 60.0), ("failed_weights", 60.0), ("leftovers", 3600.0),
-        ("routes", 3600.0), ("vllm", 45.0), ("reap", 60.0), ("pools", 30.0), ("tenant_purge", 15.0)]
+        ("purge", 60.0), ("expire", 60.0), ("file_checks", 7.5), ("failed_weights", 60.0),
+        ("leftovers", 3600.0), ("routes", 3600.0), ("vllm", 45.0), ("reap", 60.0), ("pools", 30.0),
+        ("tenant_purge", 15.0)]
     assert [d.name for d in duties if not d.applies()] == ["vllm"]  # no vLLM server configured
 
 
@@ -125,7 +126,8 @@ def test_every_duty_runs_against_a_real_database_and_a_failing_reap_is_contained
     keeping = Housekeeping(platform_duties(platform, executor), clock=FakeClock(1_000.0))
     with caplog.at_level(logging.ERROR, logger="tuneforge.scheduler"):
         ran = keeping.run_due()
-    assert ran == ["purge", "expire", "failed_weights", "leftovers", "routes", "reap", "pools", "tenant_purge"]
+    assert ran == ["purge", "expire", "file_checks", "failed_weights", "leftovers", "routes", "reap", "pools",
+                   "tenant_purge"]
     assert executor.reaped == [set()]  # no attempt is active, so nothing is kept
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
         "housekeeping duty reap failed"]

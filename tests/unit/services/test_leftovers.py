@@ -61,7 +61,7 @@ def test_an_orphan_that_gets_its_row_is_forgotten(tmp_path: Path) -> None:
         file_service.register(session, platform.store, tenant_id, file_id=file_id,
                               key=layout.file_key(tenant_id, file_id, "a.txt"), filename="a.txt",
                               purpose="assistants", size_bytes=1, sha256="0" * 64, tier="standard",
-                              contamination=None, expires_after_s=None)
+                              expires_after_s=None)
     with platform.db.session() as session:
         assert sweeper.sweep(session, platform.store, now=10 * GRACE_S) == 0
     assert stored_file_ids(platform.store, tenant_id) == {file_id}

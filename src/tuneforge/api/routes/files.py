@@ -18,8 +18,7 @@ from tuneforge.domain.errors import invalid
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import checks as datasets
 from tuneforge.services.datasets import files as file_service
-from tuneforge.services.datasets import previews
-from tuneforge.services.training import eval_sets
+from tuneforge.services.datasets import previews, processing
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=ObjectRoute)
 
@@ -41,13 +40,12 @@ def create_file(
     expires_after_s = None
     if expires_anchor is not None or expires_seconds is not None:
         expires_after_s = file_service.check_expires_after(expires_anchor, expires_seconds)
-    contamination = eval_sets.index_for(session, platform.store, tenant.tenant_id) if purpose == "fine-tune" else None
     row = file_service.upload(
         session, platform.store, tenant.tenant_id, filename=file.filename or "", purpose=purpose,
         stream=file.file, max_bytes=platform.settings.max_upload_bytes_by_tier(tenant.tier),
-        tier=tenant.tier, contamination=contamination, expires_after_s=expires_after_s,
-        settings=platform.settings,
+        tier=tenant.tier, expires_after_s=expires_after_s, settings=platform.settings,
     )
+    processing.settle(session, platform, tenant.tenant_id, row.file_id)  # validated, or still processing
     return file_object(row)
 
 

@@ -22,8 +22,8 @@ from tuneforge.db.tables import Tenant
 from tuneforge.domain.errors import invalid
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets import files as file_service
+from tuneforge.services.datasets import processing
 from tuneforge.services.datasets import uploads as upload_service
-from tuneforge.services.training import eval_sets
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"], route_class=ObjectRoute)
 
@@ -96,8 +96,8 @@ def complete_upload(upload_id: str, body: CompleteUpload, tenant: Tenant = Depen
                     session: Session = deps.SESSION, platform: Platform = Depends(deps.platform)) -> dict:
     row = upload_service.complete(
         session, platform.store, tenant.tenant_id, upload_id, part_ids=body.part_ids, md5=body.md5,
-        tier=tenant.tier, settings=platform.settings,
-        contamination_index=lambda: eval_sets.index_for(session, platform.store, tenant.tenant_id))
+        tier=tenant.tier, settings=platform.settings)
+    processing.settle(session, platform, tenant.tenant_id, row.file_id)  # validated, or still processing
     return _present(session, row)
 
 

@@ -10,6 +10,13 @@ from pydantic import Field
 from tuneforge.api.schemas.base import ApiObject, Deleted, Page
 
 
+class FileValidationProgress(ApiObject):
+    rows_checked: int = Field(description="Rows read so far (all of them once the check has ended).")
+    bytes_checked: int = Field(description="Bytes of the file read so far.")
+    bytes_total: int = Field(description="The file's size in bytes.")
+    percent: float = Field(description="bytes_checked as a share of bytes_total, 0-100; 100 once ended.")
+
+
 class FileObject(ApiObject):
     id: str
     object: Literal["file"]
@@ -17,11 +24,15 @@ class FileObject(ApiObject):
     created_at: int
     filename: str
     purpose: str
-    status: str = Field(description="uploaded, processed or error (the validation of a fine-tune file).")
+    status: str = Field(description="processed, error, or processing while a fine-tune file is validated in the "
+                                    "background (OpenAI's uploaded: not processed yet).")
     status_details: str | None = None
     expires_at: int | None = None
     sha256: str = Field(description="Extension: the SHA-256 of the file's bytes (hex), to find a file already "
                                     "uploaded with the same content.")
+    validation: FileValidationProgress | None = Field(
+        default=None, description="Extension: how far the validation of a fine-tune file has got (its final "
+                                  "figures once it has ended); null for other purposes.")
 
 
 class FileList(Page):

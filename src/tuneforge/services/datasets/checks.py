@@ -53,10 +53,12 @@ def local_copy(store: ObjectStore, key: str, suffix: str = "") -> Iterator[Path]
 
 
 def check_upload(store: ObjectStore, key: str, filename: str, tenant_id: str, file_id: str, tier: str,
-                 contamination=None) -> DatasetReport:  # noqa: ANN001
+                 contamination=None, progress_path: Path | None = None) -> DatasetReport:  # noqa: ANN001
+    """The upload checks of a file's bytes, its report kept for `GET /v1/files/{id}/validation`.
+    `progress_path`: where the worker writes how far it has got (`data.progress`)."""
     options = CheckOptions(method=None, min_examples=1, max_examples=MAX_EXAMPLES_BY_TIER.get(tier))
     with local_copy(store, key) as path:
-        report = check_in_worker(path, options, filename, contamination)
+        report = check_in_worker(path, options, filename, contamination, progress_path=progress_path)
     store.put_bytes(layout.file_report_key(tenant_id, file_id), json.dumps(report.to_dict()).encode())
     return report
 
@@ -67,11 +69,16 @@ def check_deadline_s(size_bytes: int) -> float:
 
 
 def check_in_worker(path: Path, options: CheckOptions, filename: str, contamination=None,  # noqa: ANN001
-                    deadline_s: float | None = None) -> DatasetReport:
+                    deadline_s: float | None = None, progress_path: Path | None = None) -> DatasetReport:
     """`check_dataset` in a worker process under a deadline (`data.isolation`): the API worker
-    only waits, and a file that takes too long fails its check instead of taking the worker down."""
+    only waits, and a file that takes too long fails its check instead of taking the worker down.
+    With `progress_path`, the worker writes its progress there as it goes (`data.progress`)."""
     deadline_s = check_deadline_s(_size_bytes(path)) if deadline_s is None else deadline_s
     try:
+        if progress_path is not None:
+            return isolation.call_isolated("tuneforge.data.progress:check_with_progress",
+                                           (path, options, progress_path), deadline_s, name=filename,
+                                           contamination=contamination)
         return isolation.call_isolated("tuneforge.data.pipeline:check_dataset", (path, options), deadline_s,
                                        name=filename, contamination=contamination)
     except isolation.DeadlineExceeded:

@@ -16,7 +16,6 @@ from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.db.tables import FileRow
 from tuneforge.domain.errors import ApiError, invalid, not_found
 from tuneforge.domain.ids import new_id
-from tuneforge.services.datasets import checks as datasets
 from tuneforge.services.tenancy import quotas
 from tuneforge.services.training import eval_sets
 from tuneforge.settings import Settings
@@ -57,7 +56,6 @@ def upload(
     stream: IO[bytes],
     max_bytes: int,
     tier: str = "standard",
-    contamination=None,  # noqa: ANN001 - a ContaminationIndex of the eval sets
     expires_after_s: int | None = None,
     settings: Settings | None = None,
 ) -> FileRow:
@@ -73,7 +71,7 @@ def upload(
         store.put_stream(key, reader)
         return register(session, store, tenant_id, file_id=file_id, key=key, filename=filename, purpose=purpose,
                         size_bytes=reader.size_bytes, sha256=reader.digest.hexdigest(), tier=tier,
-                        contamination=contamination, expires_after_s=expires_after_s, settings=settings)
+                        expires_after_s=expires_after_s, settings=settings)
     except BaseException:  # refused (size, quota, a bad evals file) or failed: no bytes stay behind
         store.delete_prefix(layout.file_prefix(tenant_id, file_id))
         raise
@@ -112,12 +110,13 @@ def check_expires_after(anchor: object, seconds: object, param: str = "expires_a
 
 def register(
     session: Session, store: ObjectStore, tenant_id: str, *, file_id: str, key: str, filename: str, purpose: str,
-    size_bytes: int, sha256: str, tier: str, contamination, expires_after_s: int | None,  # noqa: ANN001
-    settings: Settings | None = None,
+    size_bytes: int, sha256: str, tier: str, expires_after_s: int | None, settings: Settings | None = None,
 ) -> FileRow:
-    """The File of bytes already at `key`: validated when it is a fine-tune file, checked when it is
-    an evals file (400 naming the line), and held to the tenant's storage quota when `settings` is
-    given (403; counted under the tenant's lock, taken after validation so that no lock waits on it)."""
+    """The File of bytes already at `key`: `processing` when it is a fine-tune file (validated in
+    the background once committed: `processing.settle`), checked when it is an evals file (400
+    naming the line), and held to the tenant's storage quota when `settings` is given (403;
+    counted under the tenant's lock, taken after the evals check so that no lock waits on it).
+    `tier` is the tenant's, whose limits the background validation reads again."""
     now = int(time.time())
     row = FileRow(
         file_id=file_id,
@@ -132,7 +131,9 @@ def register(
         expires_at=None if expires_after_s is None else now + expires_after_s,
     )
     if purpose == "fine-tune":
-        _validate(store, row, tier, contamination)
+        # nobody holds it yet; the fresh heartbeat keeps the stale-claim duty off it for a lease
+        row.status, row.validation_heartbeat, row.validation_runs = "processing", float(now), 0
+        row.validation_progress = {"rows_checked": 0, "bytes_checked": 0, "bytes_total": size_bytes}
     else:
         if purpose == "evals":
             eval_sets.check_upload(session, store, tenant_id, key)
@@ -152,15 +153,6 @@ def _check_filename(filename: str, param: str) -> None:
     if any(ord(ch) < 0x20 or 0xD800 <= ord(ch) <= 0xDFFF for ch in filename):
         raise invalid("the filename must not hold control characters or lone surrogates", param=param,
                       code="invalid_filename")
-
-
-def _validate(store: ObjectStore, row: FileRow, tier: str, contamination) -> None:  # noqa: ANN001
-    report = datasets.check_upload(store, row.key, row.filename, row.tenant_id, row.file_id, tier, contamination)
-    row.num_examples = report.num_examples
-    row.data_format = report.data_format
-    row.data_kind = report.kind
-    row.status = "processed" if report.ok else "error"
-    row.status_details = report.summary(f"GET /v1/files/{row.file_id}/validation") or None
 
 
 def add_generated(

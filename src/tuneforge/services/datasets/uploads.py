@@ -24,8 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable
-from typing import IO, Any
+from typing import IO
 
 from sqlalchemy.orm import Session
 
@@ -177,11 +176,10 @@ class _Capped:
 
 
 def complete(session: Session, store: ObjectStore, tenant_id: str, upload_id: str, *, part_ids: object,
-             md5: object, tier: str, contamination_index: Callable[[], Any] | None = None,
-             settings: Settings | None = None) -> UploadRow:
+             md5: object, tier: str, settings: Settings | None = None) -> UploadRow:
     """The parts, in the order of `part_ids`, become a File. The sizes must add up to the declared
     bytes; a wrong md5 leaves the upload pending (another order may be meant), and nothing is lost.
-    `contamination_index`: the eval sets' index a fine-tune file is checked against, built on demand."""
+    A fine-tune file comes out `processing`: `processing.settle` starts its validation."""
     if not isinstance(part_ids, list) or not part_ids or not all(isinstance(p, str) for p in part_ids):
         raise invalid("part_ids must be a non-empty list of the upload's part ids", param="part_ids")
     if md5 is not None and (not isinstance(md5, str) or not _MD5.match(md5)):
@@ -209,9 +207,7 @@ def complete(session: Session, store: ObjectStore, tenant_id: str, upload_id: st
                           "pending", param="md5", code="md5_mismatch")
         file = file_service.register(
             session, store, tenant_id, file_id=file_id, key=key, filename=row.filename, purpose=row.purpose,
-            size_bytes=total, sha256=sha256, tier=tier,
-            contamination=contamination_index() if contamination_index and row.purpose == "fine-tune" else None,
-            expires_after_s=row.file_expires_after_s, settings=settings)
+            size_bytes=total, sha256=sha256, tier=tier, expires_after_s=row.file_expires_after_s, settings=settings)
     except BaseException:
         store.delete_prefix(layout.file_prefix(tenant_id, file_id))
         raise

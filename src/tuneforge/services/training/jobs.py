@@ -41,6 +41,7 @@ from tuneforge.services.serving import base_models
 from tuneforge.services.serving.judges import JudgeCheck
 from tuneforge.services.tenancy import audit, quotas
 from tuneforge.services.training import artifacts, estimates, evaluation, graders, integrations
+from tuneforge.services.training.input_files import check_file
 from tuneforge.services.training.planning import check_hardware_exists, check_strategy, plan_job
 from tuneforge.services.training.transitions import is_terminal, transition
 from tuneforge.services.training.validation import validate_job
@@ -54,34 +55,6 @@ _log = logging.getLogger(__name__)
 def request_hash(request: JobRequest) -> str:
     canonical = json.dumps(request.to_json(), sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _check_file(session: Session, tenant_id: str, file_id: str, param: str, settings: Settings,
-                min_examples: int, method: str = "supervised") -> FileRow:
-    row = file_repo.get(session, tenant_id, file_id)
-    if row is None:
-        raise invalid(f"invalid {param}: no such file {file_id}", param=param, code="file_not_found")
-    if row.purpose != "fine-tune":
-        raise invalid(
-            f"invalid {param}: file {file_id} has purpose {row.purpose!r}, expected 'fine-tune'",
-            param=param, code="invalid_file_purpose",
-        )
-    if row.status == "error":
-        raise invalid(f"invalid {param} {file_id}: {row.status_details}", param=param, code="invalid_file")
-    if row.status != "processed":
-        raise invalid(f"{param} {file_id} is still being processed", param=param, code="file_not_ready")
-    kinds = methods.get(method).data_kinds
-    if row.data_kind and row.data_kind not in kinds:
-        raise invalid(
-            f"{param} {file_id} holds {row.data_kind} examples; method {method!r} needs "
-            f"{' or '.join(kinds)} data", param=param, code="shape_mismatch",
-        )
-    if (row.num_examples or 0) < min_examples:
-        raise invalid(
-            f"{param} {file_id} has {row.num_examples} example(s); at least {min_examples} are required",
-            param=param, code="too_few_examples",
-        )
-    return row
 
 
 def qlora_available(settings: Settings) -> bool:
@@ -149,10 +122,11 @@ def _model_not_available(session: Session, model: str) -> ApiError:
 
 
 def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request: JobRequest,
-                  store: ObjectStore | None = None
+                  store: ObjectStore | None = None, *, allow_processing: bool = False,
                   ) -> tuple[BaseModelRow, FileRow, FileRow | None, JobRequest, parents.Parent | None]:
     """`store`: where the base model's config is, to check LoRA target modules against it. Returns
-    the request as the job takes it: a continued job's with its parent's LoRA settings."""
+    the request as the job takes it: a continued job's with its parent's LoRA settings.
+    `allow_processing`: files still being validated are accepted (a create: the job waits for them)."""
     _check_request(request, settings)
     base = base_model_repo.by_name(session, request.model)
     parent = None
@@ -164,12 +138,12 @@ def _check_inputs(session: Session, settings: Settings, tenant: Tenant, request:
     if store is not None:
         base_models.check_target_modules(store, base, request.training_type)
     method = request.method_type
-    training = _check_file(session, tenant.tenant_id, request.training_file, "training_file", settings,
-                           settings.min_training_examples, method)
+    training = check_file(session, tenant.tenant_id, request.training_file, "training_file",
+                          settings.min_training_examples, method, allow_processing=allow_processing)
     validation = None
     if request.validation_file:
-        validation = _check_file(session, tenant.tenant_id, request.validation_file, "validation_file", settings, 1,
-                                 method)
+        validation = check_file(session, tenant.tenant_id, request.validation_file, "validation_file", 1, method,
+                                allow_processing=allow_processing)
     evaluation.check_request(session, settings, tenant.tenant_id, request)
     graders.check_job(settings, request, hyperparams.requested_hyperparameters(request),
                       JudgeCheck(session, settings, tenant.tenant_id, tenant.name))
@@ -350,7 +324,8 @@ def create_job(
         existing = job_repo.by_idempotency_key(session, tenant.tenant_id, idempotency_key)
         if existing is not None:
             return _replay(existing, body_hash), False
-    base, _training, _validation, request, parent = _check_inputs(session, settings, tenant, request, store)
+    base, training, validation, request, parent = _check_inputs(session, settings, tenant, request, store,
+                                                                allow_processing=True)
     # the tenant's row stays locked until this request commits: creates racing each other are
     # counted one after the other, and none passes a limit another has just reached
     # artifacts grow by trainers' writes, not by creates: read before the lock, so that no other
@@ -400,6 +375,10 @@ def create_job(
                           {"training_file": job.training_file})
     events.add(session, job, f"Validating training file: {job.training_file}"
                + (f" and validation file: {job.validation_file}" if job.validation_file else ""))
+    waiting = [row.file_id for row in (training, validation) if row is not None and row.status == "processing"]
+    if waiting:
+        events.add(session, job, f"Waiting for the upload validation of {' and '.join(waiting)} to finish",
+                   data={"code": "files_processing", "file_ids": waiting})
     return job, True
 
 

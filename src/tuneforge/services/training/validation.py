@@ -14,7 +14,7 @@ from tuneforge.db.repos import events
 from tuneforge.db.repos import files as file_repo
 from tuneforge.db.repos import jobs as job_repo
 from tuneforge.db.repos import tenants as tenant_repo
-from tuneforge.db.tables import Job
+from tuneforge.db.tables import FileRow, Job
 from tuneforge.domain.errors import ApiError
 from tuneforge.domain.resolved import DivergencePolicy, ResolvedResources
 from tuneforge.domain.spec import CheckpointPolicy
@@ -26,6 +26,7 @@ from tuneforge.registry import lineage
 from tuneforge.services.context import Platform
 from tuneforge.services.datasets.checks import DataCheckFailed
 from tuneforge.services.training import evaluation
+from tuneforge.services.training.input_files import check_contents, failed_file_error
 from tuneforge.services.training.planning import inventory_hardware, on_shared_pool, plan_job
 from tuneforge.services.training.transitions import transition
 from tuneforge.storage import layout
@@ -39,6 +40,8 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
     tenant = tenant_repo.by_id(session, job.tenant_id)
     if training is None or base is None or tenant is None or (job.validation_file and validation is None):
         _fail(session, job, "invalid_training_file", "the training file, validation file or base model was deleted")
+        return
+    if not _files_ready(session, platform, job, training, validation):
         return
     report_key = layout.job_report_key(job.tenant_id, job.job_id)
     try:
@@ -103,6 +106,27 @@ def validate_job(session: Session, platform: Platform, job: Job) -> None:
                      "train_examples": prepared.train_examples, "valid_examples": prepared.valid_examples,
                      "train_tokens": prepared.train_tokens,
                      "warnings": warnings, "reused_dataset": prepared.reused, "estimate": asdict(plan.estimate)})
+
+
+def _files_ready(session: Session, platform: Platform, job: Job, training: FileRow,
+                 validation: FileRow | None) -> bool:
+    """Whether the job's files have passed their upload validation. A file still processing keeps
+    the job validating_files (the scheduler looks again next tick); a file that ended in error, or
+    whose contents do not fit the job, fails it with that file's error."""
+    minimum = platform.settings.min_training_examples
+    for row, param, min_examples in ((training, "training_file", minimum), (validation, "validation_file", 1)):
+        if row is None:
+            continue
+        if row.status == "processing":
+            return False
+        try:
+            if row.status == "error":
+                raise failed_file_error(row, param)
+            check_contents(row, param, min_examples, job.request.method_type)
+        except ApiError as exc:
+            _fail(session, job, exc.code or "invalid_training_file", exc.message, param=param)
+            return False
+    return True
 
 
 def _point_out_duplicate(session: Session, job: Job) -> None:
