@@ -107,6 +107,9 @@ def test_a_held_check_keeps_the_file_processing_and_the_sdk_waits_for_it(eager, 
     assert still.status == "processing"
     assert still.model_extra["validation"]["rows_checked"] == 0
     assert [f.status for f in sdk.files.list().data if f.id == created.id] == ["processing"]
+    early = httpx.get(f"{eager.url}/v1/files/{created.id}/validation",
+                      headers={"Authorization": f"Bearer {eager.key_a}"})
+    assert early.status_code == 404 and early.json()["error"]["code"] == "report_not_ready"
     held.set()
     done = sdk.files.wait_for_processing(created.id, poll_interval=0.1, max_wait_seconds=120)
     assert done.status == "processed"

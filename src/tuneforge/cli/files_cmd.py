@@ -4,6 +4,7 @@ report, a preview of the loss mask, and the platform's checks run locally before
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,6 +45,28 @@ def upload_file(api: Api, path: Path, purpose: str = "fine-tune", *, quiet: bool
         return api.upload("/files", counted, path.name, {"purpose": purpose})
 
 
+def wait_processed(api: Api, created: dict, *, quiet: bool = False, poll_s: float = 0.5) -> dict:
+    """The File object once its validation has ended: a fine-tune file is validated in the background
+    and answers `processing` until then. A bar of the bytes checked is drawn on a terminal."""
+    item = created
+    if item.get("status") != "processing":
+        return item
+    with output.transfer(f"validating {item.get('filename', item['id'])}",
+                         _checked(item).get("bytes_total") or item.get("bytes")) as progress:
+        task = progress.task_ids[0]
+        if quiet:
+            progress.update(task, visible=False)
+        while item.get("status") == "processing":
+            time.sleep(poll_s)
+            item = api.get(f"/files/{item['id']}")
+            progress.update(task, completed=_checked(item).get("bytes_checked") or 0)
+    return item
+
+
+def _checked(item: dict) -> dict:
+    return item.get("validation") or {}
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -70,8 +93,9 @@ def upload_or_reuse(api: Api, path: Path, purpose: str = "fine-tune") -> str:
     if same is not None:
         when = output.when(same.get("created_at"))
         err.print(f"reusing {same['id']} for {path} (same content, uploaded {when} UTC)", markup=False)
+        wait_processed(api, same)  # a copy still being validated: a sweep needs it processed
         return str(same["id"])
-    created = upload_file(api, path, purpose)
+    created = wait_processed(api, upload_file(api, path, purpose))
     err.print(f"uploaded {path} as {created['id']}", markup=False)
     if created.get("status") == "error":
         err.print(f"{created['id']} failed validation: {created.get('status_details')}", markup=False)
@@ -86,9 +110,10 @@ def _show_file(item: dict) -> None:
 
 @files_app.command("upload")
 def files_upload(path: Path, purpose: str = typer.Option("fine-tune"), as_json: bool = JSON) -> None:
-    """Upload a file (validated by the server when its purpose is fine-tune)."""
+    """Upload a file (validated by the server when its purpose is fine-tune: waits for the validation,
+    with its progress on a terminal)."""
     api = Api()
-    created = upload_file(api, path, purpose)
+    created = wait_processed(api, upload_file(api, path, purpose))
     output.emit(created, as_json, _show_file)
     if created.get("status") == "error":
         if not as_json:

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from tests.helpers.files import upload_processed
 from tests.helpers.platform import add_base_model, add_tenant, make_platform
 from tests.unit.scheduler.test_loop import FakeExecutor
 from tuneforge.api.app import create_app
@@ -41,7 +42,7 @@ def env(tmp_path, database_url, tiny_model_dir):
 
 
 def upload(sdk, data: bytes, name: str = "train.jsonl") -> str:
-    return sdk.files.create(file=(name, io.BytesIO(data)), purpose="fine-tune").id
+    return upload_processed(sdk, name, data).id
 
 
 def test_csv_upload_is_processed_and_reported(env):

@@ -67,3 +67,19 @@ def test_a_mistyped_job_file_is_answered_with_what_was_meant(live, tmp_path):  #
         "error: HTTP 400: Model 'tiny-bas' is not available for fine-tuning or does not exist; did you mean "
         "'tiny-base'? Base models: tiny-base (GET /v1/models lists them with your fine-tuned models) "
         "(code model_not_available, field model)")
+
+
+def test_upload_waits_for_a_validation_that_goes_on_in_the_background(live, tmp_path):  # noqa: F811
+    live.plane.platform.settings.upload_validate_wait_s = 0.0  # every upload answers processing
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(chat_lines(300))
+    shown = as_json("files", "upload", str(good))
+    assert shown["status"] == "processed"
+    assert shown["validation"] == {"rows_checked": 300, "bytes_checked": good.stat().st_size,
+                                   "bytes_total": good.stat().st_size, "percent": 100.0}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(chat_lines(5) + b'{"messages": "oops"}\n')
+    done = cli("files", "upload", str(bad), code=1)
+    file_id = done.stdout.split("id: ")[1].split()[0]
+    assert "status: error" in done.stdout and "line 6" in done.stdout
+    assert done.stderr.startswith(f"error: {file_id} failed validation: line 6:")

@@ -76,7 +76,7 @@ def file_validation(
 ) -> dict:
     """Extension: the full validation report of a fine-tune file."""
     row = file_service.get(session, tenant.tenant_id, file_id)
-    report = datasets.file_report(platform.store, tenant.tenant_id, row.file_id, row.purpose)
+    report = datasets.file_report(platform.store, tenant.tenant_id, row.file_id, row.purpose, row.status)
     return {"object": "file.validation", "file_id": row.file_id, "status": row.status, **report}
 
 

@@ -106,7 +106,12 @@ def read_report(store: ObjectStore, key: str, missing: str, param: str) -> dict[
     return json.loads(store.get_bytes(key))
 
 
-def file_report(store: ObjectStore, tenant_id: str, file_id: str, purpose: str) -> dict[str, Any]:
+def file_report(store: ObjectStore, tenant_id: str, file_id: str, purpose: str, status: str = "processed",
+                ) -> dict[str, Any]:
+    if status == "processing":  # a report left by an earlier, lost run is not this file's outcome
+        raise not_found(f"{file_id} is still being validated (status processing): its report is here once the "
+                        f"status is processed or error (GET /v1/files/{file_id})", param="file_id",
+                        code="report_not_ready")
     return read_report(store, layout.file_report_key(tenant_id, file_id),
                        f"{file_id} has no validation report (purpose {purpose!r})", "file_id")
 
