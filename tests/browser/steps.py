@@ -27,7 +27,12 @@ def upload_rows(api: httpx.Client, rows: list[dict[str, Any]] | bytes, name: str
     data = rows if isinstance(rows, bytes) else "".join(json.dumps(row) + "\n" for row in rows).encode()
     answer = api.post("/v1/files", files={"file": (name, io.BytesIO(data))}, data={"purpose": purpose})
     assert answer.status_code == 200, answer.text
-    return answer.json()
+    file = answer.json()
+    deadline = time.monotonic() + 120
+    while file["status"] == "processing" and time.monotonic() < deadline:  # validated in the background
+        time.sleep(0.1)
+        file = api.get(f"/v1/files/{file['id']}").json()
+    return file
 
 
 def all_events(api: httpx.Client, job_id: str) -> list[dict]:

@@ -4,10 +4,12 @@ and a good file's examples through the base model's chat template, trained token
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
 from tests.browser.steps import assert_fits, client, nav, sign_in, upload_rows
+from tests.helpers.platform import chat_lines
 from tuneforge.demo.dataset import chat_example, demo_facts, write_jsonl
 
 pytestmark = [pytest.mark.browser, pytest.mark.sqlite_pass_only]
@@ -88,3 +90,53 @@ def test_the_trained_tokens_are_highlighted_as_the_preview_counts_them(plane, pa
     assert total > sum(example["num_trained_tokens"] for example in expected["examples"])
     assert_fits(page)
     shots(page, "train on inputs")
+
+
+def test_an_upload_validated_in_the_background_shows_its_progress_then_its_outcome(plane, page, shots, tmp_path):
+    plane.plane.platform.settings.upload_validate_wait_s = 0.0  # every upload answers processing
+    rows = [chat_example(fact) for fact in demo_facts(40)] * 50  # 2000 rows
+    path = write_jsonl(tmp_path / "many.jsonl", rows)
+    sign_in(page, plane.url, plane.key_a)
+    nav(page, "Files").click()
+    page.get_by_role("heading", name="Files").wait_for()
+    page.get_by_label("Training data file").set_input_files(str(path))
+    page.get_by_role("button", name="Upload").click()
+    note = page.get_by_test_id("upload-note")
+    note.filter(has_text="Validating many.jsonl").wait_for()
+    note.filter(has_text="Uploaded many.jsonl").wait_for()
+    link = page.get_by_test_id("uploaded-file")
+    file_id = link.inner_text()
+    api = client(plane.url, plane.key_a)
+    file = api.get(f"/v1/files/{file_id}").json()
+    assert file["status"] == "processed" and file["validation"]["rows_checked"] == 2000
+    bar = page.get_by_test_id("upload-progress")
+    assert bar.evaluate("(el) => el.value === el.max") and bar.evaluate("(el) => el.max") == path.stat().st_size
+    link.click()
+    page.get_by_test_id("validation-verdict").filter(has_text="passed validation").wait_for()
+    shots(page, "validated in the background")
+
+
+def test_the_dataset_page_of_a_file_still_processing_follows_it_to_its_report(plane, page, monkeypatch):
+    from tuneforge.services.datasets import checks as datasets
+
+    plane.plane.platform.settings.upload_validate_wait_s = 0.0
+    release, real = threading.Event(), datasets.check_upload
+
+    def held_check(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        assert release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "check_upload", held_check)
+    api = client(plane.url, plane.key_a)
+    answer = api.post("/v1/files", files={"file": ("held.jsonl", chat_lines(30))}, data={"purpose": "fine-tune"})
+    file_id = answer.json()["id"]
+    assert answer.json()["status"] == "processing"
+    sign_in(page, plane.url, plane.key_a)
+    page.goto(f"{plane.url}/console#/files/{file_id}")
+    progress = page.get_by_test_id("validation-progress")
+    progress.filter(has_text="Validating… 0 rows").wait_for()
+    assert page.get_by_test_id("file-facts").locator(".badge").inner_text() == "processing"
+    release.set()
+    page.get_by_test_id("validation-verdict").filter(has_text="passed validation").wait_for()
+    assert page.get_by_test_id("file-facts").locator(".badge").inner_text() == "processed"
+    assert progress.count() == 0

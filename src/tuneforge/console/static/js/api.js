@@ -129,6 +129,23 @@ export function uploadFile(file, purpose, onProgress) {
   });
 }
 
+/**
+ * A fine-tune file is validated in the background: poll it while its status is `processing`,
+ * calling `onProgress(file)` with each answer (`file.validation` holds rows and bytes checked),
+ * until it is processed or error. Stops early, resolving to null, once `stillWanted()` is false
+ * (the user left the page). Resolves to the File object.
+ */
+export async function waitProcessed(file, onProgress, {stillWanted = () => true, intervalMs = 500} = {}) {
+  let current = file;
+  while (current && current.status === "processing") {
+    await new Promise((done) => setTimeout(done, intervalMs));
+    if (!stillWanted()) return null;
+    current = await get(`/v1/files/${encodeURIComponent(current.id)}`);
+    onProgress(current);
+  }
+  return current;
+}
+
 /** Download an authenticated artifact: fetched as a blob, then saved under its own name. */
 export async function download(path, query, fallbackName) {
   const response = await fetch(withQuery(path, query), {headers: authHeaders(), cache: "no-store", credentials: "omit"});

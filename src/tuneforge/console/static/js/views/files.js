@@ -2,7 +2,7 @@
 // duplicates, personal data, contamination) and a few examples rendered through a base
 // model's chat template with the trained tokens (the loss mask) highlighted.
 
-import {allPages, get} from "../api.js";
+import {allPages, get, waitProcessed} from "../api.js";
 import {h, fill, facts, field, formatNumber, formatTime, formatValue, section, dropdown, table} from "../dom.js";
 import {href} from "../router.js";
 import {announce, busy, showError} from "../ui.js";
@@ -145,6 +145,21 @@ export async function datasetView(main, params) {
   if (file.purpose !== "fine-tune") {
     fill(reportBox, h("p", {class: "muted"}, "Only fine-tune files have a validation report."));
     fill(previewBox, h("p", {class: "muted"}, "Only fine-tune files are previewed."));
+    return;
+  }
+  if (file.status === "processing") {
+    const note = h("p", {class: "muted", "aria-live": "polite", "data-testid": "validation-progress"});
+    const show = (current) => {
+      const progress = current.validation || {};
+      note.textContent = `Validating… ${formatNumber(progress.rows_checked || 0)} rows and ` +
+        `${formatNumber(progress.bytes_checked || 0)} of ${formatNumber(progress.bytes_total || current.bytes)} bytes ` +
+        `checked (${Math.round(progress.percent || 0)}%).`;
+    };
+    show(file);
+    fill(reportBox, note);
+    fill(previewBox, h("p", {class: "muted"}, "The examples are shown once the file is validated."));
+    const ended = await waitProcessed(file, show, {stillWanted: () => reportBox.isConnected});
+    if (ended) await datasetView(main, params);  // the page again, with the outcome
     return;
   }
   const report = await get(`/v1/files/${encodeURIComponent(fileId)}/validation`);

@@ -1,7 +1,7 @@
 // Uploading a fine-tuning file with a progress bar; shared by the files page and the
 // create-job form.
 
-import {uploadFile} from "../api.js";
+import {uploadFile, waitProcessed} from "../api.js";
 import {h, field, formatNumber} from "../dom.js";
 import {href} from "../router.js";
 import {announce, messageOf} from "../ui.js";
@@ -25,11 +25,13 @@ export function uploadControl(onUploaded, {label = "Training data file"} = {}) {
     bar.value = 0;
     note.textContent = `Uploading ${file.name}…`;
     try {
-      const uploaded = await uploadFile(file, "fine-tune", (sent, total) => {
+      const sent = await uploadFile(file, "fine-tune", (done, total) => {
         bar.max = total || 1;
-        bar.value = sent;
-        bar.setAttribute("aria-valuetext", `${Math.round((100 * sent) / (total || 1))}%`);
+        bar.value = done;
+        bar.setAttribute("aria-valuetext", `${Math.round((100 * done) / (total || 1))}%`);
       });
+      const uploaded = sent.status === "processing" ? await validated(sent) : sent;
+      if (!uploaded) return;  // the user left the page meanwhile
       note.replaceChildren();
       if (uploaded.status === "error") {
         note.append(h("span", {class: "form-error"}, `${uploaded.filename} was stored but did not pass validation: `,
@@ -48,6 +50,22 @@ export function uploadControl(onUploaded, {label = "Training data file"} = {}) {
       button.disabled = false;
     }
   });
+
+  /** Validation goes on in the background: the bar follows the bytes checked until it ends. */
+  function validated(file) {
+    bar.value = 0;
+    const show = (current) => {
+      const progress = current.validation || {};
+      bar.max = progress.bytes_total || 1;
+      bar.value = progress.bytes_checked || 0;
+      bar.setAttribute("aria-valuetext", `${Math.round(progress.percent || 0)}%`);
+      note.textContent = `Validating ${current.filename}… ${formatNumber(progress.rows_checked || 0)} rows checked ` +
+        `(${Math.round(progress.percent || 0)}%).`;
+    };
+    show(file);
+    note.setAttribute("data-status", "processing");
+    return waitProcessed(file, show, {stillWanted: () => note.isConnected}).finally(() => note.removeAttribute("data-status"));
+  }
 
   return h("div", {class: "upload"},
     h("div", {class: "row"}, field(label, input, "JSONL (chat, prompt/completion, preference or text lines), CSV or Parquet."), button),
