@@ -236,10 +236,21 @@ def upload_training_file(client: httpx.Client, lines: int = 40) -> str:
     response = client.post("/v1/files", data={"purpose": "fine-tune"},
                            files={"file": ("bench.jsonl", chat_jsonl(lines), "application/jsonl")})
     response.raise_for_status()
-    body = response.json()
+    body = wait_processed(client, response.json())
     if body["status"] != "processed":
         raise RuntimeError(f"the training file was not accepted: {body}")
     return body["id"]
+
+
+def wait_processed(client: httpx.Client, file: dict, timeout_s: float = 600.0) -> dict:
+    """The File object once its background validation has ended (status no longer `processing`)."""
+    deadline = time.monotonic() + timeout_s
+    while file["status"] == "processing" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        answer = client.get(f"/v1/files/{file['id']}")
+        answer.raise_for_status()
+        file = answer.json()
+    return file
 
 
 def _masked(database_url: str) -> str:

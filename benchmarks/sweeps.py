@@ -83,7 +83,9 @@ def _upload(api: httpx.Client, path: Path) -> str:
     with path.open("rb") as handle:
         answer = api.post("/v1/files", files={"file": (path.name, handle)}, data={"purpose": "fine-tune"})
     answer.raise_for_status()
-    return answer.json()["id"]
+    from harness import wait_processed  # a sweep needs its files processed, not still processing
+
+    return wait_processed(api, answer.json())["id"]
 
 
 def _wait(api: httpx.Client, sweep_id: str, timeout_s: float) -> dict:
