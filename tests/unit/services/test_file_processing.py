@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -173,5 +174,30 @@ def test_the_running_claim_is_renewed_with_progress_while_the_check_runs(tmp_pat
         assert len(heartbeats) >= 2, beats  # renewed while it ran
         rows_seen = [progress["rows_checked"] for _, progress in beats]
         assert rows_seen == sorted(rows_seen) and any(0 < rows < 30_000 for rows in rows_seen), rows_seen
+    finally:
+        platform.db.dispose()
+
+
+def test_two_claims_racing_in_open_transactions_give_the_file_to_the_first_to_commit(tmp_path, database_url):
+    platform, tenant_id = _platform(tmp_path, database_url)
+    file_id = _upload(platform, tenant_id, chat_lines(10))
+    _claimed_by_a_dead_process(platform, file_id, heartbeat_age_s=LEASE_S + 1)
+    outcome: dict[str, bool] = {}
+    try:
+        now = time.time()
+        with platform.db.session() as first:
+            assert file_repo.claim_validation(first, file_id, "one:1:a", now, now - LEASE_S) is True
+
+            def second_claim() -> None:
+                with platform.db.session() as second:
+                    outcome["two"] = file_repo.claim_validation(second, file_id, "two:2:b", now, now - LEASE_S)
+
+            racer = threading.Thread(target=second_claim)
+            racer.start()
+            racer.join(0.5)
+            assert racer.is_alive()  # its UPDATE waits for the first transaction's row (or database) lock
+        racer.join(30)
+        assert outcome == {"two": False}  # it re-read the row the first one committed: held, not stale
+        assert _row(platform, file_id).validation_owner == "one:1:a"
     finally:
         platform.db.dispose()
