@@ -5,6 +5,7 @@ wait for it as a client would."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import openai
@@ -22,3 +23,17 @@ def upload_processed(sdk: openai.OpenAI, name: str, data: bytes, purpose: str = 
     """Upload `data` as `name`; the File object once validated."""
     created = sdk.files.create(file=(name, data), purpose=purpose)
     return processed(sdk, created.id) if created.status == "processing" else created
+
+
+def processed_over_http(http: Any, headers: dict[str, str], file: dict[str, Any],
+                        timeout_s: float = WAIT_S) -> dict[str, Any]:
+    """`processed` for a test that talks plain HTTP (an httpx client or Starlette's TestClient):
+    the File object once its status is no longer `processing`."""
+    deadline = time.monotonic() + timeout_s
+    while file["status"] == "processing":
+        assert time.monotonic() < deadline, f"{file['id']} still processing after {timeout_s} s"
+        time.sleep(0.05)
+        answer = http.get(f"/v1/files/{file['id']}", headers=headers)
+        assert answer.status_code == 200, answer.text
+        file = answer.json()
+    return file

@@ -9,6 +9,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.helpers.files import processed_over_http
 from tests.helpers.platform import add_tenant, chat_lines, make_platform
 from tuneforge.api.app import create_app
 from tuneforge.db.repos import tenants as tenant_repo
@@ -89,7 +90,7 @@ def test_evals_stored_before_the_checks_never_break_later_uploads(world):
                                 status="processed", created_at=0))
     answer = _upload(http, headers, chat_lines(20), purpose="fine-tune")
     assert answer.status_code == 200, answer.text
-    assert answer.json()["status"] == "processed"
+    assert processed_over_http(http, headers, answer.json())["status"] == "processed"
     with platform.db.session() as session:
         index = eval_sets.index_for(session, platform.store, tenant_id)
     assert index is not None and len(index.sources) <= eval_sets.MAX_SOURCES

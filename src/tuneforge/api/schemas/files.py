@@ -14,7 +14,8 @@ class FileValidationProgress(ApiObject):
     rows_checked: int = Field(description="Rows read so far (all of them once the check has ended).")
     bytes_checked: int = Field(description="Bytes of the file read so far.")
     bytes_total: int = Field(description="The file's size in bytes.")
-    percent: float = Field(description="bytes_checked as a share of bytes_total, 0-100; 100 once ended.")
+    percent: float = Field(description="bytes_checked as a share of bytes_total: at most 99.9 while the check "
+                                       "runs (the reader is ahead of the checks), 100 once it has ended.")
 
 
 class FileObject(ApiObject):
