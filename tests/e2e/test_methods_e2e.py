@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.e2e.test_lifecycle import download, wait_for
+from tests.helpers.files import processed
 from tests.unit.train.test_methods import mean_margin, preference_pairs
 from tuneforge.train.model import load_base_model
 
@@ -52,7 +53,8 @@ def test_kto_job_through_the_sdk_raises_the_margin_of_desirable_answers(running,
     from tests.unit.train.test_kto import kto_lines
 
     sdk = running.sdk(running.key_a)
-    training = sdk.files.create(file=("kto.jsonl", _file(kto_lines(64, seed=1))), purpose="fine-tune")
+    training = processed(sdk, sdk.files.create(file=("kto.jsonl", _file(kto_lines(64, seed=1))),
+                                               purpose="fine-tune").id)
     assert training.status == "processed", training.status_details
     job = sdk.fine_tuning.jobs.create(
         model="tiny-chat", training_file=training.id, seed=0,
@@ -78,10 +80,10 @@ def test_bad_kto_lines_are_refused_with_their_line(running):
     sdk = running.sdk(running.key_a)
     lines = kto_lines(6, seed=3)
     lines[3]["label"] = "yes"
-    uploaded = sdk.files.create(file=("kto.jsonl", _file(lines)), purpose="fine-tune")
+    uploaded = processed(sdk, sdk.files.create(file=("kto.jsonl", _file(lines)), purpose="fine-tune").id)
     assert uploaded.status == "error"
     assert "line 4" in uploaded.status_details and "invalid_label" in uploaded.status_details
     del lines[3]["label"]
-    uploaded = sdk.files.create(file=("kto.jsonl", _file(lines)), purpose="fine-tune")
+    uploaded = processed(sdk, sdk.files.create(file=("kto.jsonl", _file(lines)), purpose="fine-tune").id)
     assert uploaded.status == "error"
     assert "line 4" in uploaded.status_details and "label" in uploaded.status_details

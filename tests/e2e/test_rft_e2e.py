@@ -16,6 +16,7 @@ import json
 import pytest
 
 from tests.e2e.test_lifecycle import download, wait_for
+from tests.helpers.files import processed
 from tuneforge.graders import sandbox
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_pass_only,
@@ -36,7 +37,7 @@ def _file(sdk, words: list[str], name: str) -> str:
     lines = [{"messages": [{"role": "user", "content": f"Say something about {word}"}], "target": TARGET}
              for word in words]
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = sdk.files.create(file=(name, io.BytesIO(data)), purpose="fine-tune")
+    uploaded = processed(sdk, sdk.files.create(file=(name, io.BytesIO(data)), purpose="fine-tune").id)
     assert uploaded.status == "processed", uploaded.status_details
     return uploaded.id
 
