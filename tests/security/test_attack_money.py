@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.helpers.attack import MODEL_NAME, LiveServer
+from tests.helpers.files import processed_over_http
 from tests.helpers.platform import chat_lines, make_platform
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.services.tenancy import tenants as tenant_service
@@ -54,7 +55,8 @@ def _warm_up(server: LiveServer) -> None:
     checks' imports) is the server's start-up, not an attack's cost: done before any watch, by the
     bystander, often enough to reach both workers."""
     with server.client(server.bystander_key) as client:
-        training = _upload(_Paced(client), chat_lines(20), "fine-tune").json()["id"]
+        paced = _Paced(client)
+        training = processed_over_http(paced, {}, _upload(paced, chat_lines(20), "fine-tune").json())["id"]
         for seed in range(4):
             job = client.post("/v1/fine_tuning/jobs", json={"model": MODEL_NAME, "training_file": training})
             client.post(f"/v1/fine_tuning/jobs/{job.json()['id']}/cancel")
@@ -120,7 +122,7 @@ def pause_create_resume(live: LiveServer, rounds: int = 4) -> dict:
     """Create up to the queue cap, pause them all, create again, ... then resume every paused job.
     Returns how many jobs end up waiting (queued or validating) and the resume answers' statuses."""
     with _attacker(live) as client:
-        training = _upload(client, chat_lines(20), "fine-tune").json()["id"]
+        training = processed_over_http(client, {}, _upload(client, chat_lines(20), "fine-tune").json())["id"]
         body = {"model": MODEL_NAME, "training_file": training}
         paused = []
         for _ in range(rounds):
@@ -276,7 +278,7 @@ def estimate_flood(live: LiveServer, requests: int = 16, threads: int = 4) -> di
     before_bytes = _datasets_bytes(live)
     started = time.monotonic()
     with _attacker(live, timeout_s=300) as client:
-        training = _upload(client, chat_lines(2000), "fine-tune").json()["id"]
+        training = processed_over_http(client, {}, _upload(client, chat_lines(2000), "fine-tune").json())["id"]
 
         def one(seed: int) -> httpx.Response:
             # a distinct max_seq_length makes a distinct prepared dataset: a whole data pass each

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tuneforge.services.training.queue_view import QueueEntry
 
 _engine_lock = threading.Lock()
+_file_checks_lock = threading.Lock()  # not the engine's: its first caller holds that while torch loads
 
 
 @dataclass
@@ -100,7 +101,7 @@ class Platform:
     def file_checks(self) -> FileChecks:
         """This process's validations of uploaded files (services/datasets/processing.py), made by
         the first caller: an upload, or the scheduler's duty that resumes lost validations."""
-        with _engine_lock:
+        with _file_checks_lock:
             if self._file_checks is None:
                 from tuneforge.services.datasets.processing import FileChecks
 
