@@ -4,11 +4,11 @@ and a good file's examples through the base model's chat template, trained token
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
 from tests.browser.steps import assert_fits, client, nav, sign_in, upload_rows
+from tests.helpers.files import hold_upload_checks
 from tests.helpers.platform import chat_lines
 from tuneforge.demo.dataset import chat_example, demo_facts, write_jsonl
 
@@ -117,16 +117,8 @@ def test_an_upload_validated_in_the_background_shows_its_progress_then_its_outco
 
 
 def test_the_dataset_page_of_a_file_still_processing_follows_it_to_its_report(plane, page, monkeypatch):
-    from tuneforge.services.datasets import checks as datasets
-
     plane.plane.platform.settings.upload_validate_wait_s = 0.0
-    release, real = threading.Event(), datasets.check_upload
-
-    def held_check(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        assert release.wait(60)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(datasets, "check_upload", held_check)
+    release = hold_upload_checks(monkeypatch)
     api = client(plane.url, plane.key_a)
     answer = api.post("/v1/files", files={"file": ("held.jsonl", chat_lines(30))}, data={"purpose": "fine-tune"})
     file_id = answer.json()["id"]

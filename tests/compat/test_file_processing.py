@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
 
 import httpx
 import pytest
 
 from tests.compat.conftest import start_live
+from tests.helpers.files import hold_upload_checks
 from tests.helpers.platform import chat_lines
-from tuneforge.services.datasets import checks as datasets
 
 
 @pytest.fixture
@@ -29,14 +28,7 @@ def eager(tmp_path, database_url, tiny_model_dir):
 @pytest.fixture
 def held(monkeypatch):
     """Upload checks wait until the test lets them go, so that a file is processing for sure."""
-    release = threading.Event()
-    real = datasets.check_upload
-
-    def check_upload(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        assert release.wait(60), "the test never released the check"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(datasets, "check_upload", check_upload)
+    release = hold_upload_checks(monkeypatch)
     yield release
     release.set()
 

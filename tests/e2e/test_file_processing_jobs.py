@@ -4,7 +4,6 @@ file's error, billed nothing, when the file ends in error."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
@@ -13,9 +12,9 @@ import pytest
 
 from tests.e2e.conftest import start_plane
 from tests.e2e.test_lifecycle import wait_for
+from tests.helpers.files import hold_upload_checks
 from tests.helpers.platform import chat_lines
 from tuneforge.demo.dataset import DEMO_LORA
-from tuneforge.services.datasets import checks as datasets
 
 pytestmark = pytest.mark.e2e
 
@@ -30,14 +29,7 @@ def plane(tmp_path, database_url, tiny_model_dir):
 @pytest.fixture
 def held(monkeypatch):
     """Upload checks wait until the test lets them go, so that a file is processing for sure."""
-    release = threading.Event()
-    real = datasets.check_upload
-
-    def check_upload(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        assert release.wait(120), "the test never released the check"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(datasets, "check_upload", check_upload)
+    release = hold_upload_checks(monkeypatch)
     yield release
     release.set()
 

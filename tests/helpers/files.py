@@ -5,6 +5,7 @@ wait for it as a client would."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -37,3 +38,19 @@ def processed_over_http(http: Any, headers: dict[str, str], file: dict[str, Any]
         assert answer.status_code == 200, answer.text
         file = answer.json()
     return file
+
+
+def hold_upload_checks(monkeypatch: Any, timeout_s: float = WAIT_S) -> threading.Event:
+    """Upload checks of this process wait until the returned event is set, so that a test knows a
+    file is still `processing` (the control planes tests start run in the test's own process)."""
+    from tuneforge.services.datasets import checks as datasets
+
+    release = threading.Event()
+    real = datasets.check_upload
+
+    def held_check(*args: Any, **kwargs: Any) -> Any:
+        assert release.wait(timeout_s), "the test never released the upload check"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "check_upload", held_check)
+    return release
