@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from click.testing import Result
@@ -31,9 +32,10 @@ class Done:
     stderr: str
 
 
-def run(*args: str, env: dict[str, str]) -> Done:
+def run(*args: str, env: Mapping[str, str | None]) -> Done:
     """The command line, in this process, with `env` set for the call (as a separate process
-    would see it): what it printed apart on each stream, and its exit code."""
+    would see it; a name mapped to None is unset for it): what it printed apart on each stream,
+    and its exit code."""
     from tuneforge.settings import get_settings
 
     get_settings.cache_clear()  # the command reads its settings from `env`, as a new process would

@@ -1,20 +1,18 @@
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from sqlalchemy import text
 
+from tests.helpers.cli import Done, run
 from tests.helpers.platform import fake_model_dir
 from tuneforge.db.repos import tenants as tenant_repo
 from tuneforge.services.context import Platform
 from tuneforge.settings import Settings
 
 
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuneforge.cli.main", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120)
+def _cli(env: dict[str, str], *args: str) -> Done:
+    # in-process with its own environment (tests/helpers/cli.py), as the keys and quota commands'
+    # tests run: a new interpreter per command cost ~1.5 s each, ~30 s for this file
+    return run(*args, env=env)
 
 
 def test_tenant_key_is_alone_on_the_last_line_and_authenticates(tmp_path, database_url):

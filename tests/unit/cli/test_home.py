@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.cli import Done, run
 from tuneforge.settings import Settings, default_home
 
 
-def _cli(cwd: Path, home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
-    """The command line as a user runs it in `cwd`: HOME is `home`, no TUNEFORGE_HOME, no XDG folder."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEFORGE_") and k != "XDG_DATA_HOME"}
+def _cli(cwd: Path, home: Path, *args: str, **extra: str) -> Done:
+    """The command line as a user runs it in `cwd`: HOME is `home`, no TUNEFORGE_HOME, no XDG folder.
+    In this process (tests/helpers/cli.py) with that environment and working folder for the call:
+    a new interpreter per command cost ~1.5 s each."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("TUNEFORGE_") or k == "XDG_DATA_HOME"}
     env.update(HOME=str(home), **extra)
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "tuneforge.cli.main", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    before = Path.cwd()
+    os.chdir(cwd)
+    try:
+        return run(*args, env=env)
+    finally:
+        os.chdir(before)
 
 
 def test_the_default_home_is_the_users_data_folder_not_the_working_directory(tmp_path, monkeypatch) -> None:
