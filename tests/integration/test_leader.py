@@ -138,7 +138,7 @@ def test_one_leader_schedules_and_the_standby_takes_over(tmp_path, database_url,
         def ended(job_id):
             return sdk.fine_tuning.jobs.retrieve(job_id).status in ("succeeded", "failed", "cancelled")
 
-        wait_until(lambda: all(ended(j) for j in jobs), 180, "both jobs to end", interval_s=0.5)
+        wait_until(lambda: all(ended(j) for j in jobs), 180, "both jobs to end", interval_s=0.1)
         for job_id in jobs:
             done = sdk.fine_tuning.jobs.retrieve(job_id)
             assert done.status == "succeeded", done.error

@@ -65,7 +65,7 @@ def _wait_terminal(client: httpx.Client, job_id: str, timeout_s: float) -> dict:
         job = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
         if job["status"] in ("succeeded", "failed", "cancelled"):
             return job
-        time.sleep(1.0)
+        time.sleep(0.2)
     raise AssertionError(f"{job_id} still {job['status']} after {timeout_s} s")
 
 
