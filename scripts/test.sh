@@ -24,9 +24,8 @@
 #             tests on SQLite but the distributed ones (torch is not lowered): it checks the
 #             declared lower bounds (docs/operations.md).
 # On a machine with two cores or more the stages run in two lanes side by side, each as long as
-# the other: the sqlite stage's tests outside tests/unit (and tests/unit/api, tests/unit/cli,
-# tests/unit/serve), then the ray stage
-# in the foreground; postgres, the rest of the sqlite stage's tests/unit, then lowest in the
+# the other: the sqlite stage's tests outside tests/unit (and tests/unit/serve), then the ray
+# stage in the foreground; postgres, the rest of the sqlite stage's tests/unit, then lowest in the
 # background, whose output follows
 # (TUNEFORGE_TEST_PARALLEL=0: every stage one after the other, the sqlite stage in one run).
 # Exits non-zero if any run failed.
@@ -212,7 +211,7 @@ run_stage() {
 stage_title() {
     case "$1" in
         sqlite) echo "pytest on SQLite" ;;
-        sqlite:rest) echo "pytest on SQLite: every test outside tests/unit, with tests/unit/api, tests/unit/cli and tests/unit/serve (the sqlite stage's first part)" ;;
+        sqlite:rest) echo "pytest on SQLite: every test outside tests/unit, with ${SQLITE_FIRST_UNIT[*]} (the sqlite stage's first part)" ;;
         sqlite:unit) echo "pytest on SQLite: the rest of tests/unit (the sqlite stage's second part)" ;;
         postgres) echo "pytest on PostgreSQL ($pg_url)" ;;
         ray) echo "pytest on Ray + S3 + PostgreSQL: the end-to-end suite and the Ray tests (slower stage)" ;;
@@ -266,8 +265,8 @@ fi
 
 # The sqlite stage's first part: every test folder and file of tests/ but tests/unit, and the
 # folders of tests/unit in SQLITE_FIRST_UNIT; its second part is the rest of tests/unit (the two
-# lanes take about as long).
-SQLITE_FIRST_UNIT=(tests/unit/api tests/unit/cli tests/unit/serve)
+# lanes take about as long: docs/testing.md has the figures they were balanced on).
+SQLITE_FIRST_UNIT=(tests/unit/serve)
 sqlite_first_part() {
     local path
     for path in tests/*; do
