@@ -24,6 +24,7 @@ each worker drains its stdin, so neither side ever blocks on a full pipe.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import pickle
 import queue
@@ -293,6 +294,10 @@ def _serve() -> None:
     if setup is None:
         return
     _start_worker(*pickle.loads(setup))
+    # what setup built (tokenizer, modules) lives as long as the worker: out of the
+    # collector's sight, a block's ~20k short-lived containers no longer make every
+    # older-generation pass walk it (measured ~6 us a row)
+    gc.freeze()
     blocks: queue.Queue[bytes | None] = queue.Queue()
 
     def drain() -> None:

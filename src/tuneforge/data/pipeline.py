@@ -132,18 +132,21 @@ class _Run:
         kept: list[Example] = []
         kept_counts: list[int] = []
         self._contamination(batch, texts)
-        for example, text, count in zip(batch, texts, counts):
+        # one pass over the batch proves most texts hold nothing the PII scan could find
+        candidates = pii.scan_candidates(texts)
+        for example, text, count, candidate in zip(batch, texts, counts, candidates):
             if self.options.remove_duplicates and example.line in duplicates:
                 self.report.removed_duplicates += 1
                 continue
-            example = self._pii(example, text)
-            if example is None:
-                continue
+            if candidate:
+                example = self._pii(example, text)
+                if example is None:
+                    continue
             if count is not None and not self._length_ok(example, count):
                 continue
-            self._stats(example, count)
             kept.append(example)
             kept_counts.append(count or 0)
+        self._stats(kept, kept_counts if self.counter is not None else None)
         self.report.num_examples += len(kept)
         if self.on_batch is not None and kept:
             self.on_batch(kept, kept_counts)
@@ -188,19 +191,23 @@ class _Run:
                                            line=example.line, severity="warning"))
         return True
 
-    def _stats(self, example: Example, count: int | None) -> None:
-        if count is not None:
-            self.report.tokens.add(min(count, self.options.max_seq_length or count))
-        messages = example.messages or []
-        if example.messages is not None:  # chat, or a prompt conversation plus its answer
-            answered = example.chosen is not None or example.rejected is not None
-            self.report.turns.add(len(messages) + (1 if answered else 0))
-        for message in messages:
-            role = str(message.get("role"))
-            self.report.roles[role] = self.report.roles.get(role, 0) + 1
-            if role == "assistant":
-                weight = str(message.get("weight", 1))
-                self.report.weights[weight] = self.report.weights.get(weight, 0) + 1
+    def _stats(self, examples: list[Example], counts: list[int] | None) -> None:
+        """Token, turn, role and weight statistics of a batch's kept examples."""
+        report = self.report
+        if counts is not None:
+            limit = self.options.max_seq_length
+            report.tokens.add_many([min(count, limit) for count in counts] if limit else counts)
+        turns = [len(example.messages) + (example.chosen is not None or example.rejected is not None)
+                 for example in examples if example.messages is not None]  # chat, or a prompt plus its answer
+        report.turns.add_many(turns)
+        roles, weights = report.roles, report.weights
+        for example in examples:
+            for message in example.messages or ():
+                role = str(message.get("role"))
+                roles[role] = roles.get(role, 0) + 1
+                if role == "assistant":
+                    weight = str(message.get("weight", 1))
+                    weights[weight] = weights.get(weight, 0) + 1
 
 
 def _duplicate_message(finding) -> str:  # noqa: ANN001

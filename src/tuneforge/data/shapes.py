@@ -98,6 +98,9 @@ def normalize(record: dict[str, Any], line: int, skip: frozenset[str] = frozense
     """The `Example` for one record and its warnings; raises `DataIssue` on an error. `skip`: kinds of
     `method_shapes` not to recognise (the method cannot use them, or the file is of another kind), so
     that e.g. a chat whose last turn is the user's gets the chat's own error rather than being a prompt."""
+    plain = plain_chat(record, line)
+    if plain is not None:
+        return plain, []
     warnings: list[DataIssue] = []
     for shape in method_shapes():
         if shape.kind not in skip and shape.claims(record):
@@ -162,6 +165,49 @@ def check_method(kind: str, method: MethodFit, line: int = 0) -> None:
 
 
 # --- chat -------------------------------------------------------------------
+
+_PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
+_MAX_PLAIN_ORDERS = 4096
+_plain_orders: dict[tuple[str, ...], bool] = {}  # role sequences judged so far (bounded)
+
+
+def plain_chat(record: dict[str, Any], line: int) -> Example | None:
+    """The example of the commonest record — `{messages}` alone, every turn a
+    `{role, content}` with non-blank text, no tools, weights or tool turns, in
+    an order the full check accepts — found with a few tests per turn; None
+    for anything else, which then takes the full check (`normalize`). What it
+    returns is what `_chat` returns for such a record: no method shape claims
+    it (it has no `label`/`output`, and ends with the assistant's turn)."""
+    if len(record) != 1:
+        return None
+    messages = record.get("messages")
+    if type(messages) is not list or not messages:
+        return None
+    roles = []
+    for message in messages:
+        if type(message) is not dict or len(message) != 2:
+            return None
+        content, role = message.get("content"), message.get("role")
+        if type(content) is not str or type(role) is not str or not content or content.isspace():
+            return None
+        roles.append(role)
+    order = tuple(roles)
+    valid = _plain_orders.get(order)
+    if valid is None:
+        valid = _plain_order(order)
+        if len(_plain_orders) < _MAX_PLAIN_ORDERS:
+            _plain_orders[order] = valid
+    return Example(line=line, kind="chat", messages=messages) if valid else None
+
+
+def _plain_order(roles: tuple[str, ...]) -> bool:
+    """Whether `conversation` accepts these roles (without tool turns): a system or developer
+    turn only first, every assistant turn right after a user turn, the assistant's turn last."""
+    if not set(roles) <= _PLAIN_ROLES or roles[-1] != "assistant":
+        return False
+    return all((role != "assistant" or (index > 0 and roles[index - 1] == "user"))
+               and (role in ("user", "assistant") or index == 0) for index, role in enumerate(roles))
+
 
 
 def _chat(record: dict[str, Any], line: int, warnings: list[DataIssue]) -> Example:

@@ -21,7 +21,14 @@ from typing import Any
 from tuneforge.data.example import DataIssue, Example
 from tuneforge.data.formats import iter_rows, resolve_format
 from tuneforge.data.limits import DEFAULT_LIMITS, ReadLimits
-from tuneforge.data.shapes import MethodFit, check_method, check_required_fields, normalize, skipped_kinds
+from tuneforge.data.shapes import (
+    MethodFit,
+    check_method,
+    check_required_fields,
+    normalize,
+    plain_chat,
+    skipped_kinds,
+)
 
 DEFAULT_MAX_ISSUES_PER_CODE = 20
 
@@ -103,13 +110,15 @@ def iter_examples(
 
 def _normalized(record: dict[str, Any], line: int, report: StructureReport,
                 method: MethodFit | None) -> Example | None:
-    try:
-        example, warnings = normalize(record, line, skipped_kinds(method, report.kind))
-    except DataIssue as issue:
-        report.add(issue)
-        return None
-    for warning in warnings:
-        report.add(warning)
+    example = plain_chat(record, line)
+    if example is None:
+        try:
+            example, warnings = normalize(record, line, skipped_kinds(method, report.kind))
+        except DataIssue as issue:
+            report.add(issue)
+            return None
+        for warning in warnings:
+            report.add(warning)
     if report.kind is None:
         report.kind, report.kind_line = example.kind, line
         if method is not None:

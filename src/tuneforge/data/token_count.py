@@ -31,7 +31,10 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import Any
+
+import numpy as np
 
 from tuneforge.data.example import Example
 
@@ -107,14 +110,22 @@ class PieceCounter:
     every later call goes to the tokenizer). Words are split at a space
     followed by a non-space; the first word of a text is counted bare, every
     other one with its leading space, which is how the pre-tokenizer sees it.
+
+    A whole batch is split at once and its words looked up with one C-level
+    `map`; the sums per text come from `numpy.add.reduceat`. A word seen for
+    the first time is counted from its pre-tokens when `_PreTokens` can split
+    it exactly (byte-level BPE, printable ASCII): a new "12345)?" then costs a
+    regex split, a hit for ")?" and one BPE call for " 12345", not a whole
+    tokenizer call. Anything else goes to the tokenizer, in one batch.
     """
 
     def __init__(self, encode_batch: Any, backend: Any) -> None:
         self._encode_batch = encode_batch
         self.active = _split_safe(backend)
         self._nfc = self.active and json.loads(backend.to_str()).get("normalizer") is not None
+        self._pre = _PreTokens.for_backend(backend) if self.active else None
         self._bare: dict[str, int] = {}
-        self._spaced = _WordCounts()
+        self._spaced: dict[str, int] = {}
         self._checked = 0
 
     def _tokenize(self, texts: list[str]) -> list[int]:
@@ -135,44 +146,104 @@ class PieceCounter:
         return counts
 
     def _fast(self, texts: list[str]) -> list[int]:
-        words = [text.split(" ") if "  " not in text and text.isprintable() else _WORD_BOUNDARY.split(text)
-                 for text in texts]
+        if not texts:
+            return []
+        words, sizes = _split_words(texts)
         bare, spaced = self._bare, self._spaced
-        if len(bare) + len(spaced) > _MAX_CACHED_WORDS:
+        if len(bare) + len(spaced) + (self._pre.size if self._pre is not None else 0) > _MAX_CACHED_WORDS:
             bare.clear()
             spaced.clear()
-        # a word seen before is a dictionary hit; an unseen one counts 0 here and
-        # is recorded with its text by __missing__, then all of them are
-        # tokenized in one batch and added to the texts that hold them
-        count = spaced.__getitem__
-        totals: list[int] = []
-        for index, parts in enumerate(words):
-            spaced.current = index
-            totals.append(sum(map(count, parts)))
-        new_bare = {parts[0] for parts in words if parts[0] not in bare}
-        if new_bare:
-            bare.update(zip(new_bare, self._tokenize(list(new_bare))))
-        if spaced.missing:
-            misses, spaced.missing = spaced.missing, []
-            unseen = list(dict.fromkeys(word for word, _ in misses))
-            dict.update(spaced, zip(unseen, self._tokenize([" " + word for word in unseen])))
-            for word, index in misses:
-                totals[index] += spaced[word]
-        return [total - count(parts[0]) + bare[parts[0]] for total, parts in zip(totals, words)]
+            if self._pre is not None:
+                self._pre.clear()
+        ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        starts = ends - np.asarray(sizes, dtype=np.int64)
+        firsts = [words[start] for start in starts.tolist()]
+        values = self._lookup(spaced, words, " ")
+        first_values = self._lookup(bare, firsts, "")
+        totals = np.add.reduceat(values, starts) - values[starts] + first_values
+        return totals.tolist()
+
+    def _lookup(self, counts: dict[str, int], words: list[str], prefix: str) -> np.ndarray:
+        """Remembered counts of `prefix + word` for every word; unseen words are counted and remembered."""
+        values = np.fromiter(map(counts.get, words, repeat(-1)), dtype=np.int64, count=len(words))
+        missing = np.flatnonzero(values < 0).tolist()
+        if missing:
+            unseen = list(dict.fromkeys(words[index] for index in missing))
+            slow: list[str] = []
+            for word in unseen:
+                if self._pre is not None and self._pre.usable(prefix + word):
+                    counts[word] = self._pre.count(prefix + word)
+                else:
+                    slow.append(word)
+            if slow:
+                counts.update(zip(slow, self._tokenize([prefix + word for word in slow])))
+            values[missing] = [counts[words[index]] for index in missing]
+        return values
 
 
-class _WordCounts(dict):
-    """Remembered counts; a lookup of an unknown word answers 0 and records
-    (word, `current`), the index of the text being summed."""
+def _split_words(texts: list[str]) -> tuple[list[str], list[int]]:
+    """Every text's words, concatenated, and how many each text has. `" ".join`
+    then `split(" ")` gives exactly the words of each text in turn, so a batch
+    of plain texts (printable, no double space) is split in one C call."""
+    joined = " ".join(texts)
+    if "  " not in joined and joined.isprintable():
+        return joined.split(" "), [text.count(" ") + 1 for text in texts]
+    parts = [text.split(" ") if "  " not in text and text.isprintable() else _WORD_BOUNDARY.split(text)
+             for text in texts]
+    return list(chain.from_iterable(parts)), [len(words) for words in parts]
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.missing: list[tuple[str, int]] = []
-        self.current = 0
 
-    def __missing__(self, word: str) -> int:
-        self.missing.append((word, self.current))
-        return 0
+# GPT-2's pre-tokenizer pattern (ByteLevel with use_regex) for printable ASCII,
+# where \p{L} is [A-Za-z], \p{N} is [0-9] and the only whitespace is the space
+_ASCII_BYTE_LEVEL = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
+
+
+class _PreTokens:
+    """Counts of single pre-tokens of a ByteLevel(use_regex) BPE tokenizer,
+    remembered. A printable ASCII text's pre-tokens are what `_ASCII_BYTE_LEVEL`
+    finds, byte-level mapping leaves every printable ASCII character as it is
+    but the space (which becomes "\u0120"), and BPE runs on each pre-token
+    alone: so a text's count is the sum of its pre-tokens' BPE lengths. Texts
+    holding an added (special) token's text are not `usable`: the tokenizer
+    splits those out before pre-tokenizing."""
+
+    def __init__(self, model_tokenize: Any, added: list[str]) -> None:
+        self._model_tokenize = model_tokenize
+        self._added = re.compile("|".join(map(re.escape, added))) if added else None
+        self._counts: dict[str, int] = {}
+
+    @classmethod
+    def for_backend(cls, backend: Any) -> _PreTokens | None:
+        try:
+            config = json.loads(backend.to_str())
+            added = [token.content for token in backend.get_added_tokens_decoder().values()]
+            model_tokenize = backend.model.tokenize
+        except Exception:  # noqa: BLE001 - not a `tokenizers` tokenizer of the usual build
+            return None
+        pre = config.get("pre_tokenizer") or {}
+        if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True) or pre.get("add_prefix_space"):
+            return None
+        return cls(model_tokenize, added)
+
+    @property
+    def size(self) -> int:
+        return len(self._counts)
+
+    def clear(self) -> None:
+        self._counts.clear()
+
+    def usable(self, text: str) -> bool:
+        return text.isascii() and text.isprintable() and (self._added is None or self._added.search(text) is None)
+
+    def count(self, text: str) -> int:
+        counts = self._counts
+        total = 0
+        for piece in _ASCII_BYTE_LEVEL.findall(text):
+            length = counts.get(piece)
+            if length is None:
+                length = counts[piece] = len(self._model_tokenize(piece.replace(" ", "\u0120")))
+            total += length
+        return total
 
 
 class TokenCounter:
@@ -194,40 +265,42 @@ class TokenCounter:
         return [len(ids) for ids in self.tokenizer(pieces, add_special_tokens=False)["input_ids"]]
 
     def estimate(self, examples: Sequence[Example]) -> list[int]:
-        """Estimated token count of each example (one batched tokenizer call)."""
+        """Estimated token count of each example (one batched count of every field)."""
         pieces: list[str] = []
-        owners: list[int] = []
-        constants = [0] * len(examples)
-        for index, example in enumerate(examples):
-            for text, extra in self._fields(example):
-                pieces.append(text)
-                owners.append(index)
-                constants[index] += extra
-        counts = list(constants)
-        if pieces:
-            for owner, length in zip(owners, self._lengths(pieces)):
-                counts[owner] += length
-        return counts
+        sizes: list[int] = []
+        constants: list[int] = []
+        for example in examples:
+            texts, extra = self._fields(example)
+            pieces += texts
+            sizes.append(len(texts))
+            constants.append(extra)
+        if not pieces:
+            return constants
+        owners = np.repeat(np.arange(len(examples)), sizes)
+        lengths = np.asarray(self._lengths(pieces), dtype=np.int64)
+        sums = np.zeros(len(examples), dtype=np.int64)
+        np.add.at(sums, owners, lengths)
+        return (sums + np.asarray(constants, dtype=np.int64)).tolist()
 
-    def _fields(self, example: Example) -> list[tuple[str, int]]:
-        """(text, markup tokens around it) for every field the model will see."""
+    def _fields(self, example: Example) -> tuple[list[str], int]:
+        """The text of every field the model will see, and the markup tokens around them all."""
         costs = self.costs
         if example.kind == "text" or costs is None or example.kind == "instruction":
             texts = example.texts()
-            fields = [(t, 0) for t in texts]
-            if fields:
-                first_text, first_extra = fields[0]
-                fields[0] = (first_text, first_extra + self._plain_overhead + 1)  # BOS + EOS
-            return fields
-        fields = [(_text(m), costs.per_message.get(m.get("role", "user"), costs.per_message["user"]))
-                  for m in example.messages or []]
+            return texts, (self._plain_overhead + 1 if texts else 0)  # BOS + EOS
+        per_message, user = costs.per_message, costs.per_message["user"]
+        texts = []
+        extra = 0
+        for message in example.messages or []:
+            content = message.get("content")
+            # a plain {role, content} turn (nearly all of them) is its content
+            texts.append(content if len(message) == 2 and type(content) is str else _text(message))
+            extra += per_message.get(message.get("role", "user"), user)
         for message in (example.chosen, example.rejected):
             if message is not None:
-                fields.append((_text(message), costs.per_message["assistant"]))
-        if fields:
-            first_text, first_extra = fields[0]
-            fields[0] = (first_text, first_extra + costs.base)
-        return fields
+                texts.append(_text(message))
+                extra += per_message["assistant"]
+        return texts, (extra + costs.base if texts else 0)
 
     def exact(self, example: Example) -> int:
         """The exact count, through the real chat template."""
