@@ -1,6 +1,6 @@
 """Dataset check throughput: tuneforge's pipeline against a straightforward baseline.
 
-    python benchmarks/data_pipeline.py [--rows 1000000] [--baseline-rows 20000]
+    python benchmarks/data_pipeline.py [--rows 1000000] [--baseline-rows 20000] [--compare-rev REV [--rounds N]]
 
 Generates synthetic chat examples (system + user + assistant, 150-700
 characters, with planted exact and near duplicates), then measures, each in
@@ -19,20 +19,35 @@ its own process so peak RSS is that run's alone:
 Both use the same tokenizer: the tiny demo model's byte-level BPE with its
 ChatML template (built here; no download). Prints rows/s, peak RSS and the
 speed-up. Nothing here is a test; figures go to docs/benchmarks-data.md.
+
+`--compare-rev REV` (e.g. e89f4fd) also runs the tuneforge side with the code
+of an earlier revision (its src/, taken with `git archive` into a temporary
+folder and put on PYTHONPATH — for its workers too), on the same file in the
+same run, and prints both sides: rows/s, CPU µs per row (main process and
+workers), peak RSS, the load average before each side, and the reports'
+figures (tokens, exact and near duplicates, errors, PII findings, and a digest
+of the whole report), which must agree. `--rounds N` repeats both sides,
+alternating which goes first. `--baseline-rows 0` skips the hand-written
+baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
 import os
 import platform
 import random
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 WORDS = ("the model reads writes returns checks stores sends loads builds updates prints parses trains finds keeps "
          "file list numbers answer line config record result strings code table key value report error data "
@@ -84,11 +99,17 @@ def run_tuneforge(data: Path, model_dir: Path) -> dict:
     elapsed = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = [(a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime) for a, b in zip(after, before)]
+    import tuneforge
+
+    whole = json.dumps(report.to_dict(), sort_keys=True, default=str)
     return {"rows": report.num_rows, "seconds": elapsed, "ok": report.ok, "workers": default_workers(),
             "main_cpu_us_per_row": cpu[0] / report.num_rows * 1e6,
             "worker_cpu_us_per_row": cpu[1] / report.num_rows * 1e6,
             "worker_peak_rss_mib": after[1].ru_maxrss / 1024,  # the largest worker's
-            "duplicates": report.duplicates.counts, "tokens": report.tokens.total}
+            "duplicates": report.duplicates.counts, "tokens": report.tokens.total,
+            "examples": report.num_examples, "errors": sum(report.errors.counts.values()),
+            "pii": sum(report.pii.counts.values()), "digest": hashlib.sha256(whole.encode()).hexdigest()[:16],
+            "code": str(Path(tuneforge.__file__).parent)}
 
 
 def run_baseline(data: Path, model_dir: Path, rows: int) -> dict:
@@ -118,22 +139,77 @@ def run_baseline(data: Path, model_dir: Path, rows: int) -> dict:
     return {"rows": done, "seconds": time.perf_counter() - started, "duplicates": duplicates, "tokens": tokens}
 
 
-def _child(kind: str, data: Path, model_dir: Path, rows: int) -> dict:
-    """Run one side in a fresh interpreter; returns its figures and peak RSS."""
+def _child(kind: str, data: Path, model_dir: Path, rows: int, src: Path = ROOT / "src") -> dict:
+    """Run one side in a fresh interpreter with `src` first on its path (and its
+    workers'); returns its figures and peak RSS."""
     code = (f"import json, resource, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
             f"import data_pipeline as b; from pathlib import Path; "
             f"r = b.run_tuneforge(Path({str(data)!r}), Path({str(model_dir)!r})) if {kind!r} == 'tuneforge' "
             f"else b.run_baseline(Path({str(data)!r}), Path({str(model_dir)!r}), {rows}); "
             f"r['peak_rss_mib'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024; print(json.dumps(r))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TOKENIZERS_PARALLELISM": "true"})
+                         env={**os.environ, "TOKENIZERS_PARALLELISM": "true", "PYTHONPATH": str(src)})
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def _revision_src(rev: str, into: Path) -> Path:
+    """`rev`'s src/ extracted under `into` (git archive: no worktree, nothing in .git changes)."""
+    archive = subprocess.run(["git", "archive", "--format=tar", rev, "src"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def _this_name() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "src"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return f"{head.strip()}{'+changes' if dirty else ''}"
+
+
+def compare(data: Path, model_dir: Path, rev: str, rounds: int, scratch: Path) -> None:
+    """Both revisions on the same file, each side in its own process; prints the table and the reports."""
+    sides = {rev: _revision_src(rev, scratch / "base"), f"this ({_this_name()})": ROOT / "src"}
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for round_number in range(rounds):
+        order = list(sides.items()) if round_number % 2 == 0 else list(sides.items())[::-1]
+        for name, src in order:
+            load = _load()
+            print(f"running {name} (round {round_number + 1}), load average {load} ...", flush=True)
+            result = _child("tuneforge", data, model_dir, 0, src)
+            result["load"] = load
+            runs[name].append(result)
+            print(f"  {result['rows'] / result['seconds']:,.0f} rows/s, {result['seconds']:.1f} s; code from "
+                  f"{result['code']}", flush=True)
+    print(f"\nload average at the end: {_load()} (1, 5, 15 min)")
+    print("| revision | rows | seconds | rows/s | CPU us/row main + workers = total | peak RSS MiB main / "
+          "largest worker | load before (1, 5, 15 min) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, results in runs.items():
+        for r in results:
+            total = r["main_cpu_us_per_row"] + r["worker_cpu_us_per_row"]
+            print(f"| {name} | {r['rows']:,} | {r['seconds']:.1f} | {r['rows'] / r['seconds']:,.0f} | "
+                  f"{r['main_cpu_us_per_row']:.1f} + {r['worker_cpu_us_per_row']:.1f} = {total:.1f} | "
+                  f"{r['peak_rss_mib']:.0f} / {r['worker_peak_rss_mib']:.0f} | {r['load']} |")
+    keys = ("examples", "tokens", "duplicates", "errors", "pii", "digest")
+    for name, results in runs.items():
+        print(f"report of {name}: " + ", ".join(f"{key} {results[0][key]}" for key in keys))
+    figures = {json.dumps([r[key] for key in keys], sort_keys=True) for results in runs.values() for r in results}
+    print("the reports agree (same figures and the same whole-report digest)" if len(figures) == 1
+          else "THE REPORTS DIFFER")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--baseline-rows", type=int, default=20_000)
+    parser.add_argument("--baseline-rows", type=int, default=20_000, help="0: no hand-written baseline")
+    parser.add_argument("--compare-rev", default=None, help="also run the tuneforge side with this revision's code")
+    parser.add_argument("--rounds", type=int, default=1, help="with --compare-rev: runs of each side")
     args = parser.parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -147,6 +223,10 @@ def main() -> None:
         planted = generate(data, args.rows)
         print(f"generated {args.rows} rows ({data.stat().st_size / 2**20:.0f} MiB) in "
               f"{time.perf_counter() - started:.0f} s; planted {planted}")
+        if args.compare_rev:
+            compare(data, model_dir, args.compare_rev, args.rounds, Path(scratch))
+            if not args.baseline_rows:
+                return
         ours = _child("tuneforge", data, model_dir, args.rows)
         base = _child("baseline", data, model_dir, args.baseline_rows)
     ours_rate, base_rate = ours["rows"] / ours["seconds"], base["rows"] / base["seconds"]

@@ -56,6 +56,7 @@ import dataclasses
 import heapq
 import ipaddress
 import re
+from bisect import bisect_right
 from collections.abc import Callable
 from enum import Enum
 from typing import Any, NamedTuple
@@ -160,6 +161,77 @@ def may_contain_pii(text: str) -> bool:
         if digits >= 4:
             return True
     return False
+
+
+_ROW_SEPARATOR = "\n" * _CLUSTER_GAP  # no needle holds it; digits either side of it are never one cluster
+
+
+def scan_candidates(texts: list[str]) -> list[bool]:
+    """For each text, whether `scan` may find something in it: False means
+    `scan(text)` is empty. The tests `scan` starts with, run once over the
+    whole batch (a few `str.find` passes and one digit mask) instead of once
+    per text: a needle's rare character is looked for first (memchr speed),
+    and only texts holding it are tested for the needles themselves. A digit
+    cluster is ruled out on a region that holds its window (so a test that
+    fails there fails on the window too); the rest get `scan`'s own window and
+    test. Non-ASCII texts are all candidates."""
+    candidate = [not text.isascii() for text in texts]
+    plain = [index for index, text in enumerate(texts) if text and not candidate[index]]
+    if not plain:
+        return candidate
+    rows = [texts[index] for index in plain]
+    joined = _ROW_SEPARATOR.join(rows)
+    starts = [0]
+    for text in rows[:-1]:
+        starts.append(starts[-1] + len(text) + len(_ROW_SEPARATOR))
+    hits = _rows_holding(joined, starts, "@")
+    for needle in ("AKIA", "ASIA", "AIza", "xox"):
+        hits |= _rows_holding(joined, starts, needle)
+    for rare, needles in (("_", _SECRET_PREFIXES), ("-", _SECRET_PREFIXES)):
+        hits |= {row for row in _rows_holding(joined, starts, rare) if _contains_any(rows[row], needles)}
+    # an assignment or an IPv6 address needs ':' or '=': rare in prose, so those texts are tested one by one
+    for row in _rows_holding(joined, starts, ":") | _rows_holding(joined, starts, "="):
+        text = rows[row]
+        if _contains_any(text.lower(), _SECRET_WORDS) or text.count(":") >= 2:
+            hits.add(row)
+    hits |= _rows_with_number_candidates(joined, starts, rows)
+    for row in hits:
+        candidate[plain[row]] = True
+    return candidate
+
+
+def _rows_holding(joined: str, starts: list[int], needle: str) -> set[int]:
+    """Rows (texts joined at `starts`) that hold `needle`; one hit per row is enough."""
+    found: set[int] = set()
+    at = joined.find(needle)
+    while at != -1:
+        row = bisect_right(starts, at) - 1
+        found.add(row)
+        at = joined.find(needle, starts[row + 1]) if row + 1 < len(starts) else -1
+    return found
+
+
+_REACH = _CONTEXT + _MAX_TOKEN  # how far `_window` reaches past a cluster, at most
+
+
+def _rows_with_number_candidates(joined: str, starts: list[int], rows: list[str]) -> set[int]:
+    """Rows with a digit cluster whose window `_may_hold_number` (what `_numbers` runs patterns on)."""
+    found: set[int] = set()
+    mask = joined.encode("ascii").translate(_DIGIT_MASK)
+    for first, last in _clusters_in_mask(mask):
+        row = bisect_right(starts, first) - 1
+        if row in found:
+            continue
+        offset = starts[row]
+        text = rows[row]
+        low, high = max(offset, first - _REACH), min(offset + len(text), last + 1 + _REACH)
+        region = joined[low:high]
+        if "." not in region and region.lower() == region and mask.count(b"0", low, high) < 8:
+            continue  # the window lies inside the region: `_may_hold_number` is False on it
+        start, end = _window(text, first - offset, last - offset)
+        if _may_hold_number(text[start:end]):
+            found.add(row)
+    return found
 
 
 def redact(text: str, matches: list[PiiMatch]) -> str:
@@ -293,7 +365,11 @@ def _digit_clusters(text: str) -> list[tuple[int, int]]:
     digit mask (a C table lookup per byte, far cheaper than a regex scan)."""
     if not text.isascii():
         return [(m.start(), m.end() - 1) for m in _DIGIT_CLUSTER.finditer(text)]
-    mask = text.encode("ascii").translate(_DIGIT_MASK)
+    return _clusters_in_mask(text.encode("ascii").translate(_DIGIT_MASK))
+
+
+def _clusters_in_mask(mask: bytes) -> list[tuple[int, int]]:
+    """`_digit_clusters` of an ASCII text from its digit mask."""
     clusters: list[tuple[int, int]] = []
     first = last = -_CLUSTER_GAP - 1
     digits = 0

@@ -144,3 +144,43 @@ def test_reject_reports_and_clean_examples_pass_through() -> None:
     assert apply_policy(clean, "redact") == ([], clean)
     with pytest.raises(ValueError):
         apply_policy(clean, "ignore")
+
+
+def _gate_corpus() -> list[str]:
+    """Texts that hit every test the scan starts with, texts that nearly do, and noise around them."""
+    import random
+
+    rng = random.Random(7)
+    pieces = ["jane@example.com", "+44 20 7946 0958", "4111 1111 1111 1111", "192.168.1.10", "2001:db8::1",
+              "123-45-6789", "AB 12 34 56 C", "GB82 WEST 1234 5698 7654 32", "AKIAIOSFODNN7EXAMPLE", GITHUB_TOKEN,
+              "sk-proj-abc123def456ghi789jkl0", "xoxb-123456789012-abcdefghijkl", GOOGLE_KEY, PRIVATE_KEY,
+              "password=hunter22", "token: 'abcd1234'", "case 123456", "in 2024", "v1.2.3.4", "12:30:00",
+              "order 20240115123456", "a:b:c", "key", "token", "=", ":", "@", "::", "1234", "12 34", "Case 1234.",
+              "naïve 1234 5678", "٣٤٥٦٧", "１２３４", "digits 9 8 7 6 5 4 3 2", "x" * 45 + "12345678", "sk-", "xox"]
+    texts = list(pieces)
+    words = ["the", "model", "reads", "(case", "ok", "A", "b.", "\n", "x", "-", "(", ")", "?"]
+    for _ in range(3000):
+        parts = [rng.choice(words) for _ in range(rng.randint(0, 12))]
+        if rng.random() < 0.5:
+            parts.insert(rng.randint(0, len(parts)), rng.choice(pieces))
+        if rng.random() < 0.3:
+            parts.append(str(rng.randint(0, 10 ** rng.randint(1, 12))))
+        texts.append(rng.choice([" ", "", "\n"]).join(parts))
+    return texts
+
+
+def test_batch_gate_never_hides_what_the_scan_finds() -> None:
+    from tuneforge.data.pii import scan_candidates
+
+    texts = _gate_corpus()
+    for start in range(0, len(texts), 97):  # batches of several sizes and neighbours
+        batch = texts[start : start + 1 + start % 300]
+        gate = scan_candidates(batch)
+        assert len(gate) == len(batch)
+        for text, candidate in zip(batch, gate):
+            if not candidate:
+                assert scan(text) == [], text
+    # and it does rule texts out: a gate that passes everything would prove nothing
+    plain = ["the model reads every line (case 123456)?", "You are a helpful assistant.", "", "in 2024 ok"]
+    assert scan_candidates(plain) == [False, False, False, False]
+    assert scan_candidates(["the model", "mail jane@example.com", "ok"]) == [False, True, False]
