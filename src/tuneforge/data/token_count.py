@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tuneforge.data.example import Example
+from tuneforge.data.wordtable import WordTable
 
 EXACT_MARGIN = 0.9
 _PROBE = "probe"
@@ -126,6 +127,7 @@ class PieceCounter:
         self._pre = _PreTokens.for_backend(backend) if self.active else None
         self._bare: dict[str, int] = {}
         self._spaced: dict[str, int] = {}
+        self._table = WordTable()  # the counts of `_spaced`'s short words, for whole-batch lookups
         self._checked = 0
 
     def _tokenize(self, texts: list[str]) -> list[int]:
@@ -148,20 +150,31 @@ class PieceCounter:
     def _fast(self, texts: list[str]) -> list[int]:
         if not texts:
             return []
-        words, sizes = _split_words(texts)
         bare, spaced = self._bare, self._spaced
         if len(bare) + len(spaced) + (self._pre.size if self._pre is not None else 0) > _MAX_CACHED_WORDS:
             bare.clear()
             spaced.clear()
             if self._pre is not None:
                 self._pre.clear()
-        ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
-        starts = ends - np.asarray(sizes, dtype=np.int64)
-        firsts = [words[start] for start in starts.tolist()]
-        values = self._lookup(spaced, words, " ")
+        joined = " ".join(texts)
+        # every text plain (printable, no double space; a double space where two texts meet is fine):
+        # the words of all of them are the words of `joined`, looked up without making strings
+        if joined.isprintable() and ("  " not in joined or not any("  " in text for text in texts)):
+            sizes = [text.count(" ") + 1 for text in texts]
+            starts = _starts(sizes)
+            firsts = [text.partition(" ")[0] for text in texts]
+            values = self._table.counts(joined.encode("utf-8"), self._count_spaced)
+        else:
+            words, sizes = _split_words(texts)
+            starts = _starts(sizes)
+            firsts = [words[start] for start in starts.tolist()]
+            values = self._lookup(spaced, words, " ")
         first_values = self._lookup(bare, firsts, "")
         totals = np.add.reduceat(values, starts) - values[starts] + first_values
         return totals.tolist()
+
+    def _count_spaced(self, words: list[str]) -> list[int]:
+        return self._lookup(self._spaced, words, " ").tolist()
 
     def _lookup(self, counts: dict[str, int], words: list[str], prefix: str) -> np.ndarray:
         """Remembered counts of `prefix + word` for every word; unseen words are counted and remembered."""
@@ -179,6 +192,12 @@ class PieceCounter:
                 counts.update(zip(slow, self._tokenize([prefix + word for word in slow])))
             values[missing] = [counts[words[index]] for index in missing]
         return values
+
+
+def _starts(sizes: list[int]) -> np.ndarray:
+    """Where each text's words start in the batch's list of words."""
+    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+    return ends - np.asarray(sizes, dtype=np.int64)
 
 
 def _split_words(texts: list[str]) -> tuple[list[str], list[int]]:
