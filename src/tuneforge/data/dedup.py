@@ -196,7 +196,10 @@ class Deduplicator:
         keep = (candidate >= 0) & (candidate < query)
         if not keep.any():
             return []
-        pairs = np.unique(np.stack([query[keep], candidate[keep]], axis=1), axis=0)  # by (query, candidate)
+        # distinct (query, candidate) pairs sorted by query then candidate: row ids are below 2**32
+        # (KeyTable.MAX_VALUE), so one int64 per pair sorts the same (np.unique(axis=0) is ~100x slower)
+        packed = np.unique((query[keep] << 32) | candidate[keep])
+        pairs = np.stack([packed >> 32, packed & 0xFFFFFFFF], axis=1)
         hopeful = self._signatures.similarity(pairs[:, 0], pairs[:, 1]) >= self.threshold - PREFILTER_MARGIN
         pairs = pairs[hopeful]
         if not len(pairs):
