@@ -147,8 +147,10 @@ def _child(kind: str, data: Path, model_dir: Path, rows: int, src: Path = ROOT /
             f"r = b.run_tuneforge(Path({str(data)!r}), Path({str(model_dir)!r})) if {kind!r} == 'tuneforge' "
             f"else b.run_baseline(Path({str(data)!r}), Path({str(model_dir)!r}), {rows}); "
             f"r['peak_rss_mib'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024; print(json.dumps(r))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
                          env={**os.environ, "TOKENIZERS_PARALLELISM": "true", "PYTHONPATH": str(src)})
+    if out.returncode != 0:  # say why (a traceback, or a signal from outside) rather than only the command
+        raise SystemExit(f"the {kind} side ({src}) exited with {out.returncode}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
