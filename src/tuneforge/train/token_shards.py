@@ -42,6 +42,7 @@ import shutil
 import struct
 import tempfile
 import weakref
+from abc import abstractmethod
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -133,7 +134,34 @@ class _ShardWriter:
         self.on_shard(path)
 
 
-class TokenShards(Sequence[TokenizedExample]):
+class _Examples(Sequence[TokenizedExample]):
+    """A read-only sequence of examples read one at a time (`_read`), sliced into lists."""
+
+    @overload
+    def __getitem__(self, index: int) -> TokenizedExample: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[TokenizedExample]: ...
+
+    def __getitem__(self, index: int | slice) -> TokenizedExample | list[TokenizedExample]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"example {index} of {len(self)}")
+        return self._read(index)
+
+    def __iter__(self) -> Iterator[TokenizedExample]:
+        for index in range(len(self)):
+            yield self[index]
+
+    @abstractmethod
+    def _read(self, index: int) -> TokenizedExample:
+        """Example `index` (0 <= index < len)."""
+
+
+class TokenShards(_Examples):
     """Tokenized examples in shard files of `folder` (see the module's docstring), read on demand."""
 
     def __init__(self, folder: Path, index: dict[str, Any], *, owned: bool = False) -> None:
@@ -163,19 +191,7 @@ class TokenShards(Sequence[TokenizedExample]):
     def __len__(self) -> int:
         return int(self._first[-1])
 
-    @overload
-    def __getitem__(self, index: int) -> TokenizedExample: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[TokenizedExample]: ...
-
-    def __getitem__(self, index: int | slice) -> TokenizedExample | list[TokenizedExample]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"example {index} of {len(self)}")
+    def _read(self, index: int) -> TokenizedExample:
         shard = int(np.searchsorted(self._first, index, side="right")) - 1
         local = index - int(self._first[shard])
         start, end = int(self._starts[shard][local]), int(self._starts[shard][local + 1])
@@ -185,10 +201,6 @@ class TokenShards(Sequence[TokenizedExample]):
         input_ids = ids.astype(np.int64)
         labels = np.where(targets.astype(bool), input_ids, IGNORE_INDEX)
         return TokenizedExample(input_ids.tolist(), labels.tolist())
-
-    def __iter__(self) -> Iterator[TokenizedExample]:
-        for index in range(len(self)):
-            yield self[index]
 
     def units(self, indices: Iterable[int]) -> int:
         """The predicted targets of these examples together, read from the shards' headers."""
@@ -266,7 +278,7 @@ def fetch(store: ObjectStore, prefix: str) -> TokenShards | None:
         raise
 
 
-class OnDemand(Sequence[TokenizedExample]):
+class OnDemand(_Examples):
     """The examples of a local JSONL file of one example a line (a prepared dataset), each
     tokenized when it is read: an index of where each line starts (8 bytes a line) is all that
     is built ahead, so a file of any size starts training at once and a rank tokenizes only
@@ -282,25 +294,9 @@ class OnDemand(Sequence[TokenizedExample]):
     def __len__(self) -> int:
         return len(self._starts) - 1
 
-    @overload
-    def __getitem__(self, index: int) -> TokenizedExample: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[TokenizedExample]: ...
-
-    def __getitem__(self, index: int | slice) -> TokenizedExample | list[TokenizedExample]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"example {index} of {len(self)}")
+    def _read(self, index: int) -> TokenizedExample:
         start, end = int(self._starts[index]), int(self._starts[index + 1])
         return self.encode(index + 1, os.pread(self._fd, end - start, start))
-
-    def __iter__(self) -> Iterator[TokenizedExample]:
-        for index in range(len(self)):
-            yield self[index]
 
     def close(self) -> None:
         self._finalizer()
