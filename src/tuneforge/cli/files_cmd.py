@@ -3,7 +3,6 @@ report, a preview of the loss mask, and the platform's checks run locally before
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -13,6 +12,7 @@ import typer
 from tuneforge.cli import output
 from tuneforge.cli.api import EXIT_INVALID_DATA, EXIT_USAGE, Api, CliFailure
 from tuneforge.cli.output import JSON, err, out
+from tuneforge.domain.digests import file_sha256
 
 files_app = typer.Typer(help="Upload, list, inspect and download files.", no_args_is_help=True)
 
@@ -67,18 +67,10 @@ def _checked(item: dict) -> dict:
     return item.get("validation") or {}
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def uploaded_copy(api: Api, path: Path, purpose: str) -> dict | None:
     """The newest of the tenant's files with the bytes of `path` (by SHA-256 and size) and `purpose`
     that did not fail validation, if there is one."""
-    size, digest = path.stat().st_size, sha256_of(path)
+    size, digest = path.stat().st_size, file_sha256(path)
     for item in api.pages("/files", purpose=purpose, page_size=1000):
         if item.get("sha256") == digest and item.get("bytes") == size and item.get("status") != "error":
             return item

@@ -51,6 +51,7 @@ from typing import Any, overload
 import numpy as np
 
 from tuneforge.data.tokenize import IGNORE_INDEX, TokenizedExample
+from tuneforge.domain.digests import file_sha256
 from tuneforge.storage.store import ObjectStore
 
 FORMAT_VERSION = 2
@@ -266,7 +267,7 @@ def fetch(store: ObjectStore, prefix: str) -> TokenShards | None:
         for shard in index["shards"]:
             path = folder / shard["name"]
             store.get_file(f"{prefix}/{shard['name']}", path)
-            if _file_sha256(path) != shard["sha256"]:
+            if file_sha256(path) != shard["sha256"]:
                 shutil.rmtree(folder, ignore_errors=True)
                 return None
         return TokenShards(folder, index, owned=True)
@@ -316,11 +317,3 @@ def line_starts(path: Path, chunk_bytes: int = 8 << 20) -> np.ndarray:
     if starts[-1] != size:  # the last line has no newline: its end is the file's
         starts = np.append(starts, size)
     return starts
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from tuneforge.db.repos import base_models as base_model_repo
 from tuneforge.db.tables import BaseModelRow
+from tuneforge.domain.digests import file_sha256
 from tuneforge.domain.errors import conflict, invalid
 from tuneforge.domain.job_config import TrainingType
 from tuneforge.storage import layout
@@ -26,14 +27,6 @@ _log = logging.getLogger(__name__)
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def model_sha256(model_dir: Path) -> str:
     """SHA-256 over (relative path, file SHA-256) of every pinned file, sorted."""
     lines = []
@@ -41,7 +34,7 @@ def model_sha256(model_dir: Path) -> str:
         rel = path.relative_to(model_dir).as_posix()
         if rel.startswith(".") or not rel.endswith(_PINNED_SUFFIXES):
             continue
-        lines.append(f"{rel}\t{_file_sha256(path)}")
+        lines.append(f"{rel}\t{file_sha256(path)}")
     if not lines:
         raise invalid(f"{model_dir} holds no model files (config, weights, tokenizer)", param="source")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
