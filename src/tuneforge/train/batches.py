@@ -105,11 +105,8 @@ def stream_tokenized(
 
 
 def vocab_size_of(tokenizer: Any) -> int:
-    """Every id the tokenizer can produce, added tokens included (unknown: past 32-bit ids' need)."""
-    try:
-        return max(len(tokenizer), int(getattr(tokenizer, "vocab_size", 0) or 0))
-    except TypeError:  # something that wraps a tokenizer without its length: the wide ids
-        return 1 << 31
+    """Every id the tokenizer can produce, added tokens included."""
+    return max(len(tokenizer), int(getattr(tokenizer, "vocab_size", 0) or 0))
 
 
 def _encoded_lines(store: ObjectStore, ref: DataFileRef, encode: Callable[[Any], Iterable[TokenizedExample]],

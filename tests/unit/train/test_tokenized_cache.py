@@ -17,6 +17,9 @@ class CountingTokenizer:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
+    def __len__(self):
+        return len(self.inner)
+
     def __call__(self, *args, **kwargs):
         return self.inner(*args, **kwargs)
 
